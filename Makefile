@@ -1,0 +1,34 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench check-java clean
+
+check-java:
+	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { \
+	  echo "lockgate needs Java 17 or 21 for PySpark, and 'java' is not on PATH."; \
+	  echo "Install it, e.g.: sudo apt-get install -y openjdk-17-jre-headless   (Debian/Ubuntu)"; \
+	  echo "             or:  brew install openjdk@17                          (macOS)"; \
+	  exit 1; }
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): $(VENV)/bin/python pyproject.toml
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: check-java $(STAMP)
+	$(PY) -m lockgate.demo
+
+test: check-java $(STAMP)
+	$(PY) -m pytest
+
+bench: check-java $(STAMP)
+	$(PY) -m bench.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache spark-warehouse metastore_db derby.log

@@ -1,0 +1,1 @@
+"""The user-facing API, mirroring ``pyspark.sql.streaming``."""

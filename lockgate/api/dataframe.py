@@ -1,0 +1,365 @@
+"""The streaming DataFrame: PySpark's DataFrame API, recorded as a lockgate plan.
+
+Every method is checked when called by applying it to an empty DataFrame of the same
+schema (the *template*), so Spark's own analyzer reports a bad column or type at
+definition time with its usual ``AnalysisException``, exactly as in Spark. The call is
+recorded as a plan node; at run time the engine replays the plan on each batch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.options import parse_duration_ms
+from lockgate.plan.nodes import (
+    EventTimeWatermark,
+    PlanNode,
+    StaticJoin,
+    StreamingRelation,
+    Transform,
+    Union,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+    from lockgate.api.session import StreamingSession
+    from lockgate.api.writer import DataStreamWriter
+
+_STREAMING_ACTION_ERROR = "Queries with streaming sources must be executed with writeStream.start();"
+
+# Methods Spark runs without state on a stream: recorded as they are.
+_STATELESS = (
+    "select",
+    "selectExpr",
+    "where",
+    "filter",
+    "withColumn",
+    "withColumns",
+    "withColumnRenamed",
+    "withColumnsRenamed",
+    "withMetadata",
+    "drop",
+    "alias",
+    "toDF",
+    "fillna",
+    "dropna",
+    "replace",
+    "repartition",
+    "repartitionByRange",
+    "coalesce",
+    "hint",
+    "mapInPandas",
+    "mapInArrow",
+    "unpivot",
+    "melt",
+    "sample",
+    "to",
+)
+
+# Stateful operations: Spark supports them on streams; lockgate's stateful engine
+# (state stores, watermarks eviction) is not there yet, so they fail clearly.
+_STATEFUL_NOT_YET = {
+    "groupBy": "Streaming aggregation (groupBy)",
+    "groupby": "Streaming aggregation (groupby)",
+    "agg": "Streaming aggregation (agg)",
+    "rollup": "Streaming aggregation (rollup)",
+    "cube": "Streaming aggregation (cube)",
+    "groupingSets": "Streaming aggregation (groupingSets)",
+    "dropDuplicates": "Streaming deduplication (dropDuplicates)",
+    "drop_duplicates": "Streaming deduplication (drop_duplicates)",
+    "dropDuplicatesWithinWatermark": "Streaming deduplication (dropDuplicatesWithinWatermark)",
+    "distinct": "Streaming deduplication (distinct)",
+    "limit": "Streaming limit",
+    "orderBy": "Sorting a streaming DataFrame (orderBy)",
+    "sort": "Sorting a streaming DataFrame (sort)",
+    "sortWithinPartitions": "Sorting a streaming DataFrame (sortWithinPartitions)",
+    "groupByKey": "Arbitrary stateful processing",
+    "transformWithStateInPandas": "Arbitrary stateful processing (transformWithStateInPandas)",
+    "applyInPandasWithState": "Arbitrary stateful processing (applyInPandasWithState)",
+}
+
+# Operations Spark itself refuses on streaming DataFrames.
+_SPARK_UNSUPPORTED = {
+    "intersect": "Intersect is not supported with streaming DataFrames/Datasets",
+    "intersectAll": "Intersect is not supported with streaming DataFrames/Datasets",
+    "subtract": "Except on a streaming DataFrame/Dataset on the left is not supported",
+    "exceptAll": "Except on a streaming DataFrame/Dataset on the left is not supported",
+    "crossJoin": "Join between two streaming DataFrames/Datasets is not supported in lockgate yet",
+}
+
+_ACTIONS = (
+    "count",
+    "collect",
+    "show",
+    "first",
+    "head",
+    "take",
+    "tail",
+    "toPandas",
+    "toArrow",
+    "toLocalIterator",
+    "foreach",
+    "foreachPartition",
+    "write",
+    "writeTo",
+    "describe",
+    "summary",
+    "cache",
+    "persist",
+    "checkpoint",
+    "localCheckpoint",
+    "createOrReplaceTempView",
+    "createTempView",
+    "createGlobalTempView",
+    "createOrReplaceGlobalTempView",
+    "rdd",
+    "isEmpty",
+)
+
+_JOIN_TYPES = {
+    "inner": "inner",
+    "cross": "cross",
+    "left": "left_outer",
+    "leftouter": "left_outer",
+    "left_outer": "left_outer",
+    "semi": "left_semi",
+    "leftsemi": "left_semi",
+    "left_semi": "left_semi",
+    "anti": "left_anti",
+    "leftanti": "left_anti",
+    "left_anti": "left_anti",
+    "right": "right_outer",
+    "rightouter": "right_outer",
+    "right_outer": "right_outer",
+    "outer": "full_outer",
+    "full": "full_outer",
+    "fullouter": "full_outer",
+    "full_outer": "full_outer",
+}
+
+
+class StreamingDataFrame:
+    """A DataFrame over one or more streaming sources (``isStreaming`` is True).
+
+    Obtained from ``ls.readStream...load()`` or ``MemoryStream.toDF()``. Supports the
+    row-by-row operations of PySpark's DataFrame; starts running only through
+    :attr:`writeStream`.
+    """
+
+    def __init__(self, session: StreamingSession, plan: PlanNode, template: DataFrame) -> None:
+        self._session = session
+        self._plan = plan
+        self._template = template
+
+    # -- construction ------------------------------------------------------------------
+    @classmethod
+    def _from_plan(cls, session: StreamingSession, relation: StreamingRelation) -> StreamingDataFrame:
+        template = session.spark.createDataFrame([], relation.schema)
+        return cls(session, relation, template)
+
+    def _derive(self, plan: PlanNode, template: DataFrame) -> StreamingDataFrame:
+        return StreamingDataFrame(self._session, plan, template)
+
+    def _transform(self, method: str, *args: Any, **kwargs: Any) -> StreamingDataFrame:
+        for value in (*args, *kwargs.values()):
+            _reject_nested_stream(value)
+        template = getattr(self._template, method)(*args, **kwargs)
+        node = Transform(self._plan, method, tuple(args), tuple(sorted(kwargs.items())))
+        return self._derive(node, template)
+
+    # -- schema ------------------------------------------------------------------------
+    @property
+    def schema(self) -> StructType:
+        return self._template.schema
+
+    @property
+    def columns(self) -> list[str]:
+        return self._template.columns
+
+    @property
+    def dtypes(self) -> list[tuple[str, str]]:
+        return self._template.dtypes
+
+    @property
+    def isStreaming(self) -> bool:  # noqa: N802
+        return True
+
+    @property
+    def sparkSession(self) -> Any:  # noqa: N802
+        return self._session.spark
+
+    def printSchema(self, level: int | None = None) -> None:  # noqa: N802
+        self._template.printSchema(level)
+
+    def __getitem__(self, item: Any) -> Any:
+        if isinstance(item, str):
+            self._template[item]  # raises Spark's error for a missing column
+            return F.col(item)
+        if isinstance(item, Column):
+            return self.filter(item)
+        if isinstance(item, (list, tuple)):
+            return self.select(*item)
+        if isinstance(item, int):
+            return F.col(self.columns[item])
+        raise TypeError(f"unexpected item type: {type(item).__name__}")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in _STATEFUL_NOT_YET:
+            op = _STATEFUL_NOT_YET[name]
+            raise NotSupportedYetError(
+                op,
+                "lockgate runs stateless streaming queries so far; stateful operators "
+                "(aggregation, deduplication, limit, sort, stream-stream joins) come with "
+                "its stateful engine.",
+            )
+        if name in _SPARK_UNSUPPORTED:
+            raise AnalysisError(_SPARK_UNSUPPORTED[name])
+        if name in _ACTIONS:
+            raise AnalysisError(_STREAMING_ACTION_ERROR)
+        if name in _STATELESS:
+            return lambda *args, **kwargs: self._transform(name, *args, **kwargs)
+        if name in self._template.columns:
+            return F.col(name)
+        if hasattr(DataFrame, name):
+            raise NotSupportedYetError(
+                f"DataFrame.{name} on a streaming DataFrame",
+                "Use the row-by-row operations (select, filter, withColumn, ...) or "
+                "foreachBatch to run batch-only operations on each micro-batch.",
+            )
+        raise AttributeError(f"'StreamingDataFrame' object has no attribute {name!r}")
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(_STATELESS))
+
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{n}: {t}" for n, t in self.dtypes)
+        return f"StreamingDataFrame[{cols}]"
+
+    # -- operations with their own nodes -------------------------------------------------
+    def where(self, condition: Column | str) -> StreamingDataFrame:
+        return self._transform("where", condition)
+
+    filter = where
+
+    def transform(self, func: Any, *args: Any, **kwargs: Any) -> StreamingDataFrame:
+        result = func(self, *args, **kwargs)
+        if not isinstance(result, StreamingDataFrame):
+            raise TypeError(
+                f"Func returned an instance of type [{type(result).__name__}], should have "
+                "been StreamingDataFrame."
+            )
+        return result
+
+    def union(self, other: StreamingDataFrame) -> StreamingDataFrame:
+        other_template = self._check_union_side(other)
+        template = self._template.union(other_template)
+        return self._derive(Union(self._plan, other._plan), template)
+
+    unionAll = union  # noqa: N815
+
+    def unionByName(  # noqa: N802
+        self, other: StreamingDataFrame, allowMissingColumns: bool = False  # noqa: N803
+    ) -> StreamingDataFrame:
+        other_template = self._check_union_side(other)
+        template = self._template.unionByName(other_template, allowMissingColumns)
+        node = Union(self._plan, other._plan, by_name=True, allow_missing_columns=allowMissingColumns)
+        return self._derive(node, template)
+
+    def _check_union_side(self, other: Any) -> DataFrame:
+        if isinstance(other, DataFrame):
+            raise AnalysisError("Union between streaming and batch DataFrames/Datasets is not supported")
+        if not isinstance(other, StreamingDataFrame):
+            raise TypeError(f"union() takes a streaming DataFrame, got {type(other).__name__}")
+        if other._session.spark is not self._session.spark:
+            raise AnalysisError("Cannot union streaming DataFrames of different Spark sessions.")
+        return other._template
+
+    def join(self, other: Any, on: Any = None, how: str | None = None) -> StreamingDataFrame:
+        if isinstance(other, StreamingDataFrame):
+            raise NotSupportedYetError(
+                "Stream-stream join",
+                "It needs lockgate's stateful engine (symmetric hash join state).",
+            )
+        if not isinstance(other, DataFrame):
+            raise TypeError(f"join() takes a DataFrame, got {type(other).__name__}")
+        if other.isStreaming:
+            raise AnalysisError(
+                "Joining a lockgate stream with a native Spark streaming DataFrame is not "
+                "supported: read both through lockgate.session(spark).readStream."
+            )
+        join_type = _JOIN_TYPES.get((how or "inner").lower().replace("_", "").replace(" ", ""))
+        if join_type is None:
+            join_type = _JOIN_TYPES.get((how or "").lower())
+        if join_type is None:
+            # Let Spark produce its own error for an unknown join type.
+            self._template.join(other, on, how)
+            raise AnalysisError(f"Unsupported join type {how!r}.")
+        if join_type == "right_outer":
+            raise AnalysisError(
+                "RightOuter join with a streaming DataFrame/Dataset on the left and a static "
+                "DataFrame/DataSet on the right not supported"
+            )
+        if join_type == "full_outer":
+            raise AnalysisError(
+                "FullOuter joins with streaming DataFrames/Datasets on the left and a static "
+                "DataFrame/DataSet on the right not supported"
+            )
+        template = self._template.join(other, on, join_type)
+        return self._derive(StaticJoin(self._plan, other, on, join_type), template)
+
+    def withWatermark(self, eventTime: str, delayThreshold: str) -> StreamingDataFrame:  # noqa: N802,N803
+        if not isinstance(eventTime, str) or not eventTime:
+            raise TypeError("eventTime should be provided as a non-empty string")
+        if not isinstance(delayThreshold, str) or not delayThreshold.strip():
+            raise TypeError("delayThreshold should be provided as a non-empty string")
+        # Spark's analyzer checks the column exists and is a timestamp.
+        template = self._template.withWatermark(eventTime, delayThreshold)
+        field = next((f for f in self._template.schema.fields if f.name == eventTime), None)
+        if field is None:
+            self._template.select(eventTime)  # Spark's UNRESOLVED_COLUMN error
+        from pyspark.sql.types import TimestampNTZType, TimestampType
+
+        if field is not None and not isinstance(field.dataType, (TimestampType, TimestampNTZType)):
+            raise AnalysisError(
+                f"Event time must be defined on a window or a timestamp, but {eventTime} is "
+                f"of type {field.dataType.simpleString()}."
+            )
+        delay_ms = parse_duration_ms(delayThreshold, what="delayThreshold")
+        if delay_ms < 0:
+            raise AnalysisError(
+                f"[CANNOT_PARSE_TIME_DELAY] delay threshold ({delayThreshold}) should not be negative."
+            )
+        node = EventTimeWatermark(self._plan, eventTime, delay_ms, delayThreshold)
+        return self._derive(node, template)
+
+    # -- explain and writing -----------------------------------------------------------
+    def explain(self, extended: bool | str | None = None, mode: str | None = None) -> None:
+        print(self._explain_string(bool(extended) or mode == "extended"))
+
+    def _explain_string(self, extended: bool) -> str:
+        lines = []
+        if extended:
+            lines += ["== Parsed Logical Plan (lockgate) ==", self._plan.tree_string(), ""]
+        lines += ["== Physical Plan (per batch, sources as empty relations) =="]
+        lines.append(self._template._jdf.queryExecution().executedPlan().toString().rstrip())
+        return "\n".join(lines)
+
+    @property
+    def writeStream(self) -> DataStreamWriter:  # noqa: N802
+        from lockgate.api.writer import DataStreamWriter
+
+        return DataStreamWriter(self)
+
+
+def _reject_nested_stream(value: Any) -> None:
+    if isinstance(value, StreamingDataFrame):
+        raise NotSupportedYetError(
+            "Using a streaming DataFrame as an argument of another streaming operation"
+        )

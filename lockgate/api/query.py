@@ -1,0 +1,88 @@
+"""``StreamingQuery``: the handle ``writeStream.start()`` returns."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.listener import StreamingQueryProgress
+
+    from lockgate.errors import StreamingQueryException
+    from lockgate.execution.microbatch import MicroBatchExecution
+
+
+class StreamingQuery:
+    """A running (or finished) streaming query, as ``pyspark.sql.streaming.StreamingQuery``."""
+
+    def __init__(self, execution: MicroBatchExecution) -> None:
+        self._execution = execution
+
+    @property
+    def id(self) -> str:
+        """The query id, which survives restarts from the same checkpoint."""
+        return self._execution.id
+
+    @property
+    def runId(self) -> str:  # noqa: N802
+        """Unique to this run of the query."""
+        return self._execution.run_id
+
+    @property
+    def name(self) -> str | None:
+        return self._execution.name
+
+    @property
+    def isActive(self) -> bool:  # noqa: N802
+        return self._execution.is_active
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self._execution.status
+
+    @property
+    def lastProgress(self) -> StreamingQueryProgress | None:  # noqa: N802
+        return self._execution.last_progress()
+
+    @property
+    def recentProgress(self) -> list[StreamingQueryProgress]:  # noqa: N802
+        return self._execution.recent_progress()
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
+        """Wait for the query to end; re-raise its failure.
+
+        With ``timeout`` (seconds) returns whether it ended in time.
+        """
+        if timeout is not None:
+            if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+                raise ValueError(f"timeout must be a positive integer or float. Got {timeout}")
+            return self._execution.await_termination(float(timeout))
+        self._execution.await_termination(None)
+        return None
+
+    def processAllAvailable(self) -> None:  # noqa: N802
+        """Block until every source's available data is processed (for tests)."""
+        self._execution.process_all_available()
+
+    def stop(self) -> None:
+        self._execution.stop()
+
+    def exception(self) -> StreamingQueryException | None:
+        return self._execution.stream_death_cause
+
+    def explain(self, extended: bool = False) -> None:
+        print(self._explain_string(extended))
+
+    def _explain_string(self, extended: bool) -> str:
+        execution = self._execution.last_execution
+        if execution is None:
+            return "No physical plan. Waiting for data."
+        lines = []
+        if extended:
+            lines += ["== Logical Plan (lockgate) ==", execution.plan.tree_string(), ""]
+        lines.append(f"== Physical Plan (batch {execution.batch_id}) ==")
+        built = execution.build()
+        lines.append(built._jdf.queryExecution().executedPlan().toString().rstrip())
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<lockgate.StreamingQuery {self._execution.pretty_id_string}>"

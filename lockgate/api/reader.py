@@ -1,0 +1,118 @@
+"""``DataStreamReader``: ``ls.readStream``, as ``pyspark.sql.streaming.DataStreamReader``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.types import StructType
+
+from lockgate.errors import NotSupportedYetError
+from lockgate.options import Options, to_option_string
+from lockgate.plan.nodes import StreamingRelation
+from lockgate.sources import SourceProvider, lookup_source
+
+if TYPE_CHECKING:
+    from lockgate.api.dataframe import StreamingDataFrame
+    from lockgate.api.session import StreamingSession
+
+
+class DataStreamReader:
+    """Describes a streaming source; ``load()`` gives the streaming DataFrame."""
+
+    def __init__(self, session: StreamingSession) -> None:
+        self._session = session
+        self._format: str | SourceProvider = "parquet"
+        self._format_set = False
+        self._options: dict[str, str] = {}
+        self._schema: StructType | None = None
+
+    def format(self, source: str | SourceProvider) -> DataStreamReader:
+        self._format = source
+        self._format_set = True
+        return self
+
+    def schema(self, schema: StructType | str) -> DataStreamReader:
+        if isinstance(schema, str):
+            schema = self._session.spark.createDataFrame([], schema).schema
+        if not isinstance(schema, StructType):
+            raise TypeError(f"schema should be StructType or string, got {type(schema).__name__}")
+        self._schema = schema
+        return self
+
+    def option(self, key: str, value: Any) -> DataStreamReader:
+        self._options[key] = to_option_string(value)
+        return self
+
+    def options(self, **options: Any) -> DataStreamReader:
+        for key, value in options.items():
+            if value is not None:
+                self.option(key, value)
+        return self
+
+    def load(
+        self,
+        path: str | None = None,
+        format: str | None = None,  # noqa: A002 - pyspark's name
+        schema: StructType | str | None = None,
+        **options: Any,
+    ) -> StreamingDataFrame:
+        from lockgate.api.dataframe import StreamingDataFrame
+
+        if format is not None:
+            self.format(format)
+        if schema is not None:
+            self.schema(schema)
+        self.options(**options)
+        if path is not None:
+            if not isinstance(path, str) or not path.strip():
+                raise ValueError("If the path is provided for stream, it needs to be a non-empty string.")
+            self._options["path"] = path
+        if isinstance(self._format, SourceProvider):
+            provider = self._format
+            name = provider.name or type(provider).__name__
+        else:
+            if not self._format_set and "path" not in self._options:
+                self._format = self._session.spark.conf.get(
+                    "spark.sql.sources.default", "parquet"
+                ) or "parquet"
+            name = self._format
+            provider = lookup_source(name)
+        opts = Options(self._options, owner=f"{name} source option")
+        schema_out = provider.sourceSchema(self._session.spark, opts, self._schema)
+        relation = StreamingRelation(
+            provider=provider,
+            source_name=name,
+            options=tuple(self._options.items()),
+            schema=schema_out,
+            user_schema=self._schema,
+        )
+        return StreamingDataFrame._from_plan(self._session, relation)
+
+    def _file(self, fmt: str, path: str, schema: Any, options: dict[str, Any]) -> StreamingDataFrame:
+        if not isinstance(path, str):
+            raise TypeError(f"path can be only a single string, got {type(path).__name__}")
+        return self.load(path=path, format=fmt, schema=schema, **options)
+
+    def json(self, path: str, schema: StructType | str | None = None, **options: Any) -> StreamingDataFrame:
+        return self._file("json", path, schema, options)
+
+    def csv(self, path: str, schema: StructType | str | None = None, **options: Any) -> StreamingDataFrame:
+        return self._file("csv", path, schema, options)
+
+    def parquet(self, path: str, **options: Any) -> StreamingDataFrame:
+        return self._file("parquet", path, options.pop("schema", None), options)
+
+    def orc(self, path: str, **options: Any) -> StreamingDataFrame:
+        return self._file("orc", path, options.pop("schema", None), options)
+
+    def text(self, path: str, wholetext: bool = False, lineSep: str | None = None, **options: Any) -> StreamingDataFrame:  # noqa: N803
+        if wholetext:
+            options["wholetext"] = True
+        if lineSep is not None:
+            options["lineSep"] = lineSep
+        return self._file("text", path, None, options)
+
+    def table(self, tableName: str) -> StreamingDataFrame:  # noqa: N803
+        raise NotSupportedYetError(
+            "readStream.table()", "Read the table's files with a file source format instead."
+        )

@@ -1,0 +1,99 @@
+"""``lockgate.session(spark)``: the entry point, bound to one SparkSession."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from lockgate.api.manager import StreamingQueryManager
+    from lockgate.api.reader import DataStreamReader
+
+logger = logging.getLogger(__name__)
+
+_sessions: weakref.WeakKeyDictionary[SparkSession, StreamingSession] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+class StreamingSession:
+    """Streaming on top of one SparkSession: ``readStream`` and ``streams``.
+
+    Use :func:`lockgate.session` to get one; all calls for the same SparkSession share
+    one query manager, as ``spark.streams`` does.
+    """
+
+    def __init__(self, spark: SparkSession) -> None:
+        from lockgate.api.manager import StreamingQueryManager
+
+        self._spark = spark
+        self._streams = StreamingQueryManager(self)
+
+    @classmethod
+    def for_spark(cls, spark: SparkSession) -> StreamingSession:
+        with _lock:
+            existing = _sessions.get(spark)
+            if existing is None:
+                existing = cls(spark)
+                _sessions[spark] = existing
+            return existing
+
+    @property
+    def spark(self) -> SparkSession:
+        return self._spark
+
+    @property
+    def readStream(self) -> DataStreamReader:  # noqa: N802
+        from lockgate.api.reader import DataStreamReader
+
+        return DataStreamReader(self)
+
+    @property
+    def streams(self) -> StreamingQueryManager:
+        return self._streams
+
+    def __repr__(self) -> str:
+        return f"lockgate.StreamingSession(spark={self._spark!r})"
+
+
+def _check_java() -> None:
+    import shutil
+
+    if os.environ.get("JAVA_HOME") or shutil.which("java"):
+        return
+    raise RuntimeError(
+        "lockgate runs on PySpark, which needs Java 17 or 21, and no 'java' was found on "
+        "PATH (and JAVA_HOME is not set). Install it, e.g. 'apt-get install "
+        "openjdk-17-jre-headless' on Debian/Ubuntu or 'brew install openjdk@17' on macOS."
+    )
+
+
+def session(spark: SparkSession | None = None) -> StreamingSession:
+    """The lockgate streaming session for ``spark``.
+
+    Without ``spark``, uses the active SparkSession, or starts an embedded
+    ``local[*]`` one.
+
+    >>> import lockgate                     # doctest: +SKIP
+    >>> ls = lockgate.session()             # doctest: +SKIP
+    >>> ls.readStream.format("rate").load() # doctest: +SKIP
+    """
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            _check_java()
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            spark = (
+                SparkSession.builder.master("local[*]")
+                .appName("lockgate")
+                .config("spark.sql.shuffle.partitions", str(max(2, (os.cpu_count() or 2))))
+                .getOrCreate()
+            )
+    return StreamingSession.for_spark(spark)

@@ -1,0 +1,337 @@
+"""``DataStreamWriter``: ``sdf.writeStream``, as ``pyspark.sql.streaming.DataStreamWriter``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from lockgate.clock import Clock, SystemClock
+from lockgate.errors import AnalysisError, NotSupportedYetError, OptionError
+from lockgate.execution.triggers import (
+    DEFAULT_TRIGGER,
+    AvailableNowTrigger,
+    ContinuousTrigger,
+    OnceTrigger,
+    ProcessingTimeTrigger,
+    Trigger,
+)
+from lockgate.options import Options, parse_duration_ms, to_option_string
+from lockgate.sinks import SinkContext, SinkProvider, lookup_sink
+from lockgate.sinks.base import OUTPUT_MODES, Sink
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from lockgate.api.dataframe import StreamingDataFrame
+    from lockgate.api.query import StreamingQuery
+
+logger = logging.getLogger(__name__)
+
+
+class DataStreamWriter:
+    """Describes where and how a streaming query writes; ``start()`` runs it."""
+
+    def __init__(self, df: StreamingDataFrame) -> None:
+        self._df = df
+        self._spark = df._session.spark
+        self._format: str | None = None
+        self._output_mode = "append"
+        self._options: dict[str, str] = {}
+        self._query_name: str | None = None
+        self._trigger: Trigger = DEFAULT_TRIGGER
+        self._partition_by: tuple[str, ...] = ()
+        self._foreach_batch: Callable[[DataFrame, int], Any] | None = None
+        self._foreach_writer: Any = None
+        self._clock: Clock | None = None
+
+    # -- builder -----------------------------------------------------------------------
+    def outputMode(self, outputMode: str) -> DataStreamWriter:  # noqa: N802,N803
+        if not isinstance(outputMode, str) or outputMode.strip().lower() not in OUTPUT_MODES:
+            raise OptionError(
+                f"Unknown output mode {outputMode}. Accepted output modes are 'append', "
+                "'complete', 'update'",
+                option="outputMode",
+            )
+        self._output_mode = outputMode.strip().lower()
+        return self
+
+    def format(self, source: str) -> DataStreamWriter:
+        self._format = source
+        return self
+
+    def option(self, key: str, value: Any) -> DataStreamWriter:
+        self._options[key] = to_option_string(value)
+        return self
+
+    def options(self, **options: Any) -> DataStreamWriter:
+        for key, value in options.items():
+            if value is not None:
+                self.option(key, value)
+        return self
+
+    def partitionBy(self, *cols: str | list[str]) -> DataStreamWriter:  # noqa: N802
+        flat: list[str] = []
+        for col in cols:
+            flat.extend(col if isinstance(col, (list, tuple)) else [col])
+        self._partition_by = tuple(flat)
+        return self
+
+    def queryName(self, queryName: str) -> DataStreamWriter:  # noqa: N802,N803
+        if not isinstance(queryName, str) or not queryName.strip():
+            raise ValueError(f"The queryName must be a non-empty string. Got: {queryName!r}")
+        self._query_name = queryName
+        return self
+
+    def trigger(
+        self,
+        *,
+        processingTime: str | None = None,  # noqa: N803
+        once: bool | None = None,
+        continuous: str | None = None,
+        availableNow: bool | None = None,  # noqa: N803
+    ) -> DataStreamWriter:
+        given = [x for x in (processingTime, once, continuous, availableNow) if x is not None]
+        if len(given) > 1:
+            raise ValueError("Only one trigger can be set.")
+        if not given:
+            raise ValueError("No trigger provided.")
+        if processingTime is not None:
+            self._trigger = ProcessingTimeTrigger.parse(processingTime)
+        elif once is not None:
+            if once is not True:
+                raise ValueError(f"Value for once must be True. Got: {once}")
+            self._trigger = OnceTrigger()
+        elif availableNow is not None:
+            if availableNow is not True:
+                raise ValueError(f"Value for availableNow must be True. Got: {availableNow}")
+            self._trigger = AvailableNowTrigger()
+        else:
+            if not isinstance(continuous, str) or not continuous.strip():
+                raise ValueError(
+                    f"Value for continuous must be a non empty string. Got: {continuous!r}"
+                )
+            self._trigger = ContinuousTrigger(parse_duration_ms(continuous, what="continuous"))
+        return self
+
+    def foreachBatch(self, func: Callable[[DataFrame, int], Any]) -> DataStreamWriter:  # noqa: N802
+        if not callable(func):
+            raise TypeError(f"foreachBatch takes a function (DataFrame, batch_id), got {func!r}")
+        self._format = "foreachBatch"
+        self._foreach_batch = func
+        return self
+
+    def foreach(self, f: Any) -> DataStreamWriter:
+        from lockgate.sinks.foreach import _writer_functions
+
+        _writer_functions(f)
+        self._format = "foreach"
+        self._foreach_writer = f
+        return self
+
+    def withClock(self, clock: Clock) -> DataStreamWriter:  # noqa: N802
+        """lockgate extension: run the query on ``clock`` (e.g. a :class:`ManualClock`)."""
+        self._clock = clock
+        return self
+
+    # -- starting ----------------------------------------------------------------------
+    def start(
+        self,
+        path: str | None = None,
+        format: str | None = None,  # noqa: A002
+        outputMode: str | None = None,  # noqa: N803
+        partitionBy: str | list[str] | None = None,  # noqa: N803
+        queryName: str | None = None,  # noqa: N803
+        **options: Any,
+    ) -> StreamingQuery:
+        if format is not None:
+            self.format(format)
+        if outputMode is not None:
+            self.outputMode(outputMode)
+        if partitionBy is not None:
+            self.partitionBy(partitionBy)
+        if queryName is not None:
+            self.queryName(queryName)
+        self.options(**options)
+        if path is not None:
+            self._options["path"] = path
+        return self._start()
+
+    def toTable(  # noqa: N802
+        self,
+        tableName: str,  # noqa: N803
+        format: str | None = None,  # noqa: A002
+        outputMode: str | None = None,  # noqa: N803
+        partitionBy: str | list[str] | None = None,  # noqa: N803
+        queryName: str | None = None,  # noqa: N803
+        **options: Any,
+    ) -> StreamingQuery:
+        from lockgate.sinks.table import prepare_table
+
+        if format is not None:
+            self.format(format)
+        if outputMode is not None:
+            self.outputMode(outputMode)
+        if partitionBy is not None:
+            self.partitionBy(partitionBy)
+        if queryName is not None:
+            self.queryName(queryName)
+        self.options(**options)
+        fmt, location = prepare_table(
+            self._spark, tableName, self._df.schema, self._format, self._partition_by
+        )
+        self._format = fmt
+        self._options["path"] = location
+        return self._start()
+
+    def _start(self) -> StreamingQuery:
+        from lockgate.execution.microbatch import MicroBatchExecution
+
+        if isinstance(self._trigger, ContinuousTrigger):
+            raise NotSupportedYetError(
+                "trigger(continuous=...)",
+                "Continuous processing is not implemented in lockgate yet; use "
+                "processingTime, once or availableNow triggers.",
+            )
+        session = self._df._session
+        provider, sink_name = self._sink_provider()
+        opts = Options(self._options, owner=f"{sink_name} sink option")
+        path = opts.get_str("path")
+        self._check_output_mode(provider, sink_name)
+        provider.validate(self._spark, opts, path)
+        checkpoint, delete_on_stop = self._resolve_checkpoint(provider, sink_name)
+
+        from lockgate.checkpoint import StreamMetadata, resolve_filesystem
+
+        fs, root = resolve_filesystem(checkpoint)
+        self._check_checkpoint_layout(fs, root)
+        fs.mkdirs(root)
+        metadata = StreamMetadata.read_or_create(fs, fs.join(root, "metadata"))
+        sink = self._create_sink(provider, opts, path)
+        execution = MicroBatchExecution(
+            plan=self._df._plan,
+            sink=sink,
+            trigger=self._trigger,
+            output_mode=self._output_mode,
+            user_spark=self._spark,
+            spark=_stream_session(self._spark),
+            manager=session.streams,
+            name=self._query_name,
+            query_id=metadata.id,
+            checkpoint_root=root,
+            checkpoint_fs=fs,
+            delete_checkpoint_on_stop=delete_on_stop,
+            clock=self._clock or SystemClock(),
+        )
+        return session.streams._start_query(execution)
+
+    def _sink_provider(self) -> tuple[SinkProvider, str]:
+        name = self._format
+        if name is None:
+            name = self._spark.conf.get("spark.sql.sources.default", "parquet") or "parquet"
+        if name in ("foreachBatch", "foreach"):
+            return _ForeachProvider(name), name
+        return lookup_sink(name), name
+
+    def _check_output_mode(self, provider: SinkProvider, sink_name: str) -> None:
+        mode = self._output_mode
+        if mode == "complete":
+            raise AnalysisError(
+                "Complete output mode not supported when there are no streaming aggregations "
+                "on streaming DataFrames/Datasets"
+            )
+        if mode not in provider.supportedOutputModes():
+            raise AnalysisError(f"Data source {sink_name} does not support {mode} output mode")
+
+    def _resolve_checkpoint(self, provider: SinkProvider, sink_name: str) -> tuple[str, bool]:
+        opts = Options(self._options)
+        location = opts.get_str("checkpointLocation")
+        if location:
+            return location, False
+        conf_root = self._spark.conf.get("spark.sql.streaming.checkpointLocation", None)
+        if conf_root:
+            return os.path.join(conf_root, self._query_name or str(uuid.uuid4())), False
+        if not provider.needs_checkpoint:
+            temp = tempfile.mkdtemp(prefix="temporary-")
+            logger.warning(
+                "Temporary checkpoint location created which is deleted normally when the "
+                "query didn't fail: %s. If it's required to delete it under any "
+                "circumstances, please set spark.sql.streaming.forceDeleteTempCheckpointLocation "
+                "to true. Important to know deleting temp checkpoint folder is best effort.",
+                temp,
+            )
+            return temp, True
+        raise AnalysisError(
+            "checkpointLocation must be specified either through "
+            'option("checkpointLocation", ...) or '
+            'SparkSession.conf.set("spark.sql.streaming.checkpointLocation", ...)'
+        )
+
+    @staticmethod
+    def _check_checkpoint_layout(fs: Any, root: str) -> None:
+        from lockgate.errors import CheckpointError
+
+        if fs.exists(root) and not fs.is_dir(root):
+            raise CheckpointError(
+                f"Checkpoint location {root} exists and is not a directory. Point "
+                "checkpointLocation at a directory.",
+                path=root,
+            )
+        commits = fs.join(root, "commits")
+        offsets = fs.join(root, "offsets")
+        if any(n.isdigit() for n in fs.list_names(commits)) and not any(
+            n.isdigit() for n in fs.list_names(offsets)
+        ):
+            raise CheckpointError(
+                f"Checkpoint {root} has a commit log but its offsets log ({offsets}) is missing "
+                "or empty: the checkpoint is damaged. Restore it, or start over with a new "
+                "checkpoint location.",
+                path=offsets,
+            )
+
+    def _create_sink(self, provider: SinkProvider, opts: Options, path: str | None) -> Sink:
+        if isinstance(provider, _ForeachProvider):
+            from lockgate.sinks.foreach import ForeachBatchSink, ForeachSink
+
+            if provider.name == "foreachBatch":
+                assert self._foreach_batch is not None
+                return ForeachBatchSink(self._foreach_batch)
+            return ForeachSink(self._foreach_writer)
+        context = SinkContext(
+            spark=self._spark,
+            options=opts,
+            output_mode=self._output_mode,
+            partition_by=self._partition_by,
+            query_name=self._query_name,
+            path=path,
+            schema=self._df.schema,
+        )
+        return provider.createSink(context)
+
+
+class _ForeachProvider(SinkProvider):
+    needs_checkpoint = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
+        raise AssertionError("foreach sinks are created by the writer")
+
+
+def _stream_session(spark: Any) -> Any:
+    """A clone of the user's session for the query's batch work.
+
+    Like Spark, batch work runs with adaptive execution and cost-based optimization
+    off (they would change the partitioning that state relies on), without touching
+    the user's own session conf.
+    """
+    from pyspark.sql import SparkSession
+
+    clone = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
+    clone.conf.set("spark.sql.adaptive.enabled", "false")
+    clone.conf.set("spark.sql.cbo.enabled", "false")
+    return clone

@@ -1,0 +1,497 @@
+"""MicroBatchExecution: the micro-batch engine.
+
+Each trigger: find the latest offsets of every source, write them to the offsets log
+(the write-ahead log) before touching any data, build the batch's DataFrame from the
+plan, hand it to the sink, then write the commit log. After a crash the logs tell
+exactly where to resume: a batch whose offsets are logged but not committed is run
+again with the same offsets, batch timestamp and watermark.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import Observation
+from pyspark.sql import functions as F
+
+from lockgate.checkpoint import CommitLog, CommitMetadata, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
+from lockgate.errors import CheckpointError, ConcurrentWriteError
+from lockgate.execution.progress import ProgressTracker, format_timestamp, rate
+from lockgate.execution.stream import StreamExecution
+from lockgate.execution.triggers import (
+    AvailableNowTrigger,
+    OnceTrigger,
+    ProcessingTimeTrigger,
+    Trigger,
+)
+from lockgate.execution.watermark import WatermarkTracker
+from lockgate.options import Options
+from lockgate.plan.incremental import IncrementalExecution, observation_value
+from lockgate.plan.nodes import PlanNode, source_relations, watermark_nodes
+from lockgate.sources.base import READ_ALL_AVAILABLE, ReadLimit, Source, SourceContext
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from lockgate.sinks.base import Sink
+
+logger = logging.getLogger("lockgate.execution.MicroBatchExecution")
+
+# Confs recorded in the offsets log on the first batch and restored on restart, so a
+# restarted query keeps the layout its checkpoint was written with.
+PINNED_CONFS = {
+    "spark.sql.shuffle.partitions": "200",
+    "spark.sql.streaming.multipleWatermarkPolicy": "min",
+    "spark.sql.streaming.stateStore.providerClass": "lockgate.state.ArrowDeltaStateStoreProvider",
+    "spark.sql.streaming.aggregation.stateFormatVersion": "2",
+    "spark.sql.streaming.join.stateFormatVersion": "2",
+}
+
+
+@dataclass
+class _SourceSlot:
+    index: int
+    relation_id: int
+    source: Source
+
+
+class MicroBatchExecution(StreamExecution):
+    """Runs a query as a sequence of micro-batches."""
+
+    def __init__(
+        self,
+        *,
+        plan: PlanNode,
+        sink: Sink,
+        trigger: Trigger,
+        output_mode: str,
+        user_spark: SparkSession,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.sink = sink
+        self.trigger = trigger
+        self.output_mode = output_mode
+        self.user_spark = user_spark
+        self.current_batch_id = -1
+        self._constructed = False
+        self._slots: list[_SourceSlot] = []
+        self.available: list[str | None] = []
+        self.committed: list[str | None] = []
+        self.offset_metadata = OffsetSeqMetadata()
+        conf = self.spark.conf
+        self.min_batches_to_retain = int(conf.get("spark.sql.streaming.minBatchesToRetain", "100") or 100)
+        self.polling_delay_ms = int(
+            str(conf.get("spark.sql.streaming.pollingDelay", "10") or "10").rstrip("ms").strip() or 10
+        )
+        self.no_data_progress_interval_ms = int(
+            str(conf.get("spark.sql.streaming.noDataProgressEventInterval", "10000") or "10000")
+            .rstrip("ms")
+            .strip()
+            or 10000
+        )
+        self.progress = ProgressTracker(
+            int(conf.get("spark.sql.streaming.numRecentProgressUpdates", "100") or 100)
+        )
+        self._watermark_nodes = watermark_nodes(plan)
+        self.watermark_tracker = WatermarkTracker([w.delay_ms for w in self._watermark_nodes])
+        self._last_batch: dict[str, Any] | None = None
+        self.last_execution: IncrementalExecution | None = None
+        root = self.checkpoint_root
+        self.offset_log = OffsetSeqLog(self.fs, self.fs.join(root, "offsets"))
+        self.commit_log = CommitLog(self.fs, self.fs.join(root, "commits"))
+
+    # -- sources ---------------------------------------------------------------------
+    def _init_sources(self) -> None:
+        relations = source_relations(self.plan)
+        for index, relation in enumerate(relations):
+            metadata_path = self.fs.join(self.checkpoint_root, "sources", str(index))
+            context = SourceContext(
+                spark=self.spark,
+                options=Options(dict(relation.options), owner=f"{relation.source_name} source option"),
+                schema=relation.schema,
+                metadata_path=metadata_path,
+                fs=self.fs,
+                clock=self.clock,
+            )
+            source = relation.provider.createSource(context)
+            self._slots.append(_SourceSlot(index, id(relation), source))
+        self.available = [None] * len(self._slots)
+        self.committed = [None] * len(self._slots)
+
+    def stop_sources(self) -> None:
+        for slot in self._slots:
+            try:
+                slot.source.stop()
+            except Exception:  # noqa: BLE001 - a failing stop must not hide the query's end
+                logger.warning(
+                    "Failed to stop streaming source: %s. Resources may have leaked.",
+                    slot.source.description(),
+                    exc_info=True,
+                )
+        try:
+            self.sink.stop()
+        except Exception:  # noqa: BLE001
+            logger.warning("Failed to stop sink %s", self.sink.description(), exc_info=True)
+
+    # -- the trigger loop --------------------------------------------------------------
+    def run_activated_stream(self) -> None:
+        self._init_sources()
+        if isinstance(self.trigger, AvailableNowTrigger):
+            self._prepare_available_now()
+        interval = self.trigger.interval_ms if isinstance(self.trigger, ProcessingTimeTrigger) else 0
+        while self.is_active and not self.stop_event.is_set():
+            trigger_time = self.clock.get_time_millis()
+            next_time = trigger_time if interval == 0 else (trigger_time // interval + 1) * interval
+            keep_going = self._run_one_trigger()
+            if interval > 0:
+                elapsed = self.clock.get_time_millis() - trigger_time
+                if elapsed > interval:
+                    logger.warning(
+                        "Current batch is falling behind. The trigger interval is %s "
+                        "milliseconds, but spent %s milliseconds",
+                        interval,
+                        elapsed,
+                    )
+            if not keep_going:
+                return
+            if interval > 0:
+                self.clock.wait_till_time(next_time, self.stop_event)
+
+    def _prepare_available_now(self) -> None:
+        self._available_now_caps: dict[int, str | None] = {}
+        for slot in self._slots:
+            if slot.source.supportsTriggerAvailableNow:
+                slot.source.prepareForTriggerAvailableNow()
+
+    def _run_one_trigger(self) -> bool:
+        """One trigger of the batch runner; returns whether to keep running."""
+        self.progress.start_trigger(self.clock.get_time_millis())
+        self.update_status(isTriggerActive=True)
+        with self.progress.time("triggerExecution"):
+            if self.current_batch_id < 0:
+                self._populate_start_offsets()
+            if not self._constructed:
+                self._constructed = self._construct_next_batch()
+            self.update_status(isDataAvailable=self._constructed)
+            ran = self._constructed
+            if ran:
+                self.update_status("Processing new data")
+                self._run_batch()
+        self._finish_trigger(ran)
+        if ran:
+            self.current_batch_id += 1
+            self._constructed = False
+            self.spark.sparkContext.setJobGroup(
+                self.run_id, self.batch_description(str(self.current_batch_id)), interruptOnCancel=True
+            )
+        else:
+            self.signal_no_new_data()
+            self.update_status("Waiting for data to arrive")
+            if not isinstance(self.trigger, (OnceTrigger, AvailableNowTrigger)):
+                self.stop_event.wait(self.polling_delay_ms / 1000.0)
+        self.update_status("Waiting for next trigger", isTriggerActive=False)
+        if isinstance(self.trigger, OnceTrigger):
+            return False
+        if isinstance(self.trigger, AvailableNowTrigger) and not ran:
+            return False
+        return self.is_active
+
+    # -- recovery ----------------------------------------------------------------------
+    def _populate_start_offsets(self) -> None:
+        latest = self.offset_log.get_latest()
+        if latest is None:
+            logger.info("Starting new streaming query.")
+            self.current_batch_id = 0
+            self._pin_confs(None)
+            return
+        latest_batch_id, offset_seq = latest
+        self._check_source_count(offset_seq, latest_batch_id)
+        self.current_batch_id = latest_batch_id
+        self._constructed = True
+        self.available = list(offset_seq.offsets)
+        self.offset_metadata = offset_seq.metadata
+        self._pin_confs(offset_seq.metadata.conf)
+        self.watermark_tracker.set_watermark(offset_seq.metadata.batchWatermarkMs)
+        if latest_batch_id != 0:
+            previous = self.offset_log.get(latest_batch_id - 1)
+            if previous is None:
+                raise CheckpointError(
+                    f"batch {latest_batch_id - 1} doesn't exist in the offsets log "
+                    f"{self.offset_log.path}: the checkpoint is incomplete.",
+                    path=self.offset_log.path,
+                )
+            self.committed = list(previous.offsets)
+        latest_commit = self.commit_log.get_latest()
+        if latest_commit is not None:
+            committed_id, commit_metadata = latest_commit
+            if committed_id == latest_batch_id:
+                self.committed = list(self.available)
+                self.watermark_tracker.set_watermark(commit_metadata.nextBatchWatermarkMs)
+                self.current_batch_id = latest_batch_id + 1
+                self._constructed = False
+            elif committed_id != latest_batch_id - 1:
+                logger.warning(
+                    "Batch completion log latest batch id is %s, which is not trailing "
+                    "batchid %s by one",
+                    committed_id,
+                    latest_batch_id,
+                )
+        logger.info(
+            "Resuming at batch %s with committed offsets %s and available offsets %s",
+            self.current_batch_id,
+            self.committed,
+            self.available,
+        )
+
+    def _check_source_count(self, offset_seq: OffsetSeq, batch_id: int) -> None:
+        if len(offset_seq.offsets) != len(self._slots):
+            raise CheckpointError(
+                f"There are [{len(offset_seq.offsets)}] sources in the checkpoint offsets and "
+                f"now there are [{len(self._slots)}] sources requested by the query. Cannot "
+                f"continue. (checkpoint: {self.checkpoint_root}, batch {batch_id}) Use a new "
+                "checkpoint location for a query with different sources.",
+                path=self.offset_log.batch_path(batch_id),
+            )
+
+    def _pin_confs(self, recorded: dict[str, str] | None) -> None:
+        conf = self.spark.conf
+        pinned: dict[str, str] = {}
+        for key, default in PINNED_CONFS.items():
+            if recorded is not None and key in recorded:
+                value = recorded[key]
+                if str(conf.get(key, default)) != value:
+                    logger.info("Restoring %s=%s from the checkpoint", key, value)
+                conf.set(key, value)
+            pinned[key] = str(conf.get(key, default))
+        self._pinned_conf = pinned
+        policy = pinned["spark.sql.streaming.multipleWatermarkPolicy"]
+        self.watermark_tracker = WatermarkTracker(
+            [w.delay_ms for w in self._watermark_nodes], policy
+        )
+
+    # -- constructing a batch ------------------------------------------------------------
+    def _start_offset(self, slot: _SourceSlot, committed_json: str | None) -> Any:
+        if committed_json is None:
+            return slot.source.initialOffset()
+        return slot.source.deserializeOffset(committed_json)
+
+    def _read_limit(self, source: Source) -> ReadLimit:
+        if isinstance(self.trigger, OnceTrigger):
+            return READ_ALL_AVAILABLE
+        return source.getDefaultReadLimit()
+
+    def _construct_next_batch(self) -> bool:
+        new_available = list(self.available)
+        with self.progress.time("latestOffset"):
+            for slot in self._slots:
+                start_json = self.available[slot.index]
+                start = self._start_offset(slot, start_json)
+                latest = slot.source.latestOffset(start, self._read_limit(slot.source))
+                if latest is not None:
+                    new_available[slot.index] = slot.source.serializeOffset(latest)
+        has_new_data = any(
+            new_available[i] is not None and new_available[i] != self.committed[i]
+            for i in range(len(self._slots))
+        )
+        if not has_new_data:
+            return False
+        self.available = new_available
+        self.offset_metadata = OffsetSeqMetadata(
+            batchWatermarkMs=self.watermark_tracker.current_watermark_ms,
+            batchTimestampMs=self.clock.get_time_millis(),
+            conf=dict(self._pinned_conf),
+        )
+        self.update_status("Writing offsets to log")
+        with self.progress.time("walCommit"):
+            try:
+                self.offset_log.add(
+                    self.current_batch_id, OffsetSeq(tuple(self.available), self.offset_metadata)
+                )
+            except ConcurrentWriteError as exc:
+                raise ConcurrentWriteError(
+                    "Concurrent update to the log. Multiple streaming jobs detected for "
+                    f"{self.current_batch_id}: {exc}",
+                    path=exc.path,
+                ) from exc
+            logger.info(
+                "Committed offsets for batch %s. Metadata %s", self.current_batch_id, self.offset_metadata
+            )
+            if self.current_batch_id != 0:
+                previous = self.offset_log.get(self.current_batch_id - 1)
+                if previous is not None:
+                    for slot in self._slots:
+                        end = previous.offsets[slot.index]
+                        if end is not None:
+                            slot.source.commit(slot.source.deserializeOffset(end))
+            if self.min_batches_to_retain < self.current_batch_id:
+                threshold = self.current_batch_id - self.min_batches_to_retain
+                self.offset_log.purge(threshold)
+                self.commit_log.purge(threshold)
+        return True
+
+    # -- running a batch ---------------------------------------------------------------
+    def _run_batch(self) -> None:
+        spark = self.spark
+        batch_id = self.current_batch_id
+        sc = spark.sparkContext
+        sc.setJobGroup(self.run_id, self.batch_description(str(batch_id)), interruptOnCancel=True)
+        frames: dict[int, DataFrame] = {}
+        counts: dict[int, int | None] = {}
+        count_sources: set[int] = set()
+        with self.progress.time("getBatch"):
+            for slot in self._slots:
+                end_json = self.available[slot.index]
+                start_json = self.committed[slot.index]
+                if end_json is None or end_json == start_json:
+                    relation_schema = slot.source.schema
+                    frames[slot.relation_id] = spark.createDataFrame([], relation_schema)
+                    counts[slot.index] = 0
+                    continue
+                start = self._start_offset(slot, start_json)
+                end = slot.source.deserializeOffset(end_json)
+                frames[slot.relation_id] = slot.source.getBatch(start, end)
+                counts[slot.index] = slot.source.numRowsBetween(start, end)
+                if counts[slot.index] is None:
+                    count_sources.add(slot.index)
+        with self.progress.time("queryPlanning"):
+            execution = IncrementalExecution(
+                self.plan,
+                frames,
+                batch_id=batch_id,
+                watermark_index={id(n): i for i, n in enumerate(self._watermark_nodes)},
+                source_index={slot.relation_id: slot.index for slot in self._slots},
+                count_sources=count_sources,
+            )
+            result = execution.build()
+            output_obs = Observation(f"lockgate_output_rows_b{batch_id}")
+            result = result.observe(output_obs, F.count(F.lit(1)).alias("rows"))
+        self.last_execution = execution
+        with self.progress.time("addBatch"):
+            self.sink.addBatch(batch_id, result)
+        for index, obs in execution.observations.source_rows.items():
+            value = observation_value(obs)
+            counts[index] = int(value["rows"]) if value else 0
+        event_stats = self._event_time_stats(execution)
+        self.watermark_tracker.update(
+            [stats["max"] if stats else None for stats in event_stats]
+        )
+        output = observation_value(output_obs)
+        self._last_batch = {
+            "start_offsets": list(self.committed),
+            "counts": counts,
+            "event_stats": event_stats,
+            "num_output_rows": int(output["rows"]) if output else -1,
+        }
+        with self.progress.time("commitOffsets"):
+            self.commit_log.add(batch_id, CommitMetadata(self.watermark_tracker.current_watermark_ms))
+            self.committed = list(self.available)
+        logger.debug("batch %s committed", batch_id)
+
+    def _event_time_stats(self, execution: IncrementalExecution) -> list[dict[str, Any] | None]:
+        stats: list[dict[str, Any] | None] = []
+        for index in range(len(self._watermark_nodes)):
+            obs = execution.observations.event_time.get(index)
+            value = observation_value(obs) if obs is not None else None
+            if not value or not value.get("count"):
+                stats.append(None)
+                continue
+            stats.append(
+                {
+                    "max": int(value["max"]) // 1000,
+                    "min": int(value["min"]) // 1000,
+                    "avg": float(value["avg"]) / 1000.0,
+                    "count": int(value["count"]),
+                }
+            )
+        return stats
+
+    # -- progress ----------------------------------------------------------------------
+    def _finish_trigger(self, ran: bool) -> None:
+        now = self.clock.get_time_millis()
+        tracker = self.progress
+        if not ran:
+            if tracker.last_no_data_event_ms < 0 or (
+                now - tracker.last_no_data_event_ms >= self.no_data_progress_interval_ms
+            ):
+                tracker.last_no_data_event_ms = now
+                self.manager._post_idle(self, now)
+            return
+        tracker.last_no_data_event_ms = -1
+        assert self._last_batch is not None
+        batch = self._last_batch
+        trigger_ms = tracker.durations.get("triggerExecution", 0)
+        input_secs = (
+            (tracker.trigger_start_ms - tracker.last_trigger_start_ms) / 1000.0
+            if tracker.last_trigger_start_ms >= 0
+            else 0.0
+        )
+        process_secs = trigger_ms / 1000.0
+        total_rows = sum(int(c or 0) for c in batch["counts"].values())
+        sources = []
+        for slot in self._slots:
+            rows = int(batch["counts"].get(slot.index) or 0)
+            sources.append(
+                {
+                    "description": slot.source.description(),
+                    "startOffset": _json_or_none(batch["start_offsets"][slot.index]),
+                    "endOffset": _json_or_none(self.available[slot.index]),
+                    "latestOffset": _json_or_none(self.available[slot.index]),
+                    "numInputRows": rows,
+                    "inputRowsPerSecond": rate(rows, input_secs),
+                    "processedRowsPerSecond": rate(rows, process_secs),
+                    "metrics": {},
+                }
+            )
+        progress: dict[str, Any] = {
+            "id": self.id,
+            "runId": self.run_id,
+            "name": self.name,
+            "timestamp": format_timestamp(tracker.trigger_start_ms),
+            "batchId": self.current_batch_id,
+            "batchDuration": trigger_ms,
+            "numInputRows": total_rows,
+            "inputRowsPerSecond": rate(total_rows, input_secs),
+            "processedRowsPerSecond": rate(total_rows, process_secs),
+            "durationMs": dict(tracker.durations),
+        }
+        if self._watermark_nodes:
+            event_time: dict[str, str] = {}
+            known = [s for s in batch["event_stats"] if s]
+            if known:
+                count = sum(s["count"] for s in known)
+                event_time["avg"] = format_timestamp(int(sum(s["avg"] * s["count"] for s in known) / count))
+                event_time["max"] = format_timestamp(max(s["max"] for s in known))
+                event_time["min"] = format_timestamp(min(s["min"] for s in known))
+            event_time["watermark"] = format_timestamp(self.offset_metadata.batchWatermarkMs)
+            progress["eventTime"] = event_time
+        progress["stateOperators"] = []
+        progress["sources"] = sources
+        progress["sink"] = {
+            "description": self.sink.description(),
+            "numOutputRows": batch["num_output_rows"],
+            "metrics": {},
+        }
+        tracker.last_trigger_start_ms = tracker.trigger_start_ms
+        parsed = tracker.record(progress)
+        self.manager._post_progress(self, parsed)
+
+    def last_progress(self) -> Any:
+        return self.progress.last()
+
+    def recent_progress(self) -> list[Any]:
+        return list(self.progress.recent)
+
+
+def _json_or_none(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

@@ -1,0 +1,60 @@
+"""ProgressReporter: per-trigger timings and the StreamingQueryProgress they become."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Any, Iterator
+
+from pyspark.sql.streaming.listener import StreamingQueryProgress
+
+logger = logging.getLogger("lockgate.execution.MicroBatchExecution")
+
+
+def format_timestamp(ms: int) -> str:
+    """Spark's progress timestamp format: ``2017-08-14T20:30:00.004Z``."""
+    dt = datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+class ProgressTracker:
+    """Collects the durations and counts of the current trigger; keeps recent progress."""
+
+    def __init__(self, max_recent: int) -> None:
+        self.recent: deque[StreamingQueryProgress] = deque(maxlen=max(1, max_recent))
+        self.durations: dict[str, int] = {}
+        self.trigger_start_ms = -1
+        self.last_trigger_start_ms = -1
+        self.last_no_data_event_ms = -1
+
+    def start_trigger(self, now_ms: int) -> None:
+        self.durations = {}
+        self.trigger_start_ms = now_ms
+
+    @contextmanager
+    def time(self, key: str) -> Iterator[None]:
+        """Add the wall time of the block to ``durationMs[key]``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = int((time.perf_counter() - t0) * 1000)
+            self.durations[key] = self.durations.get(key, 0) + elapsed
+
+    def last(self) -> StreamingQueryProgress | None:
+        return self.recent[-1] if self.recent else None
+
+    def record(self, progress: dict[str, Any]) -> StreamingQueryProgress:
+        parsed = StreamingQueryProgress.fromJson(progress)
+        self.recent.append(parsed)
+        if logger.isEnabledFor(logging.INFO):
+            logger.info("Streaming query made progress: %s", json.dumps(progress, indent=2))
+        return parsed
+
+
+def rate(rows: int, seconds: float) -> float:
+    return float(rows) / seconds if seconds > 0 else 0.0

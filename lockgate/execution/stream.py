@@ -1,0 +1,252 @@
+"""StreamExecution: the lifecycle of one streaming query run.
+
+One dedicated thread (``stream execution thread for <prettyIdString>``) runs the
+query; the user's thread talks to it only through events and locks: ``start()``
+returns once the started event is posted, ``stop()`` asks the thread to end and joins
+it, ``processAllAvailable()`` waits until a trigger finds no new data. Subclasses
+implement :meth:`run_activated_stream` (micro-batch here; continuous in its own
+package).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import traceback
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from lockgate.errors import StreamingQueryException
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from lockgate.api.manager import StreamingQueryManager
+    from lockgate.checkpoint.fs import CheckpointFileSystem
+    from lockgate.clock import Clock
+
+logger = logging.getLogger("lockgate.execution.StreamExecution")
+
+
+class QueryState(enum.Enum):
+    INITIALIZING = "INITIALIZING"
+    ACTIVE = "ACTIVE"
+    RECONFIGURING = "RECONFIGURING"
+    TERMINATED = "TERMINATED"
+
+
+class _StoppedByUser(Exception):
+    """Raised inside the stream thread when ``stop()`` interrupted a batch."""
+
+
+class StreamExecution:
+    """Base of the stream execution engines: thread, state, latches, status."""
+
+    def __init__(
+        self,
+        *,
+        spark: SparkSession,
+        manager: StreamingQueryManager,
+        name: str | None,
+        query_id: str,
+        checkpoint_root: str,
+        checkpoint_fs: CheckpointFileSystem,
+        delete_checkpoint_on_stop: bool,
+        clock: Clock,
+    ) -> None:
+        self.spark = spark
+        self.manager = manager
+        self.name = name
+        self.id = query_id
+        self.run_id = str(uuid.uuid4())
+        self.checkpoint_root = checkpoint_root
+        self.fs = checkpoint_fs
+        self.delete_checkpoint_on_stop = delete_checkpoint_on_stop
+        self.clock = clock
+
+        self._state = QueryState.INITIALIZING
+        self._state_lock = threading.RLock()
+        self._start_latch = threading.Event()
+        self._termination_latch = threading.Event()
+        self.stop_event = threading.Event()
+        self._await_progress = threading.Condition()
+        self._no_new_data = False
+        self.stream_death_cause: StreamingQueryException | None = None
+        self._status: dict[str, Any] = {
+            "message": "Initializing StreamExecution",
+            "isDataAvailable": False,
+            "isTriggerActive": False,
+        }
+        self._thread = threading.Thread(
+            target=self._run_stream,
+            name=f"stream execution thread for {self.pretty_id_string}",
+            daemon=True,
+        )
+
+    # -- identity --------------------------------------------------------------------
+    @property
+    def pretty_id_string(self) -> str:
+        ids = f"[id = {self.id}, runId = {self.run_id}]"
+        return f"{self.name} {ids}" if self.name else ids
+
+    def batch_description(self, batch: str) -> str:
+        name = self.name or ""
+        return f"{name}<br/>id = {self.id}<br/>runId = {self.run_id}<br/>batch = {batch}"
+
+    # -- state -----------------------------------------------------------------------
+    @property
+    def state(self) -> QueryState:
+        with self._state_lock:
+            return self._state
+
+    def _transition(self, expected: QueryState | None, new: QueryState) -> bool:
+        with self._state_lock:
+            if expected is not None and self._state is not expected:
+                return False
+            self._state = new
+            return True
+
+    @property
+    def is_active(self) -> bool:
+        return self.state is not QueryState.TERMINATED
+
+    @property
+    def status(self) -> dict[str, Any]:
+        with self._state_lock:
+            return dict(self._status)
+
+    def update_status(self, message: str | None = None, **flags: bool) -> None:
+        with self._state_lock:
+            if message is not None:
+                self._status["message"] = message
+            self._status.update(flags)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        logger.info(
+            "Starting %s. Use %s to store the query checkpoint.",
+            self.pretty_id_string,
+            self.checkpoint_root,
+        )
+        self._thread.start()
+        self._start_latch.wait()
+
+    def _run_stream(self) -> None:
+        sc = self.spark.sparkContext
+        try:
+            sc.setJobGroup(self.run_id, self.batch_description("init"), interruptOnCancel=True)
+            sc.setLocalProperty("sql.streaming.queryId", self.id)
+            self.manager._post_started(self)
+            self._start_latch.set()
+            self.update_status("Initializing sources")
+            if self._transition(QueryState.INITIALIZING, QueryState.ACTIVE):
+                self.run_activated_stream()
+            self.update_status("Stopped")
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the user
+            if self.stop_event.is_set() and not isinstance(exc, StreamingQueryException):
+                logger.info("Query %s was stopped", self.pretty_id_string)
+            else:
+                self._record_failure(exc)
+        finally:
+            self._start_latch.set()
+            self._finish()
+
+    def _record_failure(self, exc: BaseException) -> None:
+        if isinstance(exc, StreamingQueryException):
+            self.stream_death_cause = exc
+        else:
+            message = (
+                f"[STREAM_FAILED] Query {self.pretty_id_string} terminated with exception: "
+                f"{_describe(exc)}"
+            )
+            self.stream_death_cause = StreamingQueryException(
+                message, cause=exc, query_id=self.id, run_id=self.run_id,
+                batch_id=getattr(self, "current_batch_id", None),
+            )
+            self.stream_death_cause.__cause__ = exc
+        logger.error(
+            "Query %s terminated with error\n%s",
+            self.pretty_id_string,
+            "".join(traceback.format_exception(exc)),
+        )
+
+    def _finish(self) -> None:
+        try:
+            self.stop_sources()
+        finally:
+            self._transition(None, QueryState.TERMINATED)
+            self.update_status("Stopped", isTriggerActive=False, isDataAvailable=False)
+            self.manager._notify_query_termination(self)
+            self.manager._post_terminated(self)
+            if self.delete_checkpoint_on_stop and (
+                self.stream_death_cause is None or self._force_delete_temp_checkpoint()
+            ):
+                self.fs.delete_recursive(self.checkpoint_root)
+            self._termination_latch.set()
+            with self._await_progress:
+                self._await_progress.notify_all()
+
+    def _force_delete_temp_checkpoint(self) -> bool:
+        value = self.spark.conf.get("spark.sql.streaming.forceDeleteTempCheckpointLocation", "false")
+        return str(value).lower() == "true"
+
+    def run_activated_stream(self) -> None:
+        raise NotImplementedError
+
+    def stop_sources(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop the query, waiting for the stream thread to end."""
+        self.stop_event.set()
+        self._transition(None, QueryState.TERMINATED)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            try:
+                self.spark.sparkContext.cancelJobGroup(self.run_id)
+            except Exception:  # noqa: BLE001 - the context may already be stopped
+                logger.debug("cancelJobGroup failed for %s", self.run_id, exc_info=True)
+            self._thread.join()
+        elif not self._thread.is_alive() and not self._termination_latch.is_set():
+            self._finish()
+        logger.info("Query %s was stopped", self.pretty_id_string)
+
+    def await_termination(self, timeout: float | None = None) -> bool:
+        finished = self._termination_latch.wait(timeout)
+        if self.stream_death_cause is not None:
+            raise self.stream_death_cause
+        return finished
+
+    # -- processAllAvailable -----------------------------------------------------------
+    def signal_no_new_data(self) -> None:
+        with self._await_progress:
+            self._no_new_data = True
+            self._await_progress.notify_all()
+
+    def process_all_available(self) -> None:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(
+                "Cannot wait for a query state from the same thread that is running the query"
+            )
+        if self.stream_death_cause is not None:
+            raise self.stream_death_cause
+        if not self.is_active:
+            return
+        with self._await_progress:
+            self._no_new_data = False
+            while not self._no_new_data and self.is_active:
+                self._await_progress.wait(10.0)
+                if self.stream_death_cause is not None:
+                    break
+        if self.stream_death_cause is not None:
+            raise self.stream_death_cause
+
+    @property
+    def stream_thread(self) -> threading.Thread:
+        return self._thread
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -1,0 +1,146 @@
+"""Logical plan nodes of a streaming query.
+
+A plan is an immutable tree. Leaves are :class:`StreamingRelation` (a source);
+inner nodes record an operation to apply to their children's DataFrames. Nodes
+compare by identity: two reads of the same source are two sources, while one
+DataFrame used twice (``df.union(df)``) is one source, as in Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+    from lockgate.sources.base import SourceProvider
+
+
+@dataclass(frozen=True, eq=False)
+class PlanNode:
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return ()
+
+    def walk(self) -> Iterator[PlanNode]:
+        """Pre-order, left to right."""
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def tree_string(self, indent: int = 0) -> str:
+        lines = [("   " * indent) + ("+- " if indent else "") + self.describe()]
+        for child in self.children:
+            lines.append(child.tree_string(indent + 1))
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, eq=False)
+class StreamingRelation(PlanNode):
+    """A streaming source, read through ``provider`` when the query starts."""
+
+    provider: SourceProvider
+    source_name: str
+    options: tuple[tuple[str, str], ...]
+    schema: StructType
+    user_schema: StructType | None = None
+
+    def describe(self) -> str:
+        cols = ", ".join(f.name for f in self.schema.fields)
+        return f"StreamingRelation {self.source_name}, [{cols}]"
+
+
+@dataclass(frozen=True, eq=False)
+class Transform(PlanNode):
+    """A row-by-row DataFrame method (select, filter, withColumn, ...) applied to the child."""
+
+    child: PlanNode
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def apply(self, df: DataFrame) -> DataFrame:
+        return getattr(df, self.method)(*self.args, **dict(self.kwargs))
+
+    def describe(self) -> str:
+        shown = ", ".join([_short(a) for a in self.args] + [f"{k}={_short(v)}" for k, v in self.kwargs])
+        return f"{self.method}({shown})"
+
+
+@dataclass(frozen=True, eq=False)
+class Union(PlanNode):
+    left: PlanNode
+    right: PlanNode
+    by_name: bool = False
+    allow_missing_columns: bool = False
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.left, self.right)
+
+
+@dataclass(frozen=True, eq=False)
+class StaticJoin(PlanNode):
+    """A join of the stream (left) with a static DataFrame (right)."""
+
+    child: PlanNode
+    other: DataFrame
+    on: Any
+    how: str
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def describe(self) -> str:
+        return f"Join {self.how}, on={_short(self.on)}, static={_short(self.other)}"
+
+
+@dataclass(frozen=True, eq=False)
+class EventTimeWatermark(PlanNode):
+    """``withWatermark(column, delay)``: tracks max event time; rows pass unchanged."""
+
+    child: PlanNode
+    column: str
+    delay_ms: int
+    delay_text: str
+    node_id: int = field(default=0)
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def describe(self) -> str:
+        return f"EventTimeWatermark {self.column}, {self.delay_text}"
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def source_relations(plan: PlanNode) -> list[StreamingRelation]:
+    """The distinct sources of ``plan`` in plan order (the offsets log order)."""
+    seen: dict[int, StreamingRelation] = {}
+    for node in plan.walk():
+        if isinstance(node, StreamingRelation) and id(node) not in seen:
+            seen[id(node)] = node
+    return list(seen.values())
+
+
+def watermark_nodes(plan: PlanNode) -> list[EventTimeWatermark]:
+    seen: dict[int, EventTimeWatermark] = {}
+    for node in plan.walk():
+        if isinstance(node, EventTimeWatermark) and id(node) not in seen:
+            seen[id(node)] = node
+    return list(seen.values())

@@ -1,0 +1,75 @@
+"""The sink contract: where each micro-batch's result goes.
+
+:meth:`Sink.addBatch` receives the batch id and the batch's result as a lazy DataFrame;
+the sink writes it with Spark (on the executors). After a crash the engine may call
+``addBatch`` again with a batch id it already gave, with the same rows: a sink must
+then write nothing twice (idempotent by batch id). That is what makes the engine's
+exactly-once guarantee end to end.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+    from lockgate.options import Options
+
+
+OUTPUT_MODES = ("append", "complete", "update")
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """What a sink factory gets at query start."""
+
+    spark: SparkSession
+    options: Options
+    output_mode: str
+    partition_by: tuple[str, ...]
+    query_name: str | None
+    path: str | None
+    schema: StructType
+    """Schema of the query's result rows."""
+
+
+class Sink(ABC):
+    """A streaming sink for micro-batch execution (Spark's ``Sink``)."""
+
+    @abstractmethod
+    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803 - Spark's names
+        """Write batch ``batchId``; a batch id already written must not be written again."""
+
+    def description(self) -> str:
+        """Shown in progress (``sink.description``)."""
+        return type(self).__name__
+
+    def stop(self) -> None:
+        """Called once when the query stops."""
+
+    def __str__(self) -> str:
+        return self.description()
+
+
+class SinkProvider(ABC):
+    """Creates the :class:`Sink` for ``writeStream.format(name)``."""
+
+    name: str = ""
+    needs_checkpoint: bool = True
+    """Sinks whose output is only for looking at (console, memory, noop, foreach)
+    may run with a temporary checkpoint, as in Spark."""
+    supports_continuous: bool = False
+
+    @abstractmethod
+    def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
+        ...
+
+    def validate(self, spark: SparkSession, options: Options, path: str | None) -> None:
+        """Check options at ``start()``, before any checkpoint is touched."""
+
+    def supportedOutputModes(self) -> tuple[str, ...]:  # noqa: N802
+        return OUTPUT_MODES

@@ -1,0 +1,39 @@
+"""``console``: prints each batch like Spark's console sink (for debugging)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lockgate.sinks.base import Sink, SinkContext, SinkProvider
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+class ConsoleSink(Sink):
+    """Prints at most ``numRows`` rows of each batch; only those rows reach the driver."""
+
+    def __init__(self, num_rows: int, truncate: bool) -> None:
+        self.num_rows = num_rows
+        self.truncate = truncate
+
+    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+        line = "-" * 43
+        print(f"{line}\nBatch: {batchId}\n{line}", flush=True)
+        # show() fetches only numRows rows; the full batch never comes to the driver.
+        data.show(self.num_rows, self.truncate)
+
+    def description(self) -> str:
+        return f"ConsoleSink[numRows={self.num_rows}, truncate={str(self.truncate).lower()}]"
+
+
+class ConsoleSinkProvider(SinkProvider):
+    name = "console"
+    needs_checkpoint = False
+    supports_continuous = True
+
+    def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
+        num_rows = context.options.get_int("numRows", 20, minimum=0)
+        truncate = context.options.get_bool("truncate", True)
+        assert num_rows is not None
+        return ConsoleSink(num_rows, truncate)

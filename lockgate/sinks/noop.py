@@ -1,0 +1,27 @@
+"""``noop``: runs the batch to completion and writes nothing (for benchmarks)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lockgate.sinks.base import Sink, SinkContext, SinkProvider
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+class NoopSink(Sink):
+    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+        data.write.format("noop").mode("append").save()
+
+    def description(self) -> str:
+        return "NoopSink"
+
+
+class NoopSinkProvider(SinkProvider):
+    name = "noop"
+    needs_checkpoint = False
+    supports_continuous = True
+
+    def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
+        return NoopSink()

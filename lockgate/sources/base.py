@@ -1,0 +1,142 @@
+"""The source contract: what a streaming source gives the micro-batch engine.
+
+A source is *replayable and offset-based*: the engine asks for the latest offset,
+writes it to the offsets log before processing, and may later ask for the same
+``(start, end]`` range again after a crash, which must return the same rows. The rows
+themselves are read by the Spark executors: :meth:`Source.getBatch` returns a lazy
+DataFrame, never rows collected on the driver.
+
+Offsets are JSON-serialisable Python values (numbers, dicts, lists, strings). They are
+stored in ``offsets/<N>`` as JSON text, one line per source, as in Spark.
+
+Sources are created at query start by a :class:`SourceProvider`, which is what
+``readStream.format(name)`` looks up; the provider also reports the schema at
+definition time, before any checkpoint exists.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+    from lockgate.checkpoint.fs import CheckpointFileSystem
+    from lockgate.clock import Clock
+    from lockgate.options import Options
+
+Offset = Any
+"""A JSON-serialisable offset value."""
+
+
+@dataclass(frozen=True)
+class ReadLimit:
+    """How much one batch may read; ``None`` everywhere means all available."""
+
+    max_rows: int | None = None
+    max_files: int | None = None
+    max_bytes: int | None = None
+
+    @property
+    def is_all_available(self) -> bool:
+        return self.max_rows is None and self.max_files is None and self.max_bytes is None
+
+
+READ_ALL_AVAILABLE = ReadLimit()
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What a provider gets to create a source at query start."""
+
+    spark: SparkSession
+    options: Options
+    schema: StructType
+    metadata_path: str
+    """``<checkpoint>/sources/<i>``: the source's own directory for its logs."""
+    fs: CheckpointFileSystem
+    clock: Clock
+
+
+class Source(ABC):
+    """A streaming source for micro-batch execution (Spark's ``Source``/``MicroBatchStream``).
+
+    Subclass it to write a source in Python; register a :class:`SourceProvider` with
+    :func:`lockgate.register_source` to make it available as ``readStream.format(name)``.
+    """
+
+    @property
+    @abstractmethod
+    def schema(self) -> StructType:
+        """Schema of the rows this source produces."""
+
+    def initialOffset(self) -> Offset | None:  # noqa: N802 - Spark's name
+        """The offset before any data; ``None`` means the stream starts empty."""
+        return None
+
+    @abstractmethod
+    def latestOffset(self, start: Offset | None, limit: ReadLimit) -> Offset | None:  # noqa: N802
+        """The end offset of the next batch starting at ``start``, within ``limit``.
+
+        Returning ``start`` (or ``None`` with nothing read yet) means no new data.
+        """
+
+    @abstractmethod
+    def getBatch(self, start: Offset | None, end: Offset) -> DataFrame:  # noqa: N802
+        """A lazy DataFrame of the rows in ``(start, end]``; the same range gives the same rows."""
+
+    def commit(self, end: Offset) -> None:
+        """Everything up to ``end`` is processed; the source may forget it."""
+
+    def stop(self) -> None:
+        """Release resources; called once when the query stops."""
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        return READ_ALL_AVAILABLE
+
+    # -- Trigger.AvailableNow ------------------------------------------------------------
+    supportsTriggerAvailableNow: bool = False
+    """A source that sets this caps :meth:`latestOffset` itself after
+    :meth:`prepareForTriggerAvailableNow`, respecting its read limits. Others are read
+    in one batch up to the offset seen when the query started, as in Spark."""
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        """Remember the latest offset now; never read past it afterwards."""
+
+    # -- offsets as text ----------------------------------------------------------------
+    def serializeOffset(self, offset: Offset) -> str:  # noqa: N802
+        return json.dumps(offset, separators=(",", ":"), sort_keys=False)
+
+    def deserializeOffset(self, text: str) -> Offset:  # noqa: N802
+        return json.loads(text)
+
+    def numRowsBetween(self, start: Offset | None, end: Offset) -> int | None:  # noqa: N802
+        """The exact row count of ``(start, end]`` when the offsets tell it, else ``None``."""
+        return None
+
+    def description(self) -> str:
+        """Shown in progress (``sources[].description``) and explain."""
+        return type(self).__name__
+
+    def __str__(self) -> str:
+        return self.description()
+
+
+class SourceProvider(ABC):
+    """Creates a :class:`Source` for ``readStream.format(name)``."""
+
+    name: str = ""
+
+    @abstractmethod
+    def sourceSchema(  # noqa: N802
+        self, spark: SparkSession, options: Options, user_schema: StructType | None
+    ) -> StructType:
+        """The schema, known at definition time; validate options here."""
+
+    @abstractmethod
+    def createSource(self, context: SourceContext) -> Source:  # noqa: N802
+        """The source for one query run."""

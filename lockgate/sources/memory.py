@@ -1,0 +1,145 @@
+"""``MemoryStream``: a source fed from Python, for tests and notebooks (Spark's MemoryStream).
+
+Each ``addData`` call becomes one small DataFrame held by Spark; offsets count the
+calls (the first ``addData`` returns offset 0), so a batch covers whole calls.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import DataFrame, Row
+from pyspark.sql.types import DataType, StructField, StructType
+
+from lockgate.sources.base import ReadLimit, Source, SourceContext, SourceProvider
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from lockgate.api.dataframe import StreamingDataFrame
+
+
+def _parse_schema(spark: SparkSession, schema: StructType | DataType | str) -> StructType:
+    if isinstance(schema, StructType):
+        return schema
+    if isinstance(schema, DataType):
+        return StructType([StructField("value", schema, True)])
+    parsed = spark.createDataFrame([], schema).schema if " " in schema.strip() or ":" in schema else None
+    if parsed is not None:
+        return parsed
+    from pyspark.sql.types import _parse_datatype_string
+
+    dt = _parse_datatype_string(schema)
+    return dt if isinstance(dt, StructType) else StructType([StructField("value", dt, True)])
+
+
+class MemoryStream(Source):
+    """A source whose data is added from Python with :meth:`addData`.
+
+    Parameters
+    ----------
+    session : lockgate session or SparkSession
+    schema : StructType, DataType or DDL string
+        ``"value INT"``, ``"a STRING, b LONG"``, or a single type such as ``"int"``
+        (one column named ``value``, as Scala's ``MemoryStream[Int]``).
+    numPartitions : int, optional
+        Partitions of each batch DataFrame.
+    """
+
+    def __init__(
+        self, session: Any, schema: StructType | DataType | str, numPartitions: int | None = None  # noqa: N803
+    ) -> None:
+        self._session = session
+        self._spark: SparkSession = getattr(session, "spark", session)
+        self._schema = _parse_schema(self._spark, schema)
+        self._num_partitions = numPartitions
+        self._batches: list[DataFrame] = []
+        self._lock = threading.Lock()
+        self._committed = -1
+
+    @property
+    def schema(self) -> StructType:
+        return self._schema
+
+    def _to_rows(self, data: Iterable[Any]) -> list[Any]:
+        rows = []
+        single = len(self._schema.fields) == 1
+        for item in data:
+            if isinstance(item, (Row, tuple, list, dict)):
+                rows.append(item)
+            elif single:
+                rows.append((item,))
+            else:
+                raise TypeError(
+                    f"MemoryStream row {item!r} does not match schema {self._schema.simpleString()}; "
+                    "pass tuples, Rows or dicts."
+                )
+        return rows
+
+    def addData(self, data: Iterable[Any] | Any = (), *more: Any) -> int:  # noqa: N802
+        """Add rows as one new offset; returns that offset.
+
+        ``addData([1, 2, 3])``, ``addData(1, 2, 3)`` and ``addData([(1, "a")])`` all work.
+        """
+        items = [data, *more] if more or not isinstance(data, (list, tuple)) else list(data)
+        df = self._spark.createDataFrame(self._to_rows(items), self._schema)
+        if self._num_partitions:
+            df = df.repartition(self._num_partitions)
+        with self._lock:
+            self._batches.append(df)
+            return len(self._batches) - 1
+
+    def toDF(self) -> StreamingDataFrame:  # noqa: N802
+        """The streaming DataFrame reading this stream."""
+        from lockgate.api.dataframe import StreamingDataFrame
+        from lockgate.plan.nodes import StreamingRelation
+
+        relation = StreamingRelation(
+            provider=_ThisSource(self), source_name="memory", options=(), schema=self._schema
+        )
+        return StreamingDataFrame._from_plan(self._session_obj(), relation)
+
+    def _session_obj(self) -> Any:
+        from lockgate.api.session import StreamingSession
+
+        if isinstance(self._session, StreamingSession):
+            return self._session
+        return StreamingSession.for_spark(self._spark)
+
+    def latestOffset(self, start: Any, limit: ReadLimit) -> int | None:  # noqa: N802
+        with self._lock:
+            return len(self._batches) - 1 if self._batches else None
+
+    def getBatch(self, start: int | None, end: int) -> DataFrame:  # noqa: N802
+        first = -1 if start is None else int(start)
+        with self._lock:
+            parts = self._batches[first + 1 : int(end) + 1]
+        if not parts:
+            return self._spark.createDataFrame([], self._schema)
+        result = parts[0]
+        for part in parts[1:]:
+            result = result.union(part)
+        return result
+
+    def commit(self, end: int) -> None:
+        self._committed = int(end)
+
+    def description(self) -> str:
+        return f"MemoryStream[{','.join(f.name + ':' + f.dataType.simpleString() for f in self._schema.fields)}]"
+
+
+class _ThisSource(SourceProvider):
+    """Hands an existing MemoryStream to the engine."""
+
+    name = "memory"
+
+    def __init__(self, source: MemoryStream) -> None:
+        self.source = source
+
+    def sourceSchema(self, spark, options, user_schema):  # type: ignore[no-untyped-def]  # noqa: N802
+        return self.source.schema
+
+    def createSource(self, context: SourceContext) -> Source:  # noqa: N802
+        return self.source

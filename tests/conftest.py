@@ -1,0 +1,54 @@
+"""One SparkSession for the whole test run, with few shuffle partitions."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("lockgate-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def ls(spark):
+    import lockgate
+
+    return lockgate.session(spark)
+
+
+@pytest.fixture(autouse=True)
+def _stop_queries(request):
+    """Stop every lockgate and native query a test left running."""
+    yield
+    if "spark" not in request.fixturenames and "ls" not in request.fixturenames:
+        return
+    spark = request.getfixturevalue("spark")
+    for q in spark.streams.active:
+        q.stop()
+    if "ls" in request.fixturenames:
+        session = request.getfixturevalue("ls")
+        for q in session.streams.active:
+            q.stop()
+        session.streams.resetTerminated()
