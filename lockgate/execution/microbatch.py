@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 
 from lockgate.checkpoint import CommitLog, CommitMetadata, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
 from lockgate.errors import CheckpointError, ConcurrentWriteError
+from lockgate.execution.faults import crash_point
 from lockgate.execution.progress import ProgressTracker, format_timestamp, rate
 from lockgate.execution.stream import StreamExecution
 from lockgate.execution.triggers import (
@@ -322,6 +323,7 @@ class MicroBatchExecution(StreamExecution):
             logger.info(
                 "Committed offsets for batch %s. Metadata %s", self.current_batch_id, self.offset_metadata
             )
+            crash_point("after_wal", self.current_batch_id)
             if self.current_batch_id != 0:
                 previous = self.offset_log.get(self.current_batch_id - 1)
                 if previous is not None:
@@ -364,6 +366,7 @@ class MicroBatchExecution(StreamExecution):
                 self.plan,
                 frames,
                 batch_id=batch_id,
+                batch_timestamp_ms=self.offset_metadata.batchTimestampMs,
                 watermark_index={id(n): i for i, n in enumerate(self._watermark_nodes)},
                 source_index={slot.relation_id: slot.index for slot in self._slots},
                 count_sources=count_sources,
@@ -388,9 +391,11 @@ class MicroBatchExecution(StreamExecution):
             "event_stats": event_stats,
             "num_output_rows": int(output["rows"]) if output else -1,
         }
+        crash_point("after_sink", batch_id)
         with self.progress.time("commitOffsets"):
             self.commit_log.add(batch_id, CommitMetadata(self.watermark_tracker.current_watermark_ms))
             self.committed = list(self.available)
+        crash_point("after_commit", batch_id)
         logger.debug("batch %s committed", batch_id)
 
     def _event_time_stats(self, execution: IncrementalExecution) -> list[dict[str, Any] | None]:

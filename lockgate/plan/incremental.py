@@ -75,12 +75,14 @@ class IncrementalExecution:
         source_frames: dict[int, DataFrame],
         *,
         batch_id: int,
+        batch_timestamp_ms: int | None = None,
         watermark_index: dict[int, int] | None = None,
         source_index: dict[int, int] | None = None,
         count_sources: set[int] | None = None,
     ) -> None:
         self.plan = plan
         self.batch_id = batch_id
+        self.batch_timestamp_ms = batch_timestamp_ms
         self._frames = source_frames
         self._watermark_index = watermark_index or {}
         self._source_index = source_index or {}
@@ -107,7 +109,7 @@ class IncrementalExecution:
                 self.observations.source_rows[index] = obs
             return df
         if isinstance(node, Transform):
-            return node.apply(self._build(node.child))
+            return node.apply(self._build(node.child), self.batch_timestamp_ms)
         if isinstance(node, Union):
             left, right = self._build(node.left), self._build(node.right)
             if node.by_name:

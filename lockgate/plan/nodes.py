@@ -69,8 +69,20 @@ class Transform(PlanNode):
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
 
-    def apply(self, df: DataFrame) -> DataFrame:
-        return getattr(df, self.method)(*self.args, **dict(self.kwargs))
+    @property
+    def uses_current_time(self) -> bool:
+        from lockgate.plan.current_time import mentions_current_time
+
+        return mentions_current_time(self.args) or mentions_current_time(dict(self.kwargs))
+
+    def apply(self, df: DataFrame, batch_timestamp_ms: int | None = None) -> DataFrame:
+        method, args, kwargs = self.method, self.args, dict(self.kwargs)
+        if batch_timestamp_ms is not None and self.uses_current_time:
+            from lockgate.plan.current_time import CurrentTimeRewriter
+
+            rewriter = CurrentTimeRewriter(df.sparkSession, batch_timestamp_ms)
+            method, args, kwargs = rewriter.rewrite_call(method, args, kwargs)
+        return getattr(df, method)(*args, **kwargs)
 
     def describe(self) -> str:
         shown = ", ".join([_short(a) for a in self.args] + [f"{k}={_short(v)}" for k, v in self.kwargs])
