@@ -59,14 +59,13 @@ _STATELESS = (
     "melt",
     "sample",
     "to",
+    "orderBy",
+    "sort",
 )
 
 # Stateful operations: Spark supports them on streams; lockgate's stateful engine
 # (state stores, watermarks eviction) is not there yet, so they fail clearly.
 _STATEFUL_NOT_YET = {
-    "groupBy": "Streaming aggregation (groupBy)",
-    "groupby": "Streaming aggregation (groupby)",
-    "agg": "Streaming aggregation (agg)",
     "rollup": "Streaming aggregation (rollup)",
     "cube": "Streaming aggregation (cube)",
     "groupingSets": "Streaming aggregation (groupingSets)",
@@ -75,8 +74,6 @@ _STATEFUL_NOT_YET = {
     "dropDuplicatesWithinWatermark": "Streaming deduplication (dropDuplicatesWithinWatermark)",
     "distinct": "Streaming deduplication (distinct)",
     "limit": "Streaming limit",
-    "orderBy": "Sorting a streaming DataFrame (orderBy)",
-    "sort": "Sorting a streaming DataFrame (sort)",
     "sortWithinPartitions": "Sorting a streaming DataFrame (sortWithinPartitions)",
     "groupByKey": "Arbitrary stateful processing",
     "transformWithStateInPandas": "Arbitrary stateful processing (transformWithStateInPandas)",
@@ -215,9 +212,8 @@ class StreamingDataFrame:
             op = _STATEFUL_NOT_YET[name]
             raise NotSupportedYetError(
                 op,
-                "lockgate runs stateless streaming queries so far; stateful operators "
-                "(aggregation, deduplication, limit, sort, stream-stream joins) come with "
-                "its stateful engine.",
+                "lockgate's stateful engine supports streaming aggregation (groupBy/agg) "
+                "so far; this operator is the next piece of work.",
             )
         if name in _SPARK_UNSUPPORTED:
             raise AnalysisError(_SPARK_UNSUPPORTED[name])
@@ -338,6 +334,21 @@ class StreamingDataFrame:
             )
         node = EventTimeWatermark(self._plan, eventTime, delay_ms, delayThreshold)
         return self._derive(node, template)
+
+    # -- stateful operations ------------------------------------------------------------
+    def groupBy(self, *cols: Any) -> Any:  # noqa: N802
+        from lockgate.api.grouped import StreamingGroupedData
+
+        if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
+            cols = tuple(cols[0])
+        for c in cols:
+            _reject_nested_stream(c)
+        return StreamingGroupedData(self, tuple(cols))
+
+    groupby = groupBy
+
+    def agg(self, *exprs: Any) -> StreamingDataFrame:
+        return self.groupBy().agg(*exprs)
 
     # -- explain and writing -----------------------------------------------------------
     def explain(self, extended: bool | str | None = None, mode: str | None = None) -> None:

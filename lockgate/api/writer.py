@@ -237,12 +237,10 @@ class DataStreamWriter:
         return lookup_sink(name), name
 
     def _check_output_mode(self, provider: SinkProvider, sink_name: str) -> None:
+        from lockgate.plan.checks import check_for_streaming
+
         mode = self._output_mode
-        if mode == "complete":
-            raise AnalysisError(
-                "Complete output mode not supported when there are no streaming aggregations "
-                "on streaming DataFrames/Datasets"
-            )
+        check_for_streaming(self._df._plan, mode)
         if mode not in provider.supportedOutputModes():
             raise AnalysisError(f"Data source {sink_name} does not support {mode} output mode")
 

@@ -31,6 +31,8 @@ from lockgate.execution.triggers import (
 )
 from lockgate.execution.watermark import WatermarkTracker
 from lockgate.options import Options
+from lockgate.plan.aggregate import StatefulContext
+from lockgate.plan.checks import stateful_operators
 from lockgate.plan.incremental import IncrementalExecution, observation_value
 from lockgate.plan.nodes import PlanNode, source_relations, watermark_nodes
 from lockgate.sources.base import READ_ALL_AVAILABLE, ReadLimit, Source, SourceContext
@@ -103,6 +105,15 @@ class MicroBatchExecution(StreamExecution):
         self.watermark_tracker = WatermarkTracker([w.delay_ms for w in self._watermark_nodes])
         self._last_batch: dict[str, Any] | None = None
         self.last_execution: IncrementalExecution | None = None
+        self._stateful_ops = stateful_operators(plan)
+        self._op_ids = {id(node): i for i, node in enumerate(self._stateful_ops)}
+        self._state_checked = False
+        self._state_metrics: Any = None
+        if self._stateful_ops:
+            from lockgate.state.metrics import DictSumParam
+
+            self._state_metrics = self.spark.sparkContext.accumulator({}, DictSumParam())
+        self._last_state_progress: list[dict[str, Any]] = []
         root = self.checkpoint_root
         self.offset_log = OffsetSeqLog(self.fs, self.fs.join(root, "offsets"))
         self.commit_log = CommitLog(self.fs, self.fs.join(root, "commits"))
@@ -300,7 +311,7 @@ class MicroBatchExecution(StreamExecution):
             new_available[i] is not None and new_available[i] != self.committed[i]
             for i in range(len(self._slots))
         )
-        if not has_new_data:
+        if not has_new_data and not self._should_run_another_batch():
             return False
         self.available = new_available
         self.offset_metadata = OffsetSeqMetadata(
@@ -337,6 +348,85 @@ class MicroBatchExecution(StreamExecution):
                 self.commit_log.purge(threshold)
         return True
 
+    def _should_run_another_batch(self) -> bool:
+        """A no-data batch is due when the watermark moved past what the last batch used
+        and a stateful operator evicts or emits by it (Spark's shouldRunAnotherBatch)."""
+        if self.current_batch_id <= 0:
+            return False
+        enabled = str(
+            self.spark.conf.get("spark.sql.streaming.noDataMicroBatches.enabled", "true")
+        ).lower()
+        if enabled != "true" or self.output_mode not in ("append", "update"):
+            return False
+        if not any(op.event_time_key is not None for op in self._stateful_ops):
+            return False
+        return self.watermark_tracker.current_watermark_ms > self.offset_metadata.batchWatermarkMs
+
+    def _stateful_context(self) -> StatefulContext | None:
+        if not self._stateful_ops:
+            return None
+        conf = self.spark.conf
+        self._state_metrics.value = {}
+        return StatefulContext(
+            state_root=self.fs.join(self.checkpoint_root, "state"),
+            num_partitions=int(self._pinned_conf["spark.sql.shuffle.partitions"]),
+            output_mode=self.output_mode,
+            batch_watermark_ms=(
+                self.offset_metadata.batchWatermarkMs if self._watermark_nodes else None
+            ),
+            accumulator=self._state_metrics,
+            session_timezone=str(conf.get("spark.sql.session.timeZone", "UTC")),
+            snapshot_interval=int(
+                conf.get("spark.sql.streaming.stateStore.minDeltasForSnapshot", "10") or 10
+            ),
+            min_versions_to_retain=self.min_batches_to_retain,
+        )
+
+    def _check_state_schemas(self, execution: IncrementalExecution) -> None:
+        from lockgate.state.schema import check_operator_count, check_or_write
+
+        state_root = self.fs.join(self.checkpoint_root, "state")
+        if not self._state_checked:
+            check_operator_count(self.fs, state_root, len(self._stateful_ops))
+        for schema in execution.state_schemas.values():
+            if not self._state_checked:
+                check_or_write(self.fs, state_root, schema)
+        self._state_checked = True
+
+    def _state_operator_progress(self, stateful: StatefulContext | None) -> list[dict[str, Any]]:
+        if stateful is None:
+            return []
+        values: dict[str, int] = dict(self._state_metrics.value or {})
+        progress = []
+        for op_id in range(len(self._stateful_ops)):
+            prefix = f"{op_id}."
+
+            def get(name: str, _p: str = prefix) -> int:
+                return int(values.get(_p + name, 0))
+
+            progress.append(
+                {
+                    "operatorName": "stateStoreSave",
+                    "numRowsTotal": get("numRowsTotal"),
+                    "numRowsUpdated": get("numRowsUpdated"),
+                    "allUpdatesTimeMs": get("allUpdatesTimeMs"),
+                    "numRowsRemoved": get("numRowsRemoved"),
+                    "allRemovalsTimeMs": get("allRemovalsTimeMs"),
+                    "commitTimeMs": get("commitTimeMs"),
+                    "memoryUsedBytes": get("memoryUsedBytes"),
+                    "numRowsDroppedByWatermark": get("numRowsDroppedByWatermark"),
+                    "numShufflePartitions": stateful.num_partitions,
+                    "numStateStoreInstances": get("numStateStoreInstances"),
+                    "customMetrics": {
+                        "loadedFromCache": get("loadedFromCache"),
+                        "loadedFromFiles": get("loadedFromFiles"),
+                        "stateFilesReplayed": get("stateFilesReplayed"),
+                        "snapshotsWritten": get("snapshotsWritten"),
+                    },
+                }
+            )
+        return progress
+
     # -- running a batch ---------------------------------------------------------------
     def _run_batch(self) -> None:
         spark = self.spark
@@ -362,6 +452,7 @@ class MicroBatchExecution(StreamExecution):
                 if counts[slot.index] is None:
                     count_sources.add(slot.index)
         with self.progress.time("queryPlanning"):
+            stateful = self._stateful_context()
             execution = IncrementalExecution(
                 self.plan,
                 frames,
@@ -370,8 +461,12 @@ class MicroBatchExecution(StreamExecution):
                 watermark_index={id(n): i for i, n in enumerate(self._watermark_nodes)},
                 source_index={slot.relation_id: slot.index for slot in self._slots},
                 count_sources=count_sources,
+                stateful=stateful,
+                operator_ids=self._op_ids,
             )
             result = execution.build()
+            if stateful is not None:
+                self._check_state_schemas(execution)
             output_obs = Observation(f"lockgate_output_rows_b{batch_id}")
             result = result.observe(output_obs, F.count(F.lit(1)).alias("rows"))
         self.last_execution = execution
@@ -384,6 +479,7 @@ class MicroBatchExecution(StreamExecution):
         self.watermark_tracker.update(
             [stats["max"] if stats else None for stats in event_stats]
         )
+        self._last_state_progress = self._state_operator_progress(stateful)
         output = observation_value(output_obs)
         self._last_batch = {
             "start_offsets": list(self.committed),
@@ -475,7 +571,7 @@ class MicroBatchExecution(StreamExecution):
                 event_time["min"] = format_timestamp(min(s["min"] for s in known))
             event_time["watermark"] = format_timestamp(self.offset_metadata.batchWatermarkMs)
             progress["eventTime"] = event_time
-        progress["stateOperators"] = []
+        progress["stateOperators"] = self._last_state_progress
         progress["sources"] = sources
         progress["sink"] = {
             "description": self.sink.description(),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
+from lockgate.plan.aggregate import Aggregate, StatefulContext, build_aggregate
 from lockgate.plan.nodes import (
     EventTimeWatermark,
     PlanNode,
@@ -79,6 +80,8 @@ class IncrementalExecution:
         watermark_index: dict[int, int] | None = None,
         source_index: dict[int, int] | None = None,
         count_sources: set[int] | None = None,
+        stateful: StatefulContext | None = None,
+        operator_ids: dict[int, int] | None = None,
     ) -> None:
         self.plan = plan
         self.batch_id = batch_id
@@ -88,6 +91,9 @@ class IncrementalExecution:
         self._source_index = source_index or {}
         self._count_sources = count_sources or set()
         self.observations = BatchObservations()
+        self.stateful = stateful
+        self.operator_ids = operator_ids or {}
+        self.state_schemas: dict[int, Any] = {}
         self._memo: dict[int, DataFrame] = {}
 
     def build(self) -> DataFrame:
@@ -133,4 +139,11 @@ class IncrementalExecution:
                 F.avg(micros).alias("avg"),
                 F.count(col).alias("count"),
             )
+        if isinstance(node, Aggregate):
+            if self.stateful is None:
+                raise RuntimeError("a stateful plan needs a StatefulContext")
+            op_id = self.operator_ids[id(node)]
+            df, schema = build_aggregate(node, self._build(node.child), self.stateful, op_id, self.batch_id)
+            self.state_schemas[op_id] = schema
+            return df
         raise TypeError(f"Unknown plan node {type(node).__name__}")

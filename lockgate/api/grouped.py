@@ -1,0 +1,101 @@
+"""``StreamingGroupedData``: ``sdf.groupBy(...)``, as PySpark's ``GroupedData``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql.types import NumericType, StructType
+
+from lockgate.errors import NotSupportedYetError
+from lockgate.plan.aggregate import Aggregate, decompose
+from lockgate.plan.nodes import EventTimeWatermark
+
+if TYPE_CHECKING:
+    from lockgate.api.dataframe import StreamingDataFrame
+
+
+def watermarked_columns(df: StreamingDataFrame) -> set[str]:
+    return {n.column for n in df._plan.walk() if isinstance(n, EventTimeWatermark)}
+
+
+class StreamingGroupedData:
+    """Aggregations over a streaming DataFrame's groups."""
+
+    def __init__(self, df: StreamingDataFrame, grouping: tuple[Any, ...]) -> None:
+        self._df = df
+        self._grouping = grouping
+        # Spark checks the grouping expressions when groupBy is called.
+        self._template_grouped = df._template.groupBy(*grouping)
+
+    def agg(self, *exprs: Column | dict[str, str]) -> StreamingDataFrame:
+        if len(exprs) == 1 and isinstance(exprs[0], dict):
+            columns = [F.expr(f"{fn}(`{col}`)") if col != "*" else F.expr(f"{fn}(*)") for col, fn in exprs[0].items()]
+        else:
+            columns = list(exprs)
+        if not columns:
+            raise ValueError("exprs should not be empty")
+        for c in columns:
+            if not isinstance(c, Column):
+                raise TypeError(f"all exprs should be Column, got {type(c).__name__}")
+        template = self._template_grouped.agg(*columns)
+        spark = self._df._session.spark
+        specs = tuple(decompose(spark, c) for c in columns)
+        key_count = len(template.columns) - len(columns)
+        key_names = tuple(template.columns[:key_count])
+        node = Aggregate(
+            child=self._df._plan,
+            grouping=self._grouping,
+            aggregations=tuple(columns),
+            specs=specs,
+            output_schema=template.schema,
+            key_names=key_names,
+            event_time_key=self._event_time_key(template.schema, key_count),
+        )
+        return self._df._derive(node, template)
+
+    def _event_time_key(self, schema: StructType, key_count: int) -> int | None:
+        watermarked = watermarked_columns(self._df)
+        if not watermarked:
+            return None
+        for i, field in enumerate(schema.fields[:key_count]):
+            if field.name in watermarked:
+                return i
+            if field.metadata.get("spark.timeWindow"):
+                source = str(self._grouping[i]) if i < len(self._grouping) else ""
+                if any(w in source for w in watermarked):
+                    return i
+        return None
+
+    def count(self) -> StreamingDataFrame:
+        return self.agg(F.count(F.lit(1)).alias("count"))
+
+    def _numeric(self, fn: Any, cols: tuple[str, ...]) -> StreamingDataFrame:
+        if not cols:
+            grouped = set(self._df._template.groupBy(*self._grouping).agg(F.count(F.lit(1))).columns[:-1])
+            cols = tuple(
+                f.name
+                for f in self._df.schema.fields
+                if isinstance(f.dataType, NumericType) and f.name not in grouped
+            )
+        return self.agg(*[fn(c) for c in cols])
+
+    def sum(self, *cols: str) -> StreamingDataFrame:
+        return self._numeric(F.sum, cols)
+
+    def avg(self, *cols: str) -> StreamingDataFrame:
+        return self._numeric(F.avg, cols)
+
+    mean = avg
+
+    def min(self, *cols: str) -> StreamingDataFrame:
+        return self._numeric(F.min, cols)
+
+    def max(self, *cols: str) -> StreamingDataFrame:
+        return self._numeric(F.max, cols)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise NotSupportedYetError(f"GroupedData.{name} on a streaming DataFrame")

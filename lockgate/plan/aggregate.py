@@ -1,0 +1,490 @@
+"""Streaming aggregation: the plan node, and its per-batch physical steps.
+
+One batch of ``groupBy(keys).agg(fns)`` runs as, in Spark's words::
+
+    partial aggregation -> shuffle by key -> restore state -> merge -> save state -> final projection
+
+* **partial aggregation + shuffle**: ordinary Spark ``groupBy(keys).agg(buffers)``, where
+  each aggregate function is decomposed into mergeable *buffers* (avg -> sum and count,
+  stddev -> count, mean and M2, ...). Its output is hash-partitioned by the keys into the
+  pinned number of shuffle partitions, which is exactly the state's partitioning.
+* **restore, merge, save**: a ``mapInArrow`` task per partition opens that partition's
+  :class:`~lockgate.state.store.StateStore`, merges the batch's buffers into it, applies
+  the output mode and watermark (dropping late rows, evicting expired keys), commits the
+  next version and emits the rows the output mode asks for.
+* **final projection**: Spark SQL turns buffers into results (``sum / count``,
+  ``sqrt(m2 / (n - 1))``, ...) and rebuilds the key structs, with the types and names
+  Spark's own aggregation would give.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType, StructType
+
+from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.plan.nodes import PlanNode
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+# -- decomposition of aggregate functions ---------------------------------------------
+_ALIASES = {
+    "mean": "avg",
+    "std": "stddev_samp",
+    "stddev": "stddev_samp",
+    "variance": "var_samp",
+    "first_value": "first",
+    "last_value": "last",
+    "any_value": "first",
+}
+_SUPPORTED = {
+    "count",
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "first",
+    "last",
+    "collect_list",
+    "collect_set",
+    "stddev_samp",
+    "stddev_pop",
+    "var_samp",
+    "var_pop",
+}
+
+
+@dataclass(frozen=True)
+class AggSpec:
+    """One aggregate function of the query, decomposed into buffers."""
+
+    kind: str
+    """Normalised function name, one of ``_SUPPORTED``."""
+    partials: tuple[Column, ...]
+    """Spark expressions computing this function's buffers over one batch."""
+    merges: tuple[str, ...]
+    """How each buffer merges with the state's: sum, count, min, max, first, last,
+    concat, union, moments (three buffers n, mean, m2 merged together)."""
+    ignore_nulls: bool = False
+
+
+def _function_parts(spark: SparkSession, col: Column) -> tuple[str, list[Any], bool]:
+    """(name, argument expressions, distinct) of a top-level aggregate call."""
+    js = spark._jsparkSession
+    expr = js.expression(col._jc)
+    while expr.getClass().getSimpleName() == "Alias":
+        expr = expr.child()
+    if expr.getClass().getSimpleName() != "UnresolvedFunction":
+        raise NotSupportedYetError(
+            f"Aggregate expression {str(col)!r}",
+            "lockgate's streaming aggregation takes aggregate function calls, such as "
+            "F.sum('x') or F.avg(F.col('x') * 2), each as its own column; compute "
+            "expressions over their results in a select() after the aggregation.",
+        )
+    parts = expr.nameParts()
+    name = str(parts.apply(parts.size() - 1)).lower()
+    args_seq = expr.arguments()
+    args = [args_seq.apply(i) for i in range(args_seq.size())]
+    return _ALIASES.get(name, name), args, bool(expr.isDistinct())
+
+
+def _as_column(spark: SparkSession, expr: Any) -> Column:
+    from pyspark.sql.classic.column import Column as ClassicColumn
+
+    utils = spark.sparkContext._jvm.org.apache.spark.sql.classic.ExpressionUtils
+    return ClassicColumn(utils.column(expr))
+
+
+def decompose(spark: SparkSession, col: Column) -> AggSpec:
+    name, args, distinct = _function_parts(spark, col)
+    if distinct:
+        raise AnalysisError(
+            "Distinct aggregations are not supported on streaming DataFrames/Datasets. "
+            "Consider using approx_count_distinct() instead."
+        )
+    if name not in _SUPPORTED:
+        raise NotSupportedYetError(
+            f"Streaming aggregate function {name}()",
+            f"Supported: {', '.join(sorted(_SUPPORTED))}.",
+        )
+    if name in ("count", "min", "max", "collect_list", "collect_set"):
+        # The function itself computes its buffer; merging is the same operation.
+        merge = {"count": "count", "min": "min", "max": "max", "collect_list": "concat", "collect_set": "union"}
+        return AggSpec(name, (col,), (merge[name],))
+    arg = _as_column(spark, args[0])
+    if name == "sum":
+        return AggSpec(name, (F.sum(arg),), ("sum",))
+    if name == "avg":
+        return AggSpec(name, (F.sum(arg.cast("double")), F.count(arg)), ("sum", "count"))
+    if name in ("first", "last"):
+        ignore = False
+        if len(args) > 1:
+            ignore = str(args[1].toString()).strip().lower() == "true"
+        fn = F.first if name == "first" else F.last
+        flag = F.count(arg) > 0 if ignore else F.lit(True)
+        return AggSpec(name, (fn(arg, ignore), flag), (name, "flag"), ignore_nulls=ignore)
+    # central moments: n, mean, m2 (Spark's CentralMomentAgg buffer)
+    x = arg.cast("double")
+    n = F.count(x).cast("double")
+    mean = F.coalesce(F.avg(x), F.lit(0.0))
+    m2 = F.coalesce(F.var_pop(x) * F.count(x), F.lit(0.0))
+    return AggSpec(name, (n, mean, m2), ("moments", "moments", "moments"))
+
+
+def final_column(spec: AggSpec, buffers: list[Column]) -> Column:
+    """Spark SQL computing the function's result from its merged buffers."""
+    kind = spec.kind
+    if kind in ("count", "min", "max", "collect_list", "collect_set", "sum", "first", "last"):
+        return buffers[0]
+    if kind == "avg":
+        s, c = buffers
+        return F.when(c == 0, F.lit(None)).otherwise(s / c)
+    n, _mean, m2 = buffers
+    if kind == "var_pop":
+        return F.when(n == 0, F.lit(None)).otherwise(m2 / n)
+    if kind == "stddev_pop":
+        return F.when(n == 0, F.lit(None)).otherwise(F.sqrt(m2 / n))
+    if kind == "var_samp":
+        return F.when(n <= 1, F.lit(None)).otherwise(m2 / (n - 1))
+    return F.when(n <= 1, F.lit(None)).otherwise(F.sqrt(m2 / (n - 1)))  # stddev_samp
+
+
+# -- merging buffers (runs in tasks) ---------------------------------------------------
+def merge_buffers(merges: tuple[str, ...], state: list[Any], batch: list[Any]) -> list[Any]:
+    out = list(state)
+    i = 0
+    while i < len(merges):
+        kind = merges[i]
+        a, b = state[i], batch[i]
+        if kind in ("sum", "count"):
+            out[i] = b if a is None else (a if b is None else a + b)
+        elif kind == "min":
+            out[i] = b if a is None else (a if b is None else min(a, b))
+        elif kind == "max":
+            out[i] = b if a is None else (a if b is None else max(a, b))
+        elif kind == "concat":
+            out[i] = list(a or []) + list(b or [])
+        elif kind == "union":
+            out[i] = list(dict.fromkeys([*(a or []), *(b or [])]))
+        elif kind in ("first", "last"):
+            state_set, batch_set = bool(state[i + 1]), bool(batch[i + 1])
+            take_batch = (kind == "first" and not state_set) or (kind == "last" and batch_set)
+            out[i] = batch[i] if take_batch and batch_set else state[i]
+            out[i + 1] = state_set or batch_set
+            i += 2
+            continue
+        elif kind == "moments":
+            n1, m1, q1 = (x or 0.0 for x in state[i : i + 3])
+            n2, m2_, q2 = (x or 0.0 for x in batch[i : i + 3])
+            n = n1 + n2
+            delta = m2_ - m1
+            delta_n = delta / n if n else 0.0
+            out[i] = n
+            out[i + 1] = m1 + delta_n * n2
+            out[i + 2] = q1 + q2 + delta * delta_n * n1 * n2
+            i += 3
+            continue
+        i += 1
+    return out
+
+
+# -- the plan node ----------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class Aggregate(PlanNode):
+    """``groupBy(keys).agg(fns)`` on a stream."""
+
+    child: PlanNode
+    grouping: tuple[Any, ...]
+    aggregations: tuple[Column, ...]
+    specs: tuple[AggSpec, ...]
+    output_schema: StructType
+    key_names: tuple[str, ...]
+    event_time_key: int | None
+    """Index of the grouping key carrying event time (a watermarked column or a
+    window over one), used for late rows and eviction; None without watermark."""
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def describe(self) -> str:
+        keys = ", ".join(self.key_names)
+        fns = ", ".join(str(a) for a in self.aggregations)
+        return f"Aggregate [{keys}], [{fns}]"
+
+
+# -- per-batch physical steps -------------------------------------------------------------
+@dataclass(frozen=True)
+class KeyLayout:
+    """How a grouping key maps onto flat state columns."""
+
+    name: str
+    flat: tuple[str, ...]
+    fields: tuple[str, ...] | None
+    """Struct field names when the key is a struct (window), else None."""
+
+
+@dataclass(frozen=True)
+class AggregateTask:
+    """What each state task needs; pickled into the task closure (not persisted)."""
+
+    store: Any  # StateStoreConf
+    merges: tuple[str, ...]
+    output_mode: str
+    version: int
+    watermark_ms: int | None
+    event_time_flat_index: int | None
+    """Index in the flat key tuple of the timestamp compared with the watermark
+    (the window end for windows)."""
+    out_schema: pa.Schema
+    accumulator: Any
+    operator_id: int
+
+
+def _micros(value: Any) -> int | None:
+    if value is None:
+        return None
+    import datetime as _dt
+
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.timezone.utc)
+        delta = value - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return int(value)
+
+
+def run_aggregate_task(task: AggregateTask, batches: Any) -> Any:
+    """The restore-merge-save step for one partition (runs on an executor)."""
+    from pyspark import TaskContext
+
+    from lockgate.state.store import StateStore
+
+    ctx = TaskContext.get()
+    partition = ctx.partitionId() if ctx is not None else 0
+    t_start = time.perf_counter()
+    store = StateStore(task.store, partition, task.version - 1)
+    n_keys = len(task.store.key_schema)
+    key_names = [f.name for f in task.store.key_schema]
+    value_names = [f.name for f in task.store.value_schema]
+    watermark_us = task.watermark_ms * 1000 if task.watermark_ms is not None else None
+    drop_late = watermark_us is not None and task.output_mode in ("append", "update")
+    et = task.event_time_flat_index
+    dropped = 0
+    updated_keys: list[tuple[Any, ...]] = []
+    t_update = time.perf_counter()
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pids = batch.column("__lockgate_pid").to_pylist()
+        if any(p != partition for p in pids):
+            raise RuntimeError(
+                f"lockgate state partitioning is broken: task for partition {partition} "
+                f"received rows of partition {next(p for p in pids if p != partition)}. "
+                "Adaptive query execution must be off for stateful queries."
+            )
+        keys = list(zip(*[batch.column(n).to_pylist() for n in key_names]))
+        values = list(zip(*[batch.column(n).to_pylist() for n in value_names]))
+        for key, value in zip(keys, values):
+            if drop_late and et is not None:
+                t = _micros(key[et])
+                if t is not None and t <= watermark_us:
+                    dropped += 1
+                    continue
+            previous = store.get(key)
+            merged = list(value) if previous is None else merge_buffers(task.merges, previous, list(value))
+            store.put(key, merged)
+            updated_keys.append(key)
+    update_ms = (time.perf_counter() - t_update) * 1000
+    t_remove = time.perf_counter()
+    emit: list[tuple[tuple[Any, ...], list[Any]]] = []
+    removed = 0
+    if task.output_mode == "complete":
+        emit = list(store.items())
+    elif task.output_mode == "update":
+        emit = [(k, store.get(k)) for k in dict.fromkeys(updated_keys)]  # type: ignore[misc]
+    if watermark_us is not None and et is not None and task.output_mode in ("append", "update"):
+        for key, value in store.items():
+            t = _micros(key[et])
+            if t is not None and t <= watermark_us:
+                if task.output_mode == "append":
+                    emit.append((key, value))
+                store.remove(key)
+                removed += 1
+    remove_ms = (time.perf_counter() - t_remove) * 1000
+    store.commit()
+    total = len(store)
+    task.accumulator.add(
+        {
+            f"{task.operator_id}.numRowsTotal": total,
+            f"{task.operator_id}.numRowsUpdated": len(set(updated_keys)),
+            f"{task.operator_id}.numRowsRemoved": removed,
+            f"{task.operator_id}.numRowsDroppedByWatermark": dropped,
+            f"{task.operator_id}.allUpdatesTimeMs": int(update_ms),
+            f"{task.operator_id}.allRemovalsTimeMs": int(remove_ms),
+            f"{task.operator_id}.commitTimeMs": int(store.metrics.commit_ms),
+            f"{task.operator_id}.memoryUsedBytes": store.memory_bytes(),
+            f"{task.operator_id}.numStateStoreInstances": 1,
+            f"{task.operator_id}.loadedFromCache": int(store.metrics.loaded_from_cache),
+            f"{task.operator_id}.loadedFromFiles": int(not store.metrics.loaded_from_cache),
+            f"{task.operator_id}.stateFilesReplayed": store.metrics.files_replayed,
+            f"{task.operator_id}.snapshotsWritten": int(store.metrics.snapshot_written),
+            f"{task.operator_id}.taskTimeMs": int((time.perf_counter() - t_start) * 1000),
+        }
+    )
+    if not emit:
+        return
+    cols: list[list[Any]] = [[] for _ in range(n_keys + len(value_names))]
+    for key, value in emit:
+        for i, part in enumerate(key):
+            cols[i].append(part)
+        for j, part in enumerate(value):
+            cols[n_keys + j].append(part)
+    arrays = [pa.array(c, type=f.type) for c, f in zip(cols, task.out_schema)]
+    yield pa.RecordBatch.from_arrays(arrays, schema=task.out_schema)
+
+
+def spark_type_to_arrow(data_type: DataType, timezone: str) -> pa.DataType:
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    try:
+        return to_arrow_type(data_type, timezone=timezone)
+    except TypeError:  # older signature
+        return to_arrow_type(data_type)
+
+
+def schema_to_arrow(schema: StructType, timezone: str) -> pa.Schema:
+    return pa.schema([pa.field(f.name, spark_type_to_arrow(f.dataType, timezone), True) for f in schema.fields])
+
+
+def flatten_keys(df: DataFrame, key_count: int) -> tuple[DataFrame, list[KeyLayout]]:
+    """Rename the first ``key_count`` columns to ``__k<i>`` and flatten struct keys."""
+    layouts: list[KeyLayout] = []
+    selected: list[Column] = []
+    for i, field in enumerate(df.schema.fields[:key_count]):
+        src = F.col(f"`{field.name}`")
+        if isinstance(field.dataType, StructType):
+            names = tuple(f.name for f in field.dataType.fields)
+            flat = tuple(f"__k{i}_{j}" for j in range(len(names)))
+            selected += [src.getField(n).alias(fl) for n, fl in zip(names, flat)]
+            layouts.append(KeyLayout(field.name, flat, names))
+        else:
+            flat = (f"__k{i}",)
+            selected.append(src.alias(flat[0]))
+            layouts.append(KeyLayout(field.name, flat, None))
+    rest = [F.col(f"`{f.name}`") for f in df.schema.fields[key_count:]]
+    return df.select(*selected, *rest), layouts
+
+
+@dataclass(frozen=True)
+class StatefulContext:
+    """Per-batch facts every stateful step needs, built by the engine."""
+
+    state_root: str
+    num_partitions: int
+    output_mode: str
+    batch_watermark_ms: int | None
+    """None when the query has no watermark."""
+    accumulator: Any
+    session_timezone: str
+    snapshot_interval: int = 10
+    min_versions_to_retain: int = 100
+
+
+def aggregate_state_layout(
+    node: Aggregate, child: DataFrame, ctx: StatefulContext
+) -> tuple[DataFrame, list[KeyLayout], list[str]]:
+    """Partial aggregation, partitioning check column and flat key layout."""
+    from functools import reduce
+
+    partials: list[Column] = []
+    buffer_names: list[str] = []
+    for spec in node.specs:
+        for p in spec.partials:
+            name = f"__b{len(buffer_names)}"
+            partials.append(p.alias(name))
+            buffer_names.append(name)
+    partial = child.groupBy(*node.grouping).agg(*partials)
+    key_count = len(partial.columns) - len(buffer_names)
+    key_cols = [F.col(f"`{c}`") for c in partial.columns[:key_count]]
+    if key_cols:
+        partial = partial.repartition(ctx.num_partitions, *key_cols)
+        pid = F.pmod(F.hash(*key_cols), F.lit(ctx.num_partitions))
+    else:
+        partial = partial.repartition(1)
+        pid = F.lit(0)
+    partial = partial.withColumn("__lockgate_pid", pid)
+    flat, layouts = flatten_keys(partial, key_count)
+    _ = reduce  # keep functools import local and explicit
+    return flat, layouts, buffer_names
+
+
+def build_aggregate(
+    node: Aggregate, child: DataFrame, ctx: StatefulContext, operator_id: int, batch_id: int
+) -> tuple[DataFrame, Any]:
+    """The batch's aggregated DataFrame and the operator's state schema."""
+    from functools import partial as bind
+
+    from lockgate.state.schema import OperatorStateSchema
+    from lockgate.state.store import StateStoreConf
+
+    flat, layouts, buffer_names = aggregate_state_layout(node, child, ctx)
+    num_partitions = ctx.num_partitions if layouts else 1
+    tz = ctx.session_timezone
+    flat_key_names = [n for layout in layouts for n in layout.flat]
+    key_fields = [flat.schema[n] for n in flat_key_names]
+    value_fields = [flat.schema[n] for n in buffer_names]
+    key_schema = schema_to_arrow(StructType(key_fields), tz)
+    value_schema = schema_to_arrow(StructType(value_fields), tz)
+    store = StateStoreConf(
+        root=ctx.state_root,
+        operator_id=operator_id,
+        num_partitions=num_partitions,
+        key_schema=key_schema,
+        value_schema=value_schema,
+        snapshot_interval=ctx.snapshot_interval,
+        min_versions_to_retain=ctx.min_versions_to_retain,
+    )
+    et_flat: int | None = None
+    if node.event_time_key is not None:
+        layout = layouts[node.event_time_key]
+        offset = sum(len(lay.flat) for lay in layouts[: node.event_time_key])
+        et_flat = offset + (layout.fields.index("end") if layout.fields else 0)
+    watermark = ctx.batch_watermark_ms if node.event_time_key is not None else None
+    merges = tuple(m for spec in node.specs for m in spec.merges)
+    out_struct = StructType(key_fields + value_fields)
+    task = AggregateTask(
+        store=store,
+        merges=merges,
+        output_mode=ctx.output_mode,
+        version=batch_id + 1,
+        watermark_ms=watermark,
+        event_time_flat_index=et_flat,
+        out_schema=schema_to_arrow(out_struct, tz),
+        accumulator=ctx.accumulator,
+        operator_id=operator_id,
+    )
+    stateful = flat.mapInArrow(bind(run_aggregate_task, task), out_struct)
+    out: list[Column] = []
+    for layout, field in zip(layouts, node.output_schema.fields):
+        if layout.fields is not None:
+            value = F.struct(*[F.col(fl).alias(fn) for fl, fn in zip(layout.flat, layout.fields)])
+        else:
+            value = F.col(layout.flat[0])
+        out.append(value.cast(field.dataType).alias(field.name))
+    position = 0
+    agg_fields = node.output_schema.fields[len(layouts) :]
+    for spec, field in zip(node.specs, agg_fields):
+        buffers = [F.col(n) for n in buffer_names[position : position + len(spec.partials)]]
+        position += len(spec.partials)
+        out.append(final_column(spec, buffers).cast(field.dataType).alias(field.name))
+    schema = OperatorStateSchema(operator_id, "stateStoreSave", key_schema, value_schema, num_partitions)
+    return stateful.select(*out), schema

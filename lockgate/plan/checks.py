@@ -1,0 +1,60 @@
+"""Unsupported-operation checks at ``start()`` (Spark's UnsupportedOperationChecker).
+
+Messages are Spark's, so users can search them.
+"""
+
+from __future__ import annotations
+
+from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.plan.aggregate import Aggregate
+from lockgate.plan.nodes import PlanNode, Transform
+
+_SORTS = ("orderBy", "sort")
+
+
+def stateful_operators(plan: PlanNode) -> list[Aggregate]:
+    """Stateful operators in operator-id order (bottom-up, as Spark numbers them)."""
+    found: list[Aggregate] = []
+    seen: set[int] = set()
+
+    def visit(node: PlanNode) -> None:
+        for child in node.children:
+            visit(child)
+        if isinstance(node, Aggregate) and id(node) not in seen:
+            seen.add(id(node))
+            found.append(node)
+
+    visit(plan)
+    return found
+
+
+def check_for_streaming(plan: PlanNode, output_mode: str) -> None:
+    aggregates = stateful_operators(plan)
+    if len(aggregates) > 1:
+        raise NotSupportedYetError(
+            "Multiple streaming aggregations in one query",
+            "Chain them through a second query reading the first one's output.",
+        )
+    if output_mode == "complete" and not aggregates:
+        raise AnalysisError(
+            "Complete output mode not supported when there are no streaming aggregations "
+            "on streaming DataFrames/Datasets"
+        )
+    if output_mode == "append" and any(a.event_time_key is None for a in aggregates):
+        raise AnalysisError(
+            "Append output mode not supported when there are streaming aggregations on "
+            "streaming DataFrames/DataSets without watermark"
+        )
+    _check_sorts(plan, output_mode, under_aggregate=False)
+
+
+def _check_sorts(node: PlanNode, output_mode: str, under_aggregate: bool) -> None:
+    if isinstance(node, Transform) and node.method in _SORTS:
+        has_agg = any(isinstance(n, Aggregate) for n in node.child.walk())
+        if not (has_agg and output_mode == "complete"):
+            raise AnalysisError(
+                "Sorting is not supported on streaming DataFrames/Datasets, unless it is on "
+                "aggregated DataFrame/Dataset in Complete output mode"
+            )
+    for child in node.children:
+        _check_sorts(child, output_mode, under_aggregate)

@@ -1,0 +1,516 @@
+"""File sinks: Spark's ``FileStreamSink`` for parquet, json, csv, orc and text.
+
+Each batch is written with Spark's own writer, on the executors, into a staging
+directory inside the output path (``<path>/_temporary-lockgate-<batchId>-<uuid>``; the
+leading ``_`` hides it from every reader). Its data files are then moved into ``<path>``
+(keeping partition directories) under names unique across batches, as Spark's
+``ManifestFileCommitProtocol`` names them (``part-00000-<uuid>.c000.snappy.parquet``),
+and finally the batch is committed by writing ``<path>/_spark_metadata/<batchId>``
+atomically, in the format of Spark's ``FileStreamSinkLog``::
+
+    v1
+    {"path":"file:///out/part-00000-<uuid>.c000.snappy.parquet","size":612,"isDir":false,"modificationTime":1700000000000,"blockReplication":1,"blockSize":33554432,"action":"add"}
+
+Spark's readers (``spark.read.parquet(path)``, and lockgate's and Spark's file stream
+sources) see ``_spark_metadata`` and read only the files it lists. Files of a batch
+that crashed before its log entry was written are therefore invisible, and a batch id
+already in the log is skipped when the engine replays it: output is exactly once.
+
+Like Spark, the log is compacted every ``spark.sql.streaming.fileSink.log.compactInterval``
+(default 10) batches: batch ``N`` with ``(N + 1) % interval == 0`` is written as
+``N.compact`` holding every file of batches ``0..N``, so readers open at most
+``interval`` log files. The interval of an existing log is derived from its compaction
+files exactly as Spark does, so Spark's readers agree on where compactions are.
+Unlike Spark, old per-batch log files are never deleted (Spark removes them after
+``spark.sql.streaming.fileSink.log.cleanupDelay``); readers ignore them.
+
+A batch whose result has no rows still gets its log entry, listing no files (Spark
+would log one empty data file).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from lockgate.checkpoint.fs import CheckpointFileSystem
+from lockgate.checkpoint.log import MetadataLog, parse_version_line
+from lockgate.errors import AnalysisError, CheckpointError, ConcurrentWriteError, OptionError, SinkError
+from lockgate.sinks.base import Sink, SinkContext, SinkProvider
+from lockgate.sources.file import DataLocation, is_hidden_path_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from lockgate.options import Options
+
+logger = logging.getLogger(__name__)
+
+METADATA_DIR = "_spark_metadata"
+STAGING_PREFIX = "_temporary-lockgate-"
+COMPACT_SUFFIX = ".compact"
+DEFAULT_COMPACT_INTERVAL = 10
+COMPACT_INTERVAL_CONF = "spark.sql.streaming.fileSink.log.compactInterval"
+
+# Options that configure the stream, not the writer; "path" would even clash with save().
+_SINK_ONLY_OPTIONS = frozenset({"path", "checkpointlocation", "queryname", "retention"})
+
+# Spark's batch writer names files part-<split>-<job uuid>[-.]c<counter><ext>.
+_PART_NAME = re.compile(
+    r"^part-(\d+)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+    r"[.-](c\d+)(.*)$"
+)
+
+
+# ======================================================================================
+# The sink log (Spark's FileStreamSinkLog)
+# ======================================================================================
+
+
+@dataclass(frozen=True)
+class SinkFileStatus:
+    """One committed file: Spark's ``SinkFileStatus``."""
+
+    path: str
+    size: int
+    isDir: bool  # noqa: N815 - Spark's JSON field names
+    modificationTime: int  # noqa: N815
+    blockReplication: int = 1  # noqa: N815
+    blockSize: int = 33554432  # noqa: N815
+    action: str = "add"
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "path": self.path,
+                "size": self.size,
+                "isDir": self.isDir,
+                "modificationTime": self.modificationTime,
+                "blockReplication": self.blockReplication,
+                "blockSize": self.blockSize,
+                "action": self.action,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SinkFileStatus:
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {data!r}")
+        path = data["path"]
+        if not isinstance(path, str):
+            raise TypeError(f"'path' must be a string, got {path!r}")
+        action = data.get("action", "add")
+        if action not in ("add", "delete"):
+            raise ValueError(f"unknown action {action!r}")
+        return cls(
+            path=path,
+            size=_as_int(data.get("size", 0)),
+            isDir=bool(data.get("isDir", False)),
+            modificationTime=_as_int(data.get("modificationTime", 0)),
+            blockReplication=_as_int(data.get("blockReplication", 1)),
+            blockSize=_as_int(data.get("blockSize", 33554432)),
+            action=action,
+        )
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def derive_compact_interval(default_interval: int, latest_compact_id: int) -> int:
+    """Spark's ``CompactibleFileStreamLog.deriveCompactInterval`` (SPARK-18187).
+
+    With one compaction file, pick an interval compatible with it (a divisor of
+    ``latest_compact_id + 1``) that is at least the configured one where possible.
+    """
+    n = latest_compact_id + 1
+    if n <= default_interval:
+        return n
+    if default_interval < n // 2:
+        for candidate in range(default_interval, n // 2 + 1):
+            if n % candidate == 0:
+                return candidate
+        return n
+    return n
+
+
+class FileStreamSinkLog(MetadataLog[list[SinkFileStatus]]):
+    """``<path>/_spark_metadata``: which files each batch committed."""
+
+    def __init__(
+        self,
+        fs: CheckpointFileSystem,
+        path: str,
+        default_compact_interval: int = DEFAULT_COMPACT_INTERVAL,
+        *,
+        create: bool = True,
+    ) -> None:
+        if create:
+            super().__init__(fs, path)
+        else:
+            # Readers must not create the directory: its presence is what tells Spark's
+            # readers that the directory is a sink's output.
+            self.fs = fs
+            self.path = path
+        if default_compact_interval <= 0:
+            raise OptionError(
+                f"{COMPACT_INTERVAL_CONF} must be positive, got {default_compact_interval!r}.",
+                option=COMPACT_INTERVAL_CONF,
+            )
+        self.default_compact_interval = default_compact_interval
+
+    # -- format --------------------------------------------------------------------------
+    def serialize(self, entry: list[SinkFileStatus]) -> str:
+        return "\n".join(s.to_json() for s in entry)
+
+    def deserialize(self, body: str, path: str) -> list[SinkFileStatus]:
+        out = []
+        for number, line in enumerate(body.split("\n"), start=2):
+            if not line.strip():
+                continue
+            try:
+                out.append(SinkFileStatus.from_dict(json.loads(line)))
+            except (ValueError, TypeError, KeyError) as exc:
+                raise CheckpointError(
+                    f"File sink log file {path} is corrupt: line {number} is not a file "
+                    f"status ({exc.__class__.__name__}: {exc}): {line[:200]!r}. Restore it "
+                    "from a backup; the output directory cannot be read reliably without it.",
+                    path=path,
+                ) from exc
+        return out
+
+    # -- files ---------------------------------------------------------------------------
+    def _names(self) -> dict[int, bool]:
+        """Batch id -> whether it is stored as ``N.compact``."""
+        out: dict[int, bool] = {}
+        for name in self.fs.list_names(self.path):
+            if name.isdigit():
+                out.setdefault(int(name), False)
+            elif name.endswith(COMPACT_SUFFIX) and name[: -len(COMPACT_SUFFIX)].isdigit():
+                out[int(name[: -len(COMPACT_SUFFIX)])] = True
+        return out
+
+    def batch_ids(self) -> list[int]:
+        return sorted(self._names())
+
+    def _file(self, batch_id: int, compact: bool) -> str:
+        return self.batch_path(batch_id) + (COMPACT_SUFFIX if compact else "")
+
+    def _read(self, path: str) -> list[SinkFileStatus] | None:
+        try:
+            raw = self.fs.read_bytes(path)
+        except FileNotFoundError:
+            return None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CheckpointError(f"Log file {path} is not UTF-8 text: corrupt.", path=path) from exc
+        _, body = parse_version_line(text, self.VERSION, path)
+        return self.deserialize(body, path)
+
+    def get(self, batch_id: int) -> list[SinkFileStatus] | None:
+        """The statuses stored for ``batch_id`` (everything up to it, for a compaction)."""
+        compact = self._read(self._file(batch_id, True))
+        return compact if compact is not None else self._read(self._file(batch_id, False))
+
+    @cached_property
+    def compact_interval(self) -> int:
+        """Spark's ``compactInterval``: from existing compaction files, else the default."""
+        compacts = sorted((i for i, c in self._names().items() if c), reverse=True)
+        if len(compacts) >= 2:
+            return compacts[0] - compacts[1]
+        if len(compacts) == 1:
+            return derive_compact_interval(self.default_compact_interval, compacts[0])
+        return self.default_compact_interval
+
+    def is_compaction_batch(self, batch_id: int) -> bool:
+        return (batch_id + 1) % self.compact_interval == 0
+
+    def all_files(self, up_to: int | None = None) -> list[SinkFileStatus]:
+        """The live files of batches ``0..up_to`` (all batches by default)."""
+        names = self._names()
+        ids = sorted(i for i in names if up_to is None or i <= up_to)
+        if not ids:
+            return []
+        latest = ids[-1]
+        compacts = [i for i in ids if names[i]]
+        start = compacts[-1] if compacts else 0
+        statuses: list[SinkFileStatus] = []
+        for batch_id in range(start, latest + 1):
+            got = self._read(self._file(batch_id, names.get(batch_id, False)))
+            if got is None:
+                path = self._file(batch_id, False)
+                raise CheckpointError(
+                    f"File sink log entry {path} doesn't exist (latestId: {latest}): the "
+                    f"sink's {METADATA_DIR} directory is incomplete. Restore it from a backup.",
+                    path=path,
+                )
+            statuses.extend(got)
+        deleted = {s.path for s in statuses if s.action == "delete"}
+        return [s for s in statuses if s.action == "add" and s.path not in deleted]
+
+    def add_batch(self, batch_id: int, statuses: list[SinkFileStatus]) -> None:
+        """Commit ``batch_id``; as ``N.compact`` with all earlier files on a compaction batch."""
+        compact = self.is_compaction_batch(batch_id)
+        if compact and batch_id > 0:
+            content = self.all_files(up_to=batch_id - 1) + statuses
+        else:
+            content = statuses
+        text = f"v{self.VERSION}\n{self.serialize(content)}"
+        self.fs.write_atomic(self._file(batch_id, compact), text.encode("utf-8"))
+
+
+# ======================================================================================
+# The sink
+# ======================================================================================
+
+
+class FileStreamSink(Sink):
+    """Writes each batch as files under ``path``, committed through ``_spark_metadata``."""
+
+    def __init__(self, context: SinkContext, format_name: str, path: str) -> None:
+        self._spark = context.spark
+        self._format = format_name
+        self._path = path
+        self._location = DataLocation.parse(path, allow_glob=False)
+        self._backend = self._location.backend
+        self._fs = self._backend.fs
+        self._base = self._location.base
+        self._partition_by = tuple(context.partition_by)
+        self._write_options = {
+            k: v for k, v in context.options.as_dict().items() if k.lower() not in _SINK_ONLY_OPTIONS
+        }
+        raw_interval = context.spark.conf.get(COMPACT_INTERVAL_CONF, str(DEFAULT_COMPACT_INTERVAL))
+        try:
+            interval = int(str(raw_interval).strip())
+        except ValueError:
+            interval = 0
+        if interval <= 0:
+            raise OptionError(
+                f"Invalid value {raw_interval!r} for {COMPACT_INTERVAL_CONF}: expected a "
+                "positive integer.",
+                option=COMPACT_INTERVAL_CONF,
+            )
+        self._fs.mkdirs(self._base)
+        self.log = FileStreamSinkLog(self._fs, self._fs.join(self._base, METADATA_DIR), interval)
+
+    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+        latest = self.log.get_latest_batch_id()
+        if latest is not None and batchId <= latest:
+            logger.info("Skipping already committed batch %d", batchId)
+            return
+        self._delete_stale_staging()
+        staging = self._fs.join(self._base, f"{STAGING_PREFIX}{batchId}-{uuid.uuid4().hex}")
+        try:
+            rows = self._write(batchId, data, staging)
+            statuses = self._publish(staging) if rows != 0 else []
+        finally:
+            self._fs.delete_recursive(staging)
+        try:
+            self.log.add_batch(batchId, statuses)
+        except ConcurrentWriteError as exc:
+            raise SinkError(
+                f"Race while writing batch {batchId}: {exc.path} already exists. Another "
+                f"query is writing to {self._path}; a file sink directory takes one query "
+                "at a time."
+            ) from exc
+        logger.info("Committed batch %d to %s with %d files", batchId, self._path, len(statuses))
+
+    def _write(self, batch_id: int, data: DataFrame, staging: str) -> int | None:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812
+
+        # Count rows on the way out, so an empty result leaves no empty file behind;
+        # observing costs no extra pass over the data.
+        observation = Observation(f"lockgate_file_sink_{batch_id}_{uuid.uuid4().hex}")
+        observed = data.observe(observation, F.count(F.lit(1)).alias("rows"))
+        writer = observed.write.format(self._format).options(**self._write_options).mode("append")
+        if self._partition_by:
+            writer = writer.partitionBy(*self._resolve_partition_columns(data))
+        writer.save(self._backend.to_spark(staging))
+        try:
+            value = observation.get
+        except Exception:  # no metrics means we cannot tell: keep the files
+            logger.debug("Row count of batch %d unavailable", batch_id, exc_info=True)
+            return None
+        return int(value["rows"]) if value and value.get("rows") is not None else None
+
+    def _resolve_partition_columns(self, data: DataFrame) -> list[str]:
+        # As Spark's FileStreamSink: match the names to the result's columns (with the
+        # session's case sensitivity), so directories are named as the columns are.
+        case_sensitive = (
+            str(self._spark.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
+        )
+        resolved = []
+        for name in self._partition_by:
+            match = next(
+                (
+                    c
+                    for c in data.columns
+                    if (c == name if case_sensitive else c.lower() == name.lower())
+                ),
+                None,
+            )
+            if match is None:
+                raise AnalysisError(
+                    f"Partition column `{name}` not found in schema {data.schema.simpleString()}."
+                )
+            resolved.append(match)
+        return resolved
+
+    def _publish(self, staging: str) -> list[SinkFileStatus]:
+        """Move the staged data files into the output directory; return their statuses."""
+        statuses = []
+        created: set[str] = set()
+        for relative_dir, name in self._staged_files(staging):
+            target_dir = self._fs.join(self._base, relative_dir) if relative_dir else self._base
+            if target_dir not in created:
+                self._fs.mkdirs(target_dir)
+                created.add(target_dir)
+            source = self._fs.join(staging, relative_dir, name) if relative_dir else self._fs.join(staging, name)
+            target = self._fs.join(target_dir, _unique_name(name))
+            self._fs.rename(source, target)
+            size, mtime = self._fs.size_and_mtime(target)
+            statuses.append(
+                SinkFileStatus(
+                    path=self._backend.to_uri(target),
+                    size=size,
+                    isDir=False,
+                    modificationTime=mtime,
+                )
+            )
+        return statuses
+
+    def _staged_files(self, staging: str) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        stack = [""]
+        while stack:
+            relative = stack.pop()
+            directory = self._fs.join(staging, relative) if relative else staging
+            for name in sorted(self._fs.list_names(directory)):
+                # _SUCCESS, _temporary and .crc checksum files are not data.
+                if is_hidden_path_name(name):
+                    continue
+                child_relative = f"{relative}/{name}" if relative else name
+                if self._fs.is_dir(self._fs.join(directory, name)):
+                    stack.append(child_relative)
+                else:
+                    out.append((relative, name))
+        return out
+
+    def _delete_stale_staging(self) -> None:
+        # One batch at a time per output path: any staging directory left now belongs to
+        # an attempt that crashed.
+        for name in self._fs.list_names(self._base):
+            if name.startswith(STAGING_PREFIX):
+                logger.info("Deleting staging directory %s of an earlier attempt", name)
+                self._fs.delete_recursive(self._fs.join(self._base, name))
+
+    def description(self) -> str:
+        return f"FileSink[{self._path}]"
+
+
+def _unique_name(staged: str) -> str:
+    """``part-00003-<job uuid>-c000.snappy.parquet`` -> ``part-00003-<new uuid>.c000.snappy.parquet``."""
+    m = _PART_NAME.match(staged)
+    if m:
+        return f"part-{m.group(1)}-{uuid.uuid4()}.{m.group(2)}{m.group(3)}"
+    dot = staged.find(".")
+    ext = staged[dot:] if dot > 0 else ""
+    return f"part-00000-{uuid.uuid4()}{ext}"
+
+
+# ======================================================================================
+# Providers
+# ======================================================================================
+
+
+class FileSinkProvider(SinkProvider):
+    """``writeStream.format(<file format>)``: creates :class:`FileStreamSink` instances."""
+
+    def __init__(self, format_name: str) -> None:
+        self.name = format_name
+
+    def validate(self, spark: SparkSession, options: Options, path: str | None) -> None:
+        resolved = path or options.get_str("path")
+        if not resolved:
+            raise OptionError("'path' is not specified", option="path")
+        DataLocation.parse(resolved, allow_glob=False)
+
+    def supportedOutputModes(self) -> tuple[str, ...]:  # noqa: N802
+        return ("append",)
+
+    def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
+        path = context.path or context.options.get_str("path")
+        if not path:
+            raise OptionError("'path' is not specified", option="path")
+        if context.output_mode not in self.supportedOutputModes():
+            raise AnalysisError(
+                f"Data source {self.name} does not support {context.output_mode} output mode"
+            )
+        _check_partition_columns(context)
+        return FileStreamSink(context, self.name, path)
+
+
+def _check_partition_columns(context: SinkContext) -> None:
+    """Fail at start, not in the first batch, on a partition column the result lacks."""
+    schema = getattr(context, "schema", None)
+    if schema is None or not context.partition_by:
+        return
+    case_sensitive = (
+        str(context.spark.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
+    )
+    names = set(schema.fieldNames())
+    if not case_sensitive:
+        names = {n.lower() for n in names}
+    for column in context.partition_by:
+        if (column if case_sensitive else column.lower()) not in names:
+            raise AnalysisError(
+                f"Partition column `{column}` not found in schema {schema.simpleString()}."
+            )
+
+
+class ParquetFileSinkProvider(FileSinkProvider):
+    def __init__(self) -> None:
+        super().__init__("parquet")
+
+
+class JsonFileSinkProvider(FileSinkProvider):
+    def __init__(self) -> None:
+        super().__init__("json")
+
+
+class CsvFileSinkProvider(FileSinkProvider):
+    def __init__(self) -> None:
+        super().__init__("csv")
+
+
+class OrcFileSinkProvider(FileSinkProvider):
+    def __init__(self) -> None:
+        super().__init__("orc")
+
+
+class TextFileSinkProvider(FileSinkProvider):
+    def __init__(self) -> None:
+        super().__init__("text")
+
+
+__all__ = [
+    "CsvFileSinkProvider",
+    "FileSinkProvider",
+    "FileStreamSink",
+    "FileStreamSinkLog",
+    "JsonFileSinkProvider",
+    "OrcFileSinkProvider",
+    "ParquetFileSinkProvider",
+    "SinkFileStatus",
+    "TextFileSinkProvider",
+]

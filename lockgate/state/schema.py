@@ -1,0 +1,103 @@
+"""``<checkpoint>/state/<operatorId>/_metadata/schema``: what each stateful operator stores.
+
+Written by the driver on an operator's first batch; on restart a query whose operator
+kind, key schema, value schema or partition count differ is refused before any state
+is touched, with an error naming the operator and the difference.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from lockgate.checkpoint.fs import CheckpointFileSystem
+from lockgate.errors import CheckpointError
+
+FORMAT_VERSION = 1
+
+
+def _fields(schema: pa.Schema) -> list[list[str]]:
+    return [[f.name, str(f.type)] for f in schema]
+
+
+@dataclass(frozen=True)
+class OperatorStateSchema:
+    operator_id: int
+    operator_name: str
+    key_schema: pa.Schema
+    value_schema: pa.Schema
+    num_partitions: int
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "formatVersion": FORMAT_VERSION,
+                "operatorId": self.operator_id,
+                "operatorName": self.operator_name,
+                "numPartitions": self.num_partitions,
+                "keySchema": _fields(self.key_schema),
+                "valueSchema": _fields(self.value_schema),
+            },
+            indent=1,
+        )
+
+
+def _strip_tz(fields: list[list[str]]) -> list[list[str]]:
+    # Arrow renders timestamps with the session time zone; the stored values are UTC micros.
+    return [[n, t.split(",")[0] + "]" if t.startswith("timestamp[") and "," in t else t] for n, t in fields]
+
+
+def check_or_write(fs: CheckpointFileSystem, state_root: str, schema: OperatorStateSchema) -> None:
+    path = fs.join(state_root, str(schema.operator_id), "_metadata", "schema")
+    try:
+        raw = fs.read_bytes(path)
+    except FileNotFoundError:
+        fs.write_atomic(path, schema.to_json().encode("utf-8"), overwrite=True)
+        return
+    try:
+        stored = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:
+        raise CheckpointError(f"State schema file {path} is corrupt: {exc}", path=path) from exc
+    if stored.get("formatVersion") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"State schema file {path} has format version {stored.get('formatVersion')!r}; "
+            f"this lockgate reads version {FORMAT_VERSION}.",
+            path=path,
+        )
+    op = f"stateful operator {schema.operator_id} ({schema.operator_name})"
+    differences = []
+    if stored.get("operatorName") != schema.operator_name:
+        differences.append(
+            f"the operator was {stored.get('operatorName')!r} and is now {schema.operator_name!r}"
+        )
+    if stored.get("numPartitions") != schema.num_partitions:
+        differences.append(
+            f"the state has {stored.get('numPartitions')} partitions and the query now "
+            f"uses {schema.num_partitions}"
+        )
+    new_key, new_value = _fields(schema.key_schema), _fields(schema.value_schema)
+    if _strip_tz(stored.get("keySchema", [])) != _strip_tz(new_key):
+        differences.append(f"key schema was {stored.get('keySchema')} and is now {new_key}")
+    if _strip_tz(stored.get("valueSchema", [])) != _strip_tz(new_value):
+        differences.append(f"value schema was {stored.get('valueSchema')} and is now {new_value}")
+    if differences:
+        raise CheckpointError(
+            f"The query's {op} is incompatible with the state in the checkpoint: "
+            + "; ".join(differences)
+            + ". Restore the original query or start it with a new checkpoint location.",
+            path=path,
+        )
+
+
+def check_operator_count(fs: CheckpointFileSystem, state_root: str, count: int) -> None:
+    existing = sorted(int(n) for n in fs.list_names(state_root) if n.isdigit())
+    extra = [n for n in existing if n >= count]
+    if extra:
+        raise CheckpointError(
+            f"The checkpoint has state for stateful operators {existing} but the query now has "
+            f"{count}: the number of stateful operators changed. Restore the original query or "
+            "start it with a new checkpoint location.",
+            path=state_root,
+        )
