@@ -69,10 +69,6 @@ _STATEFUL_NOT_YET = {
     "rollup": "Streaming aggregation (rollup)",
     "cube": "Streaming aggregation (cube)",
     "groupingSets": "Streaming aggregation (groupingSets)",
-    "dropDuplicates": "Streaming deduplication (dropDuplicates)",
-    "drop_duplicates": "Streaming deduplication (drop_duplicates)",
-    "dropDuplicatesWithinWatermark": "Streaming deduplication (dropDuplicatesWithinWatermark)",
-    "distinct": "Streaming deduplication (distinct)",
     "limit": "Streaming limit",
     "sortWithinPartitions": "Sorting a streaming DataFrame (sortWithinPartitions)",
     "groupByKey": "Arbitrary stateful processing",
@@ -346,6 +342,29 @@ class StreamingDataFrame:
         return StreamingGroupedData(self, tuple(cols))
 
     groupby = groupBy
+
+    def dropDuplicates(self, subset: list[str] | None = None) -> StreamingDataFrame:  # noqa: N802
+        return self._dedup(subset, within_watermark=False)
+
+    drop_duplicates = dropDuplicates
+
+    def distinct(self) -> StreamingDataFrame:
+        return self._dedup(None, within_watermark=False)
+
+    def dropDuplicatesWithinWatermark(self, subset: list[str] | None = None) -> StreamingDataFrame:  # noqa: N802
+        return self._dedup(subset, within_watermark=True)
+
+    def _dedup(self, subset: Any, within_watermark: bool) -> StreamingDataFrame:
+        from lockgate.plan.dedup import make_deduplicate
+
+        if subset is not None and not isinstance(subset, (list, tuple)):
+            raise TypeError(f"subset should be a list or tuple of column names, got {subset!r}")
+        watermarks = {n.column: n.delay_ms for n in self._plan.walk() if isinstance(n, EventTimeWatermark)}
+        node = make_deduplicate(
+            self._plan, self._template.schema, list(subset) if subset else None, watermarks, within_watermark
+        )
+        template = self._template.dropDuplicates(list(node.keys))
+        return self._derive(node, template)
 
     def agg(self, *exprs: Any) -> StreamingDataFrame:
         return self.groupBy().agg(*exprs)

@@ -358,7 +358,7 @@ class MicroBatchExecution(StreamExecution):
         ).lower()
         if enabled != "true" or self.output_mode not in ("append", "update"):
             return False
-        if not any(op.event_time_key is not None for op in self._stateful_ops):
+        if not any(op.evicts_by_watermark for op in self._stateful_ops):
             return False
         return self.watermark_tracker.current_watermark_ms > self.offset_metadata.batchWatermarkMs
 
@@ -398,7 +398,7 @@ class MicroBatchExecution(StreamExecution):
             return []
         values: dict[str, int] = dict(self._state_metrics.value or {})
         progress = []
-        for op_id in range(len(self._stateful_ops)):
+        for op_id, op in enumerate(self._stateful_ops):
             prefix = f"{op_id}."
 
             def get(name: str, _p: str = prefix) -> int:
@@ -406,7 +406,7 @@ class MicroBatchExecution(StreamExecution):
 
             progress.append(
                 {
-                    "operatorName": "stateStoreSave",
+                    "operatorName": op.operator_name,
                     "numRowsTotal": get("numRowsTotal"),
                     "numRowsUpdated": get("numRowsUpdated"),
                     "allUpdatesTimeMs": get("allUpdatesTimeMs"),
@@ -418,6 +418,11 @@ class MicroBatchExecution(StreamExecution):
                     "numShufflePartitions": stateful.num_partitions,
                     "numStateStoreInstances": get("numStateStoreInstances"),
                     "customMetrics": {
+                        **(
+                            {"numDroppedDuplicateRows": get("numDroppedDuplicateRows")}
+                            if op.operator_name.startswith("dedupe")
+                            else {}
+                        ),
                         "loadedFromCache": get("loadedFromCache"),
                         "loadedFromFiles": get("loadedFromFiles"),
                         "stateFilesReplayed": get("stateFilesReplayed"),

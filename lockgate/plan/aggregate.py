@@ -215,6 +215,12 @@ class Aggregate(PlanNode):
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
 
+    operator_name = "stateStoreSave"
+
+    @property
+    def evicts_by_watermark(self) -> bool:
+        return self.event_time_key is not None
+
     def describe(self) -> str:
         keys = ", ".join(self.key_names)
         fns = ", ".join(str(a) for a in self.aggregations)

@@ -7,20 +7,24 @@ from __future__ import annotations
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate
+from lockgate.plan.dedup import Deduplicate
 from lockgate.plan.nodes import PlanNode, Transform
 
 _SORTS = ("orderBy", "sort")
 
 
-def stateful_operators(plan: PlanNode) -> list[Aggregate]:
+StatefulNode = Aggregate | Deduplicate
+
+
+def stateful_operators(plan: PlanNode) -> list[StatefulNode]:
     """Stateful operators in operator-id order (bottom-up, as Spark numbers them)."""
-    found: list[Aggregate] = []
+    found: list[StatefulNode] = []
     seen: set[int] = set()
 
     def visit(node: PlanNode) -> None:
         for child in node.children:
             visit(child)
-        if isinstance(node, Aggregate) and id(node) not in seen:
+        if isinstance(node, (Aggregate, Deduplicate)) and id(node) not in seen:
             seen.add(id(node))
             found.append(node)
 
@@ -29,10 +33,11 @@ def stateful_operators(plan: PlanNode) -> list[Aggregate]:
 
 
 def check_for_streaming(plan: PlanNode, output_mode: str) -> None:
-    aggregates = stateful_operators(plan)
-    if len(aggregates) > 1:
+    operators = stateful_operators(plan)
+    aggregates = [op for op in operators if isinstance(op, Aggregate)]
+    if len(operators) > 1:
         raise NotSupportedYetError(
-            "Multiple streaming aggregations in one query",
+            "More than one stateful operator (aggregation, deduplication) in one query",
             "Chain them through a second query reading the first one's output.",
         )
     if output_mode == "complete" and not aggregates:

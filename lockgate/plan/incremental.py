@@ -17,6 +17,7 @@ from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
 from lockgate.plan.aggregate import Aggregate, StatefulContext, build_aggregate
+from lockgate.plan.dedup import Deduplicate, build_deduplicate
 from lockgate.plan.nodes import (
     EventTimeWatermark,
     PlanNode,
@@ -139,11 +140,12 @@ class IncrementalExecution:
                 F.avg(micros).alias("avg"),
                 F.count(col).alias("count"),
             )
-        if isinstance(node, Aggregate):
+        if isinstance(node, (Aggregate, Deduplicate)):
             if self.stateful is None:
                 raise RuntimeError("a stateful plan needs a StatefulContext")
             op_id = self.operator_ids[id(node)]
-            df, schema = build_aggregate(node, self._build(node.child), self.stateful, op_id, self.batch_id)
+            build = build_aggregate if isinstance(node, Aggregate) else build_deduplicate
+            df, schema = build(node, self._build(node.child), self.stateful, op_id, self.batch_id)
             self.state_schemas[op_id] = schema
             return df
         raise TypeError(f"Unknown plan node {type(node).__name__}")
