@@ -374,9 +374,28 @@ class StreamingDataFrame:
         print(self._explain_string(bool(extended) or mode == "extended"))
 
     def _explain_string(self, extended: bool) -> str:
+        from lockgate.plan.checks import stateful_operators
+        from lockgate.plan.explain import stateful_tree
+
         lines = []
         if extended:
             lines += ["== Parsed Logical Plan (lockgate) ==", self._plan.tree_string(), ""]
+        operators = stateful_operators(self._plan)
+        if operators:
+            partitions = int(self._session.spark.conf.get("spark.sql.shuffle.partitions", "200") or 200)
+            lines += [
+                "== Stateful Operators (lockgate; state info is known once the query runs) ==",
+                stateful_tree(
+                    self._plan,
+                    operator_ids={id(op): i for i, op in enumerate(operators)},
+                    state_root="<checkpoint>/state",
+                    version=None,
+                    num_partitions=partitions,
+                    output_mode="append",
+                    watermark_ms=None,
+                ),
+                "",
+            ]
         lines += ["== Physical Plan (per batch, sources as empty relations) =="]
         lines.append(self._template._jdf.queryExecution().executedPlan().toString().rstrip())
         return "\n".join(lines)

@@ -73,16 +73,12 @@ class StreamingQuery:
         print(self._explain_string(extended))
 
     def _explain_string(self, extended: bool) -> str:
+        from lockgate.plan.explain import explain_execution
+
         execution = self._execution.last_execution
         if execution is None:
             return "No physical plan. Waiting for data."
-        lines = []
-        if extended:
-            lines += ["== Logical Plan (lockgate) ==", execution.plan.tree_string(), ""]
-        lines.append(f"== Physical Plan (batch {execution.batch_id}) ==")
-        built = execution.build()
-        lines.append(built._jdf.queryExecution().executedPlan().toString().rstrip())
-        return "\n".join(lines)
+        return explain_execution(execution, extended)
 
     def __repr__(self) -> str:
         return f"<lockgate.StreamingQuery {self._execution.pretty_id_string}>"

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lockgate.api.manager import StreamingQueryManager
+    from lockgate.api.read import LockgateReader
     from lockgate.api.reader import DataStreamReader
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,13 @@ class StreamingSession:
         from lockgate.api.reader import DataStreamReader
 
         return DataStreamReader(self)
+
+    @property
+    def read(self) -> LockgateReader:
+        """Batch reads of lockgate's own data, e.g. ``ls.read.state(checkpoint)``."""
+        from lockgate.api.read import LockgateReader
+
+        return LockgateReader(self)
 
     @property
     def streams(self) -> StreamingQueryManager:

@@ -371,19 +371,66 @@ def schema_to_arrow(schema: StructType, timezone: str) -> pa.Schema:
     return pa.schema([pa.field(f.name, spark_type_to_arrow(f.dataType, timezone), True) for f in schema.fields])
 
 
-def flatten_keys(df: DataFrame, key_count: int) -> tuple[DataFrame, list[KeyLayout]]:
-    """Rename the first ``key_count`` columns to ``__k<i>`` and flatten struct keys."""
+_BUFFER_ROLES = {
+    "count": ("count",),
+    "sum": ("sum",),
+    "avg": ("sum", "count"),
+    "min": ("min",),
+    "max": ("max",),
+    "first": ("value", "isSet"),
+    "last": ("value", "isSet"),
+    "collect_list": ("values",),
+    "collect_set": ("values",),
+}
+
+
+def _sanitize(name: str) -> str:
+    import re
+
+    cleaned = re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_")
+    return cleaned or "col"
+
+
+class _UniqueNames:
+    """Readable, unique column names for state files (``window_start``, ``avg_value_sum``)."""
+
+    def __init__(self) -> None:
+        self._used: set[str] = {"__lockgate_pid"}
+
+    def take(self, base: str) -> str:
+        name = _sanitize(base)
+        candidate, n = name, 1
+        while candidate.lower() in self._used:
+            n += 1
+            candidate = f"{name}_{n}"
+        self._used.add(candidate.lower())
+        return candidate
+
+
+def buffer_names(specs: tuple[AggSpec, ...], output_names: list[str], names: _UniqueNames) -> list[str]:
+    result = []
+    for spec, out in zip(specs, output_names):
+        roles = _BUFFER_ROLES.get(spec.kind, ("n", "mean", "m2"))
+        result += [names.take(f"{out}_{role}") for role in roles]
+    return result
+
+
+def flatten_keys(
+    df: DataFrame, key_count: int, names: _UniqueNames | None = None
+) -> tuple[DataFrame, list[KeyLayout]]:
+    """Give the first ``key_count`` columns readable unique names and flatten struct keys."""
+    names = names or _UniqueNames()
     layouts: list[KeyLayout] = []
     selected: list[Column] = []
-    for i, field in enumerate(df.schema.fields[:key_count]):
+    for field in df.schema.fields[:key_count]:
         src = F.col(f"`{field.name}`")
         if isinstance(field.dataType, StructType):
-            names = tuple(f.name for f in field.dataType.fields)
-            flat = tuple(f"__k{i}_{j}" for j in range(len(names)))
-            selected += [src.getField(n).alias(fl) for n, fl in zip(names, flat)]
-            layouts.append(KeyLayout(field.name, flat, names))
+            parts = tuple(f.name for f in field.dataType.fields)
+            flat = tuple(names.take(f"{field.name}_{p}") for p in parts)
+            selected += [src.getField(n).alias(fl) for n, fl in zip(parts, flat)]
+            layouts.append(KeyLayout(field.name, flat, parts))
         else:
-            flat = (f"__k{i}",)
+            flat = (names.take(field.name),)
             selected.append(src.alias(flat[0]))
             layouts.append(KeyLayout(field.name, flat, None))
     rest = [F.col(f"`{f.name}`") for f in df.schema.fields[key_count:]]
@@ -409,17 +456,20 @@ def aggregate_state_layout(
     node: Aggregate, child: DataFrame, ctx: StatefulContext
 ) -> tuple[DataFrame, list[KeyLayout], list[str]]:
     """Partial aggregation, partitioning check column and flat key layout."""
-    from functools import reduce
-
+    names = _UniqueNames()
+    key_count = len(node.key_names)
+    # Keys first, so buffers never take a name a key column needs.
+    for key in node.key_names:
+        names.take(key)
+    agg_names = [f.name for f in node.output_schema.fields[key_count:]]
+    buffers = buffer_names(node.specs, agg_names, names)
     partials: list[Column] = []
-    buffer_names: list[str] = []
+    position = 0
     for spec in node.specs:
         for p in spec.partials:
-            name = f"__b{len(buffer_names)}"
-            partials.append(p.alias(name))
-            buffer_names.append(name)
+            partials.append(p.alias(buffers[position]))
+            position += 1
     partial = child.groupBy(*node.grouping).agg(*partials)
-    key_count = len(partial.columns) - len(buffer_names)
     key_cols = [F.col(f"`{c}`") for c in partial.columns[:key_count]]
     if key_cols:
         partial = partial.repartition(ctx.num_partitions, *key_cols)
@@ -428,9 +478,11 @@ def aggregate_state_layout(
         partial = partial.repartition(1)
         pid = F.lit(0)
     partial = partial.withColumn("__lockgate_pid", pid)
-    flat, layouts = flatten_keys(partial, key_count)
-    _ = reduce  # keep functools import local and explicit
-    return flat, layouts, buffer_names
+    key_names = _UniqueNames()
+    for b in buffers:
+        key_names.take(b)
+    flat, layouts = flatten_keys(partial, key_count, key_names)
+    return flat, layouts, buffers
 
 
 def build_aggregate(
@@ -442,12 +494,12 @@ def build_aggregate(
     from lockgate.state.schema import OperatorStateSchema
     from lockgate.state.store import StateStoreConf
 
-    flat, layouts, buffer_names = aggregate_state_layout(node, child, ctx)
+    flat, layouts, buffer_cols = aggregate_state_layout(node, child, ctx)
     num_partitions = ctx.num_partitions if layouts else 1
     tz = ctx.session_timezone
     flat_key_names = [n for layout in layouts for n in layout.flat]
     key_fields = [flat.schema[n] for n in flat_key_names]
-    value_fields = [flat.schema[n] for n in buffer_names]
+    value_fields = [flat.schema[n] for n in buffer_cols]
     key_schema = schema_to_arrow(StructType(key_fields), tz)
     value_schema = schema_to_arrow(StructType(value_fields), tz)
     store = StateStoreConf(
@@ -489,7 +541,7 @@ def build_aggregate(
     position = 0
     agg_fields = node.output_schema.fields[len(layouts) :]
     for spec, field in zip(node.specs, agg_fields):
-        buffers = [F.col(n) for n in buffer_names[position : position + len(spec.partials)]]
+        buffers = [F.col(n) for n in buffer_cols[position : position + len(spec.partials)]]
         position += len(spec.partials)
         out.append(final_column(spec, buffers).cast(field.dataType).alias(field.name))
     schema = OperatorStateSchema(operator_id, "stateStoreSave", key_schema, value_schema, num_partitions)

@@ -9,7 +9,10 @@ and finally the batch is committed by writing ``<path>/_spark_metadata/<batchId>
 atomically, in the format of Spark's ``FileStreamSinkLog``::
 
     v1
-    {"path":"file:///out/part-00000-<uuid>.c000.snappy.parquet","size":612,"isDir":false,"modificationTime":1700000000000,"blockReplication":1,"blockSize":33554432,"action":"add"}
+    {"path":"file:///out/part-00000-<uuid>.c000.snappy.parquet","size":612,"isDir":false,
+     "modificationTime":1700000000000,"blockReplication":1,"blockSize":33554432,"action":"add"}
+
+(one line per file in the log; wrapped here).
 
 Spark's readers (``spark.read.parquet(path)``, and lockgate's and Spark's file stream
 sources) see ``_spark_metadata`` and read only the files it lists. Files of a batch
@@ -24,8 +27,9 @@ files exactly as Spark does, so Spark's readers agree on where compactions are.
 Unlike Spark, old per-batch log files are never deleted (Spark removes them after
 ``spark.sql.streaming.fileSink.log.cleanupDelay``); readers ignore them.
 
-A batch whose result has no rows still gets its log entry, listing no files (Spark
-would log one empty data file).
+A batch whose result has no rows still gets its log entry, listing no files (Spark's
+writer would produce and log one empty data file; the row count comes from an
+``observe`` on the write itself, not from a second pass over the data).
 """
 
 from __future__ import annotations
@@ -40,7 +44,13 @@ from typing import TYPE_CHECKING, Any
 
 from lockgate.checkpoint.fs import CheckpointFileSystem
 from lockgate.checkpoint.log import MetadataLog, parse_version_line
-from lockgate.errors import AnalysisError, CheckpointError, ConcurrentWriteError, OptionError, SinkError
+from lockgate.errors import (
+    AnalysisError,
+    CheckpointError,
+    ConcurrentWriteError,
+    OptionError,
+    SinkError,
+)
 from lockgate.sinks.base import Sink, SinkContext, SinkProvider
 from lockgate.sources.file import DataLocation, is_hidden_path_name
 
@@ -212,7 +222,9 @@ class FileStreamSinkLog(MetadataLog[list[SinkFileStatus]]):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise CheckpointError(f"Log file {path} is not UTF-8 text: corrupt.", path=path) from exc
+            raise CheckpointError(
+                f"Log file {path} is not UTF-8 text: corrupt.", path=path
+            ) from exc
         _, body = parse_version_line(text, self.VERSION, path)
         return self.deserialize(body, path)
 
@@ -286,7 +298,9 @@ class FileStreamSink(Sink):
         self._base = self._location.base
         self._partition_by = tuple(context.partition_by)
         self._write_options = {
-            k: v for k, v in context.options.as_dict().items() if k.lower() not in _SINK_ONLY_OPTIONS
+            k: v
+            for k, v in context.options.as_dict().items()
+            if k.lower() not in _SINK_ONLY_OPTIONS
         }
         raw_interval = context.spark.conf.get(COMPACT_INTERVAL_CONF, str(DEFAULT_COMPACT_INTERVAL))
         try:
@@ -336,9 +350,12 @@ class FileStreamSink(Sink):
         if self._partition_by:
             writer = writer.partitionBy(*self._resolve_partition_columns(data))
         writer.save(self._backend.to_spark(staging))
+        # Never block on the metrics: if they are not there (yet), keep the files.
         try:
+            if not observation._jo.future().isCompleted():  # noqa: SLF001 - no public API
+                return None
             value = observation.get
-        except Exception:  # no metrics means we cannot tell: keep the files
+        except Exception:
             logger.debug("Row count of batch %d unavailable", batch_id, exc_info=True)
             return None
         return int(value["rows"]) if value and value.get("rows") is not None else None
@@ -375,7 +392,11 @@ class FileStreamSink(Sink):
             if target_dir not in created:
                 self._fs.mkdirs(target_dir)
                 created.add(target_dir)
-            source = self._fs.join(staging, relative_dir, name) if relative_dir else self._fs.join(staging, name)
+            source = (
+                self._fs.join(staging, relative_dir, name)
+                if relative_dir
+                else self._fs.join(staging, name)
+            )
             target = self._fs.join(target_dir, _unique_name(name))
             self._fs.rename(source, target)
             size, mtime = self._fs.size_and_mtime(target)
@@ -419,7 +440,11 @@ class FileStreamSink(Sink):
 
 
 def _unique_name(staged: str) -> str:
-    """``part-00003-<job uuid>-c000.snappy.parquet`` -> ``part-00003-<new uuid>.c000.snappy.parquet``."""
+    """``part-00003-<job uuid>-c000.snappy.parquet`` -> ``part-00003-<uuid>.c000.snappy.parquet``.
+
+    A fresh uuid per file, as Spark's ``ManifestFileCommitProtocol`` names streaming
+    output, so files of different batches never collide.
+    """
     m = _PART_NAME.match(staged)
     if m:
         return f"part-{m.group(1)}-{uuid.uuid4()}.{m.group(2)}{m.group(3)}"

@@ -50,7 +50,7 @@ import re
 import stat as stat_module
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
@@ -493,7 +493,8 @@ class DataLocation:
         head, rest = components[0], components[1:]
         if not has_glob(head):
             child = self.backend.fs.join(directory, _unescape_glob(head))
-            if self.backend.stat(child) is not None:
+            entry = self.backend.stat(child)
+            if entry is not None and (entry.is_dir or not rest):
                 yield from self._match(child, rest)
             return
         regex = glob_to_regex(head)
@@ -713,7 +714,9 @@ class FileStreamSourceLog(MetadataLog[list[FileEntry]]):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise CheckpointError(f"Log file {path} is not UTF-8 text: corrupt.", path=path) from exc
+            raise CheckpointError(
+                f"Log file {path} is not UTF-8 text: corrupt.", path=path
+            ) from exc
         _, body = parse_version_line(text, self.VERSION, path)
         return self.deserialize(body, path)
 
@@ -864,7 +867,9 @@ class _SourceCleaner:
         try:
             src = backend.from_uri(entry.path)
         except ValueError:
-            logger.warning("Cannot clean %s: not on the source's file system; skipping.", entry.path)
+            logger.warning(
+                "Cannot clean %s: not on the source's file system; skipping.", entry.path
+            )
             return
         if self._mode == "delete":
             try:
@@ -905,11 +910,11 @@ def _archive_matches_source(source: DataLocation, archive: DataLocation) -> bool
     """
     archive_parts = [p for p in archive.base.split("/") if p]
     source_parts = [p for p in source.base.split("/") if p]
-    patterns = (
-        [source_parts + [p for p in e.split("/") if p] for e in expand_braces("/".join(source.pattern))]
-        if source.pattern
-        else [source_parts]
-    )
+    if source.pattern:
+        expanded = expand_braces("/".join(source.pattern))
+        patterns = [source_parts + [p for p in e.split("/") if p] for e in expanded]
+    else:
+        patterns = [source_parts]
     for parts in patterns:
         depth = min(len(parts), len(archive_parts))
         if all(
@@ -1074,7 +1079,8 @@ class FileStreamSource(Source):
         )
         if df.columns != self._schema.fieldNames():
             # Partition directories the schema does not name would add columns.
-            df = df.select(*[f"`{name}`" for name in self._schema.fieldNames()])
+            quoted = ["`" + name.replace("`", "``") + "`" for name in self._schema.fieldNames()]
+            df = df.select(*quoted)
         return df
 
     def commit(self, end: Any) -> None:
@@ -1088,7 +1094,9 @@ class FileStreamSource(Source):
             try:
                 entries = self._log.get(batch_id) or []
             except CheckpointError:
-                logger.warning("Cannot read file source log entry %d to clean it", batch_id, exc_info=True)
+                logger.warning(
+                    "Cannot read file source log entry %d to clean it", batch_id, exc_info=True
+                )
                 continue
             for entry in entries:
                 if entry.batchId == batch_id:

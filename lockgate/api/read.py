@@ -1,0 +1,25 @@
+"""``ls.read``: batch reads lockgate adds to Spark's, such as a query's state."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from lockgate.api.session import StreamingSession
+
+
+class LockgateReader:
+    def __init__(self, session: StreamingSession) -> None:
+        self._session = session
+
+    def state(
+        self, checkpointLocation: str, operatorId: int = 0, batchId: int | None = None  # noqa: N803
+    ) -> DataFrame:
+        """The keys and values of stateful operator ``operatorId`` after batch ``batchId``
+        (default: the last committed batch), as columns ``key``, ``value``,
+        ``partition_id``."""
+        from lockgate.state.reader import read_state
+
+        return read_state(self._session.spark, checkpointLocation, operatorId, batchId)

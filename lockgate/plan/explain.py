@@ -1,0 +1,98 @@
+"""``explain()`` text for streaming queries.
+
+Spark shows a streaming aggregation as
+``StateStoreSave <- Aggregate(merge) <- StateStoreRestore <- Exchange <- Aggregate(partial)``.
+lockgate runs restore, merge and save in one task per state partition (a ``MapInArrow``
+step in Spark's physical plan), so the explain text shows both: lockgate's stateful
+operators with their state info, then the Spark physical plan that runs the batch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lockgate.plan.aggregate import Aggregate
+from lockgate.plan.dedup import Deduplicate
+from lockgate.plan.nodes import PlanNode
+
+if TYPE_CHECKING:
+    from lockgate.plan.incremental import IncrementalExecution
+
+
+def stateful_tree(
+    plan: PlanNode,
+    *,
+    operator_ids: dict[int, int],
+    state_root: str,
+    version: int | None,
+    num_partitions: int,
+    output_mode: str,
+    watermark_ms: int | None,
+) -> str:
+    lines: list[str] = []
+
+    def info(op_id: int) -> str:
+        ver = "?" if version is None else str(version)
+        return (
+            f"state info [ checkpoint = {state_root}, opId = {op_id}, ver = {ver}, "
+            f"numPartitions = {num_partitions}]"
+        )
+
+    def visit(node: PlanNode, depth: int) -> None:
+        pad = "   " * depth + ("+- " if depth else "")
+        sub = "   " * (depth + 1) + "+- "
+        if isinstance(node, Aggregate):
+            op_id = operator_ids.get(id(node), 0)
+            keys = ", ".join(node.key_names)
+            fns = ", ".join(s.kind for s in node.specs)
+            wm = "" if watermark_ms is None or node.event_time_key is None else f", {watermark_ms}"
+            lines.append(f"{pad}StateStoreSave [{keys}], {info(op_id)}, {output_mode.capitalize()}{wm}")
+            lines.append(f"{sub}Aggregate(merge buffers) [{keys}], [{fns}]")
+            lines.append("   " * (depth + 2) + f"+- StateStoreRestore [{keys}], {info(op_id)}")
+            lines.append(
+                "   " * (depth + 3)
+                + f"+- Exchange hashpartitioning({keys}, {num_partitions})"
+            )
+            lines.append("   " * (depth + 4) + f"+- Aggregate(partial) [{keys}], [{fns}]")
+            for child in node.children:
+                visit(child, depth + 5)
+            return
+        if isinstance(node, Deduplicate):
+            op_id = operator_ids.get(id(node), 0)
+            name = "StreamingDeduplicateWithinWatermark" if node.within_watermark else "StreamingDeduplicate"
+            lines.append(f"{pad}{name} [{', '.join(node.keys)}], {info(op_id)}")
+            lines.append(f"{sub}Exchange hashpartitioning({', '.join(node.keys)}, {num_partitions})")
+            for child in node.children:
+                visit(child, depth + 2)
+            return
+        lines.append(pad + node.describe())
+        for child in node.children:
+            visit(child, depth + 1)
+
+    visit(plan, 0)
+    return "\n".join(lines)
+
+
+def explain_execution(execution: IncrementalExecution, extended: bool) -> str:
+    ctx = execution.stateful
+    parts: list[str] = []
+    if extended:
+        parts += ["== Logical Plan (lockgate) ==", execution.plan.tree_string(), ""]
+    if ctx is not None:
+        parts += [
+            "== Stateful Operators (lockgate) ==",
+            stateful_tree(
+                execution.plan,
+                operator_ids=execution.operator_ids,
+                state_root=ctx.state_root,
+                version=execution.batch_id + 1,
+                num_partitions=ctx.num_partitions,
+                output_mode=ctx.output_mode,
+                watermark_ms=ctx.batch_watermark_ms,
+            ),
+            "",
+        ]
+    parts.append(f"== Physical Plan (batch {execution.batch_id}) ==")
+    built = execution.build()
+    parts.append(built._jdf.queryExecution().executedPlan().toString().rstrip())
+    return "\n".join(parts)
