@@ -21,7 +21,6 @@ whole partition but is written only every ``snapshotInterval`` versions.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute used below
 
 from lockgate.checkpoint.fs import CheckpointFileSystem, resolve_filesystem
 
@@ -82,17 +82,20 @@ _cache: collections.OrderedDict[tuple[str, int, int], tuple[int, dict[Key, Value
 _cache_lock = threading.Lock()
 
 
-def _cache_take(conf: StateStoreConf, partition: int, version: int) -> dict[Key, Value] | None:
-    """Remove and return the cached map if it is exactly ``version``.
+def _cache_take(
+    conf: StateStoreConf, partition: int, version: int
+) -> tuple[int, dict[Key, Value]] | None:
+    """Remove and return the cached ``(version, map)`` if it is at most ``version``.
 
     Taken out while the task mutates it, so a failed task never leaves a half-updated
-    map behind.
+    map behind. An older cached version is caught up from the deltas after it, which
+    costs what those batches changed, not the size of the state.
     """
     key = (conf.root, conf.operator_id, partition)
     with _cache_lock:
         entry = _cache.pop(key, None)
-    if entry is not None and entry[0] == version:
-        return entry[1]
+    if entry is not None and entry[0] <= version:
+        return entry
     return None
 
 
@@ -159,8 +162,39 @@ def _read_table(fs: CheckpointFileSystem, path: str, expected: pa.Schema) -> pa.
     return table
 
 
+def _column_values(column: pa.ChunkedArray) -> list[Any]:
+    """Python values of a column; numbers without nulls go through numpy (much faster)."""
+    t = column.type
+    if column.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+        return column.to_numpy().tolist()
+    values = column.to_pylist()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_struct(t):
+        return [_hashable(v) for v in values]
+    return values
+
+
 def _rows(table: pa.Table, names: list[str]) -> list[list[Any]]:
-    return [table.column(n).to_pylist() for n in names]
+    return [_column_values(table.column(n)) for n in names]
+
+
+def _latest_per_key_with_ops(table: pa.Table, key_names: list[str]) -> pa.Table:
+    """The last row per key of a sequence of snapshot/delta rows, upserts and removals."""
+    ordinal = pa.array(range(table.num_rows), type=pa.int64())
+    table = table.append_column("__lockgate_ord", ordinal)
+    if key_names:
+        last = table.group_by(key_names, use_threads=False).aggregate([("__lockgate_ord", "max")])
+        table = table.take(last.column("__lockgate_ord_max"))
+    else:
+        table = table.slice(table.num_rows - 1, 1)
+    return table.drop_columns(["__lockgate_ord"])
+
+
+def _latest_per_key(table: pa.Table, key_names: list[str]) -> pa.Table:
+    """Replay snapshot + deltas in one vectorised pass: the last row per key, if an upsert."""
+    import pyarrow.compute as pc
+
+    latest = _latest_per_key_with_ops(table, key_names)
+    return latest.filter(pc.equal(latest.column(_OP_COLUMN), _OP_UPSERT))
 
 
 def _hashable(value: Any) -> Any:
@@ -191,8 +225,9 @@ class StateStore:
         self.removed: set[Key] = set()
         t0 = time.perf_counter()
         cached = _cache_take(conf, partition, version)
-        if cached is not None:
-            self.map = cached
+        state = self._catch_up(*cached, version) if cached is not None else None
+        if state is not None:
+            self.map = state
             self.metrics.loaded_from_cache = True
         else:
             self.map = self._load(version)
@@ -212,33 +247,54 @@ class StateStore:
                 f"partition {self.partition}: {self.dir}/{missing[0]}.delta is missing (newest "
                 f"snapshot at or below it: {base or 'none'}). The checkpoint's state is incomplete."
             )
-        state: dict[Key, Value] = {}
+        tables: list[pa.Table] = []
         if base:
-            table = _read_table(self.fs, f"{self.dir}/{base}.snapshot", self.conf.key_schema)
-            self._apply(state, table, with_ops=False)
-            self.metrics.files_replayed += 1
-        if needed:
-            tables = [
-                _read_table(self.fs, f"{self.dir}/{v}.delta", self.conf.key_schema) for v in needed
-            ]
-            self.metrics.files_replayed += len(tables)
-            self._apply(state, pa.concat_tables(tables), with_ops=True)
+            snap = _read_table(self.fs, f"{self.dir}/{base}.snapshot", self.conf.key_schema)
+            ops = pa.array([_OP_UPSERT] * snap.num_rows, type=pa.int8())
+            tables.append(snap.replace_schema_metadata(None).append_column(_OP_COLUMN, ops))
+        for v in needed:
+            delta = _read_table(self.fs, f"{self.dir}/{v}.delta", self.conf.key_schema)
+            tables.append(delta.replace_schema_metadata(None))
+        self.metrics.files_replayed += len(tables)
+        state: dict[Key, Value] = {}
+        if tables:
+            self._apply(state, _latest_per_key(pa.concat_tables(tables), self._key_names))
         return state
 
-    def _apply(self, state: dict[Key, Value], table: pa.Table, *, with_ops: bool) -> None:
+    def _catch_up(
+        self, cached_version: int, state: dict[Key, Value], version: int
+    ) -> dict[Key, Value] | None:
+        """Bring a cached map from ``cached_version`` to ``version`` with the deltas between."""
+        if cached_version == version:
+            return state
+        deltas, _ = _file_versions(self.fs, self.dir)
+        needed = range(cached_version + 1, version + 1)
+        if any(v not in deltas for v in needed):
+            return None
+        tables = [
+            _read_table(self.fs, f"{self.dir}/{v}.delta", self.conf.key_schema).replace_schema_metadata(None)
+            for v in needed
+        ]
+        self.metrics.files_replayed += len(tables)
+        changes = pa.concat_tables(tables)
+        latest = _latest_per_key_with_ops(changes, self._key_names)
+        removed = latest.filter(pa.compute.equal(latest.column(_OP_COLUMN), _OP_REMOVE))
+        for key in zip(*_rows(removed, self._key_names)):
+            state.pop(key, None)
+        upserts = latest.filter(pa.compute.equal(latest.column(_OP_COLUMN), _OP_UPSERT))
+        self._apply(state, upserts)
+        return state
+
+    def _apply(self, state: dict[Key, Value], table: pa.Table) -> None:
+        """Load the live (upserted) rows of a table with one row per key."""
         if table.num_rows == 0:
             return
-        keys = list(zip(*[[_hashable(v) for v in col] for col in _rows(table, self._key_names)]))
-        values = list(zip(*_rows(table, self._value_names))) if self._value_names else [()] * len(keys)
-        if not with_ops:
-            state.update(zip(keys, (list(v) for v in values)))
-            return
-        ops = table.column(_OP_COLUMN).to_pylist()
-        for key, value, op in zip(keys, values, ops):
-            if op == _OP_REMOVE:
-                state.pop(key, None)
-            else:
-                state[key] = list(value)
+        keys = zip(*_rows(table, self._key_names))
+        if self._value_names:
+            # values stay tuples until a batch replaces them (put() stores lists)
+            state.update(zip(keys, zip(*_rows(table, self._value_names))))  # type: ignore[arg-type]
+        else:
+            state.update((k, []) for k in keys)
 
     # -- updates ---------------------------------------------------------------------
     def get(self, key: Key) -> Value | None:
@@ -275,7 +331,7 @@ class StateStore:
         fields = list(self.conf.key_schema) + list(self.conf.value_schema)
         arrays = [pa.array(columns[f.name], type=f.type) for f in fields]
         if with_ops:
-            fields.append(pa.field(_OP_COLUMN, pa.int8(), nullable=False))
+            fields.append(pa.field(_OP_COLUMN, pa.int8()))
             arrays.append(pa.array(ops, type=pa.int8()))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
@@ -289,13 +345,30 @@ class StateStore:
         entries += [(k, None, _OP_REMOVE) for k in self.removed]
         _write_table(self.fs, f"{self.dir}/{new_version}.delta", self._table(entries, True), "delta")
         if new_version % self.conf.snapshot_interval == 0:
-            snapshot = self._table(((k, v, _OP_UPSERT) for k, v in self.map.items()), False)
-            _write_table(self.fs, f"{self.dir}/{new_version}.snapshot", snapshot, "snapshot")
+            _write_table(self.fs, f"{self.dir}/{new_version}.snapshot", self._snapshot_table(new_version), "snapshot")
             self.metrics.snapshot_written = True
             self._cleanup(new_version)
         _cache_put(self.conf, self.partition, new_version, self.map)
         self.metrics.commit_ms = (time.perf_counter() - t0) * 1000
         return new_version
+
+    def _snapshot_table(self, version: int) -> pa.Table:
+        """The whole map at ``version``, merged in Arrow from the files (no walk of the map)."""
+        deltas, snapshots = _file_versions(self.fs, self.dir)
+        base = max((s for s in snapshots if s < version), default=0)
+        if any(v not in deltas for v in range(base + 1, version + 1)):
+            return self._table(((k, v, _OP_UPSERT) for k, v in self.map.items()), False)
+        tables = []
+        if base:
+            snap = _read_table(self.fs, f"{self.dir}/{base}.snapshot", self.conf.key_schema)
+            ops = pa.array([_OP_UPSERT] * snap.num_rows, type=pa.int8())
+            tables.append(snap.replace_schema_metadata(None).append_column(_OP_COLUMN, ops))
+        for v in range(base + 1, version + 1):
+            delta = _read_table(self.fs, f"{self.dir}/{v}.delta", self.conf.key_schema)
+            tables.append(delta.replace_schema_metadata(None))
+        live = _latest_per_key(pa.concat_tables(tables), self._key_names)
+        names = self._key_names + self._value_names
+        return live.select(names)
 
     def _cleanup(self, version: int) -> None:
         """Delete files no version >= ``version - min_versions_to_retain`` needs."""
@@ -334,11 +407,6 @@ def read_state_table(conf: StateStoreConf, partition: int, version: int) -> pa.T
     return store._table(((k, v, _OP_UPSERT) for k, v in store.map.items()), False)
 
 
-def state_root_exists(root: str) -> bool:
-    fs, path = resolve_filesystem(root)
-    return fs.exists(path)
-
-
 __all__ = [
     "StateStore",
     "StateStoreConf",
@@ -347,4 +415,3 @@ __all__ = [
     "clear_cache",
     "read_state_table",
 ]
-_ = os  # keep import for type checkers on some platforms
