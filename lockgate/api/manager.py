@@ -69,18 +69,38 @@ class StreamingQueryManager:
         self.listener_bus.remove(listener)
 
     # -- engine side -------------------------------------------------------------------
+    def _check_name_available(self, name: str | None) -> None:
+        if name is None:
+            return
+        with self._lock:
+            for other in self._active.values():
+                if other.name == name:
+                    raise AnalysisError(
+                        f"Cannot start query with name {name} as a query with that name is "
+                        "already active in this SparkSession"
+                    )
+
     def _start_query(self, execution: StreamExecution) -> StreamingQuery:
         from lockgate.api.query import StreamingQuery
 
         handle = StreamingQuery(execution)  # type: ignore[arg-type]
+        self._check_name_available(execution.name)
         with self._lock:
-            if execution.name is not None:
-                for other in self._active.values():
-                    if other.name == execution.name:
-                        raise AnalysisError(
-                            f"Cannot start query with name {execution.name} as a query with "
-                            "that name is already active in this SparkSession"
-                        )
+            previous = self._active.get(execution.id)
+        if previous is not None:
+            stop_old = str(
+                self._session.spark.conf.get("spark.sql.streaming.stopActiveRunOnRestart", "true")
+            ).lower() == "true"
+            if not stop_old:
+                raise AnalysisError(
+                    f"Cannot start query with id {execution.id} as another query with same "
+                    "id is already active. Perhaps you are attempting to restart a query "
+                    "from checkpoint that is already active."
+                )
+            # Spark's default (spark.sql.streaming.stopActiveRunOnRestart): the new run
+            # replaces the active one.
+            previous.stop()
+        with self._lock:
             if execution.id in self._active:
                 raise AnalysisError(
                     f"Cannot start query with id {execution.id} as another query with same "

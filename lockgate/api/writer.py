@@ -202,30 +202,44 @@ class DataStreamWriter:
         path = opts.get_str("path")
         self._check_output_mode(provider, sink_name)
         provider.validate(self._spark, opts, path)
+        session.streams._check_name_available(self._query_name)
         checkpoint, delete_on_stop = self._resolve_checkpoint(provider, sink_name)
+        try:
+            from lockgate.checkpoint import StreamMetadata, resolve_filesystem
 
-        from lockgate.checkpoint import StreamMetadata, resolve_filesystem
+            fs, root = resolve_filesystem(checkpoint)
+            self._check_checkpoint_layout(fs, root)
+            if not delete_on_stop and not provider.recoversFromCheckpoint(self._output_mode):
+                offsets = fs.join(root, "offsets")
+                if any(n.isdigit() for n in fs.list_names(offsets)):
+                    raise AnalysisError(
+                        "This query does not support recovering from checkpoint location. "
+                        f"Delete {offsets} to start over."
+                    )
+            sink = self._create_sink(provider, opts, path)
+            fs.mkdirs(root)
+            metadata = StreamMetadata.read_or_create(fs, fs.join(root, "metadata"))
+            execution = MicroBatchExecution(
+                plan=self._df._plan,
+                sink=sink,
+                trigger=self._trigger,
+                output_mode=self._output_mode,
+                user_spark=self._spark,
+                spark=_stream_session(self._spark),
+                manager=session.streams,
+                name=self._query_name,
+                query_id=metadata.id,
+                checkpoint_root=root,
+                checkpoint_fs=fs,
+                delete_checkpoint_on_stop=delete_on_stop,
+                clock=self._clock or SystemClock(),
+            )
+        except BaseException:
+            if delete_on_stop:
+                import shutil
 
-        fs, root = resolve_filesystem(checkpoint)
-        self._check_checkpoint_layout(fs, root)
-        fs.mkdirs(root)
-        metadata = StreamMetadata.read_or_create(fs, fs.join(root, "metadata"))
-        sink = self._create_sink(provider, opts, path)
-        execution = MicroBatchExecution(
-            plan=self._df._plan,
-            sink=sink,
-            trigger=self._trigger,
-            output_mode=self._output_mode,
-            user_spark=self._spark,
-            spark=_stream_session(self._spark),
-            manager=session.streams,
-            name=self._query_name,
-            query_id=metadata.id,
-            checkpoint_root=root,
-            checkpoint_fs=fs,
-            delete_checkpoint_on_stop=delete_on_stop,
-            clock=self._clock or SystemClock(),
-        )
+                shutil.rmtree(checkpoint, ignore_errors=True)
+            raise
         return session.streams._start_query(execution)
 
     def _sink_provider(self) -> tuple[SinkProvider, str]:

@@ -522,13 +522,18 @@ class MicroBatchExecution(StreamExecution):
         now = self.clock.get_time_millis()
         tracker = self.progress
         if not ran:
-            if tracker.last_no_data_event_ms < 0 or (
-                now - tracker.last_no_data_event_ms >= self.no_data_progress_interval_ms
-            ):
+            # As Spark 4: the first idle trigger of a run is recorded (without an event);
+            # after that, one idle report and QueryIdleEvent per
+            # spark.sql.streaming.noDataProgressEventInterval since the last report.
+            first = tracker.last_no_data_event_ms < 0
+            if first or now - tracker.last_no_data_event_ms >= self.no_data_progress_interval_ms:
                 tracker.last_no_data_event_ms = now
-                self.manager._post_idle(self, now)
+                tracker.record(self._idle_progress())
+                if not first:
+                    self.manager._post_idle(self, now)
+            tracker.last_trigger_start_ms = tracker.trigger_start_ms
             return
-        tracker.last_no_data_event_ms = -1
+        tracker.last_no_data_event_ms = now
         assert self._last_batch is not None
         batch = self._last_batch
         trigger_ms = tracker.durations.get("triggerExecution", 0)
@@ -586,6 +591,40 @@ class MicroBatchExecution(StreamExecution):
         tracker.last_trigger_start_ms = tracker.trigger_start_ms
         parsed = tracker.record(progress)
         self.manager._post_progress(self, parsed)
+
+    def _idle_progress(self) -> dict[str, Any]:
+        tracker = self.progress
+        sources = [
+            {
+                "description": slot.source.description(),
+                "startOffset": _json_or_none(self.committed[slot.index]),
+                "endOffset": _json_or_none(self.available[slot.index]),
+                "latestOffset": _json_or_none(self.available[slot.index]),
+                "numInputRows": 0,
+                "inputRowsPerSecond": 0.0,
+                "processedRowsPerSecond": 0.0,
+                "metrics": {},
+            }
+            for slot in self._slots
+        ]
+        progress: dict[str, Any] = {
+            "id": self.id,
+            "runId": self.run_id,
+            "name": self.name,
+            "timestamp": format_timestamp(tracker.trigger_start_ms),
+            "batchId": self.current_batch_id,
+            "batchDuration": tracker.durations.get("triggerExecution", 0),
+            "numInputRows": 0,
+            "inputRowsPerSecond": 0.0,
+            "processedRowsPerSecond": 0.0,
+            "durationMs": dict(tracker.durations),
+        }
+        if self._watermark_nodes:
+            progress["eventTime"] = {"watermark": format_timestamp(self.offset_metadata.batchWatermarkMs)}
+        progress["stateOperators"] = [dict(op, numRowsUpdated=0) for op in self._last_state_progress]
+        progress["sources"] = sources
+        progress["sink"] = {"description": self.sink.description(), "numOutputRows": -1, "metrics": {}}
+        return progress
 
     def last_progress(self) -> Any:
         return self.progress.last()

@@ -246,7 +246,23 @@ class StreamExecution:
         return self._thread
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+def _describe(exc: BaseException, limit: int = 4000) -> str:
+    """The failure's own words: for JVM errors the Java exception and its causes."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        parts = []
+        current = java
+        try:
+            while current is not None and len(parts) < 5:
+                parts.append(str(current.toString()))
+                current = current.getCause()
+        except Exception:  # noqa: BLE001 - the JVM may be gone
+            pass
+        text = " Caused by: ".join(parts) or str(exc)
+        name = "Py4JJavaError"
+    else:
+        text = str(exc).strip()
+        name = type(exc).__name__
+    if len(text) > limit:
+        text = text[:limit] + " ..."
+    return f"{name}: {text}" if text else name

@@ -64,6 +64,11 @@ class SinkProvider(ABC):
     may run with a temporary checkpoint, as in Spark."""
     supports_continuous: bool = False
 
+    def recoversFromCheckpoint(self, output_mode: str) -> bool:  # noqa: N802
+        """Whether a query may restart from an existing checkpoint (memory sinks in
+        append/update mode cannot: their data is gone with the process)."""
+        return True
+
     @abstractmethod
     def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
         ...

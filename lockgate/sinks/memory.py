@@ -64,6 +64,9 @@ class MemorySinkProvider(SinkProvider):
     name = "memory"
     needs_checkpoint = False
 
+    def recoversFromCheckpoint(self, output_mode: str) -> bool:  # noqa: N802
+        return output_mode == "complete"
+
     def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
         if not context.query_name:
             raise AnalysisError("queryName must be specified for memory sink")
