@@ -104,6 +104,7 @@ class MicroBatchExecution(StreamExecution):
         self._watermark_nodes = watermark_nodes(plan)
         self.watermark_tracker = WatermarkTracker([w.delay_ms for w in self._watermark_nodes])
         self._last_batch: dict[str, Any] | None = None
+        self._available_now_caps: dict[int, Any] | None = None
         self.last_execution: IncrementalExecution | None = None
         self._stateful_ops = stateful_operators(plan)
         self._op_ids = {id(node): i for i, node in enumerate(self._stateful_ops)}
@@ -176,7 +177,9 @@ class MicroBatchExecution(StreamExecution):
                 self.clock.wait_till_time(next_time, self.stop_event)
 
     def _prepare_available_now(self) -> None:
-        self._available_now_caps: dict[int, str | None] = {}
+        # Sources without their own support are read up to the offset they report at
+        # the first trigger, in one batch (Spark's AvailableNowDataStreamWrapper).
+        self._available_now_caps = {}
         for slot in self._slots:
             if slot.source.supportsTriggerAvailableNow:
                 slot.source.prepareForTriggerAvailableNow()
@@ -304,7 +307,13 @@ class MicroBatchExecution(StreamExecution):
             for slot in self._slots:
                 start_json = self.available[slot.index]
                 start = self._start_offset(slot, start_json)
-                latest = slot.source.latestOffset(start, self._read_limit(slot.source))
+                caps = self._available_now_caps
+                if caps is not None and not slot.source.supportsTriggerAvailableNow:
+                    if slot.index not in caps:
+                        caps[slot.index] = slot.source.latestOffset(start, READ_ALL_AVAILABLE)
+                    latest = caps[slot.index]
+                else:
+                    latest = slot.source.latestOffset(start, self._read_limit(slot.source))
                 if latest is not None:
                     new_available[slot.index] = slot.source.serializeOffset(latest)
         has_new_data = any(
