@@ -69,7 +69,6 @@ _STATEFUL_NOT_YET = {
     "rollup": "Streaming aggregation (rollup)",
     "cube": "Streaming aggregation (cube)",
     "groupingSets": "Streaming aggregation (groupingSets)",
-    "limit": "Streaming limit",
     "sortWithinPartitions": "Sorting a streaming DataFrame (sortWithinPartitions)",
     "groupByKey": "Arbitrary stateful processing",
     "transformWithStateInPandas": "Arbitrary stateful processing (transformWithStateInPandas)",
@@ -347,6 +346,12 @@ class StreamingDataFrame:
         return self._dedup(subset, within_watermark=False)
 
     drop_duplicates = dropDuplicates
+
+    def limit(self, num: int) -> StreamingDataFrame:
+        from lockgate.plan.limit import StreamingLimit
+
+        template = self._template.limit(num)
+        return self._derive(StreamingLimit(self._plan, int(num)), template)
 
     def distinct(self) -> StreamingDataFrame:
         return self._dedup(None, within_watermark=False)

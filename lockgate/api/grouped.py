@@ -26,6 +26,11 @@ class StreamingGroupedData:
     def __init__(self, df: StreamingDataFrame, grouping: tuple[Any, ...]) -> None:
         self._df = df
         self._grouping = grouping
+        if any("session_window" in str(g) for g in grouping):
+            raise NotSupportedYetError(
+                "Streaming aggregation by session_window",
+                "Use window() (tumbling or sliding) for now.",
+            )
         # Spark checks the grouping expressions when groupBy is called.
         self._template_grouped = df._template.groupBy(*grouping)
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.dedup import Deduplicate
+from lockgate.plan.limit import StreamingLimit
 from lockgate.plan.nodes import PlanNode, Transform
 
 _SORTS = ("orderBy", "sort")
 
 
-StatefulNode = Aggregate | Deduplicate
+StatefulNode = Aggregate | Deduplicate | StreamingLimit
 
 
 def stateful_operators(plan: PlanNode) -> list[StatefulNode]:
@@ -24,7 +25,7 @@ def stateful_operators(plan: PlanNode) -> list[StatefulNode]:
     def visit(node: PlanNode) -> None:
         for child in node.children:
             visit(child)
-        if isinstance(node, (Aggregate, Deduplicate)) and id(node) not in seen:
+        if isinstance(node, (Aggregate, Deduplicate, StreamingLimit)) and id(node) not in seen:
             seen.add(id(node))
             found.append(node)
 
@@ -39,6 +40,12 @@ def check_for_streaming(plan: PlanNode, output_mode: str) -> None:
         raise NotSupportedYetError(
             "More than one stateful operator (aggregation, deduplication) in one query",
             "Chain them through a second query reading the first one's output.",
+        )
+    limits = [op for op in operators if isinstance(op, StreamingLimit)]
+    if limits and output_mode in ("update", "complete"):
+        raise AnalysisError(
+            f"Limits are not supported on streaming DataFrames/Datasets in "
+            f"{output_mode.capitalize()} output mode"
         )
     if output_mode == "complete" and not aggregates:
         raise AnalysisError(

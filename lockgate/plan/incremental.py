@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 
 from lockgate.plan.aggregate import Aggregate, StatefulContext, build_aggregate
 from lockgate.plan.dedup import Deduplicate, build_deduplicate
+from lockgate.plan.limit import StreamingLimit, build_limit
 from lockgate.plan.nodes import (
     EventTimeWatermark,
     PlanNode,
@@ -140,11 +141,11 @@ class IncrementalExecution:
                 F.avg(micros).alias("avg"),
                 F.count(col).alias("count"),
             )
-        if isinstance(node, (Aggregate, Deduplicate)):
+        if isinstance(node, (Aggregate, Deduplicate, StreamingLimit)):
             if self.stateful is None:
                 raise RuntimeError("a stateful plan needs a StatefulContext")
             op_id = self.operator_ids[id(node)]
-            build = build_aggregate if isinstance(node, Aggregate) else build_deduplicate
+            build: Any = {Aggregate: build_aggregate, Deduplicate: build_deduplicate, StreamingLimit: build_limit}[type(node)]
             df, schema = build(node, self._build(node.child), self.stateful, op_id, self.batch_id)
             self.state_schemas[op_id] = schema
             return df

@@ -289,7 +289,7 @@ class StateStore:
         """Load the live (upserted) rows of a table with one row per key."""
         if table.num_rows == 0:
             return
-        keys = zip(*_rows(table, self._key_names))
+        keys: Any = zip(*_rows(table, self._key_names)) if self._key_names else [()] * table.num_rows
         if self._value_names:
             # values stay tuples until a batch replaces them (put() stores lists)
             state.update(zip(keys, zip(*_rows(table, self._value_names))))  # type: ignore[arg-type]

@@ -1,0 +1,109 @@
+"""Streaming ``limit(n)`` (Spark's StreamingGlobalLimitExec): at most n rows over the stream.
+
+State is one counter in a single state partition; each batch passes rows on until the
+counter reaches n. Only in Append mode, as in Spark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial as bind
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StructField, StructType
+
+from lockgate.plan.aggregate import StatefulContext, schema_to_arrow
+from lockgate.plan.nodes import PlanNode
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+@dataclass(frozen=True, eq=False)
+class StreamingLimit(PlanNode):
+    child: PlanNode
+    limit: int
+    operator_name = "globalLimit"
+    evicts_by_watermark = False
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def describe(self) -> str:
+        return f"StreamingGlobalLimit {self.limit}"
+
+
+@dataclass(frozen=True)
+class LimitTask:
+    store: Any
+    version: int
+    limit: int
+    out_schema: pa.Schema
+    accumulator: Any
+    operator_id: int
+
+
+def run_limit_task(task: LimitTask, batches: Any) -> Any:
+    from lockgate.state.store import StateStore
+
+    store = StateStore(task.store, 0, task.version - 1)
+    current = store.get(())
+    count = int(current[0]) if current is not None else 0
+    start = count
+    for batch in batches:
+        if count >= task.limit or batch.num_rows == 0:
+            continue
+        take = min(batch.num_rows, task.limit - count)
+        count += take
+        sliced = batch.select(task.out_schema.names).slice(0, take)
+        yield pa.RecordBatch.from_arrays(sliced.columns, schema=task.out_schema)
+    if count != start or current is None:
+        store.put((), [count])
+    store.commit()
+    op = task.operator_id
+    task.accumulator.add(
+        {
+            f"{op}.numRowsTotal": len(store),
+            f"{op}.numRowsUpdated": int(count != start),
+            f"{op}.commitTimeMs": int(store.metrics.commit_ms),
+            f"{op}.memoryUsedBytes": store.memory_bytes(),
+            f"{op}.numStateStoreInstances": 1,
+            f"{op}.loadedFromCache": int(store.metrics.loaded_from_cache),
+            f"{op}.loadedFromFiles": int(not store.metrics.loaded_from_cache),
+        }
+    )
+
+
+def build_limit(
+    node: StreamingLimit, child: DataFrame, ctx: StatefulContext, operator_id: int, batch_id: int
+) -> tuple[DataFrame, Any]:
+    from lockgate.state.schema import OperatorStateSchema
+    from lockgate.state.store import StateStoreConf
+
+    tz = ctx.session_timezone
+    key_schema = pa.schema([])
+    value_schema = schema_to_arrow(StructType([StructField("count", LongType(), True)]), tz)
+    store = StateStoreConf(
+        root=ctx.state_root,
+        operator_id=operator_id,
+        num_partitions=1,
+        key_schema=key_schema,
+        value_schema=value_schema,
+        snapshot_interval=ctx.snapshot_interval,
+        min_versions_to_retain=ctx.min_versions_to_retain,
+    )
+    task = LimitTask(
+        store=store,
+        version=batch_id + 1,
+        limit=node.limit,
+        out_schema=schema_to_arrow(child.schema, tz),
+        accumulator=ctx.accumulator,
+        operator_id=operator_id,
+    )
+    # A local limit per partition first, then one task holds the global count.
+    staged = child.limit(node.limit).repartition(1).withColumn("__lockgate_pid", F.lit(0))
+    result = staged.mapInArrow(bind(run_limit_task, task), child.schema)
+    return result, OperatorStateSchema(operator_id, node.operator_name, key_schema, value_schema, 1)
