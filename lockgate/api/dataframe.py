@@ -274,10 +274,12 @@ class StreamingDataFrame:
 
     def join(self, other: Any, on: Any = None, how: str | None = None) -> StreamingDataFrame:
         if isinstance(other, StreamingDataFrame):
-            raise NotSupportedYetError(
-                "Stream-stream join",
-                "It needs lockgate's stateful engine (symmetric hash join state).",
-            )
+            from lockgate.plan.join import make_stream_join
+
+            if other._session.spark is not self._session.spark:
+                raise AnalysisError("Cannot join streaming DataFrames of different Spark sessions.")
+            node, template = make_stream_join(self, other, on, how)
+            return self._derive(node, template)
         if not isinstance(other, DataFrame):
             raise TypeError(f"join() takes a DataFrame, got {type(other).__name__}")
         if other.isStreaming:

@@ -8,13 +8,14 @@ from __future__ import annotations
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.dedup import Deduplicate
+from lockgate.plan.join import StreamJoin, check_stream_join
 from lockgate.plan.limit import StreamingLimit
 from lockgate.plan.nodes import PlanNode, Transform
 
 _SORTS = ("orderBy", "sort")
 
 
-StatefulNode = Aggregate | Deduplicate | StreamingLimit
+StatefulNode = Aggregate | Deduplicate | StreamingLimit | StreamJoin
 
 
 def stateful_operators(plan: PlanNode) -> list[StatefulNode]:
@@ -25,7 +26,7 @@ def stateful_operators(plan: PlanNode) -> list[StatefulNode]:
     def visit(node: PlanNode) -> None:
         for child in node.children:
             visit(child)
-        if isinstance(node, (Aggregate, Deduplicate, StreamingLimit)) and id(node) not in seen:
+        if isinstance(node, (Aggregate, Deduplicate, StreamingLimit, StreamJoin)) and id(node) not in seen:
             seen.add(id(node))
             found.append(node)
 
@@ -41,6 +42,9 @@ def check_for_streaming(plan: PlanNode, output_mode: str) -> None:
             "More than one stateful operator (aggregation, deduplication) in one query",
             "Chain them through a second query reading the first one's output.",
         )
+    for op in operators:
+        if isinstance(op, StreamJoin):
+            check_stream_join(op, output_mode)
     limits = [op for op in operators if isinstance(op, StreamingLimit)]
     if limits and output_mode in ("update", "complete"):
         raise AnalysisError(

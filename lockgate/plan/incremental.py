@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 
 from lockgate.plan.aggregate import Aggregate, StatefulContext, build_aggregate
 from lockgate.plan.dedup import Deduplicate, build_deduplicate
+from lockgate.plan.join import StreamJoin, build_stream_join
 from lockgate.plan.limit import StreamingLimit, build_limit
 from lockgate.plan.nodes import (
     EventTimeWatermark,
@@ -141,6 +142,15 @@ class IncrementalExecution:
                 F.avg(micros).alias("avg"),
                 F.count(col).alias("count"),
             )
+        if isinstance(node, StreamJoin):
+            if self.stateful is None:
+                raise RuntimeError("a stateful plan needs a StatefulContext")
+            op_id = self.operator_ids[id(node)]
+            df, schema = build_stream_join(
+                node, self._build(node.left), self._build(node.right), self.stateful, op_id, self.batch_id
+            )
+            self.state_schemas[op_id] = schema
+            return df
         if isinstance(node, (Aggregate, Deduplicate, StreamingLimit)):
             if self.stateful is None:
                 raise RuntimeError("a stateful plan needs a StatefulContext")

@@ -60,6 +60,9 @@ class StateStoreConf:
     snapshot_interval: int = 10
     min_versions_to_retain: int = 100
     cache_partitions: int = 64
+    store_name: str | None = None
+    """Operators with several stores (a stream-stream join's two sides) name each;
+    their files live in ``<root>/<operatorId>/<partition>/<store_name>/``."""
 
 
 @dataclass
@@ -72,11 +75,12 @@ class StoreMetrics:
 
 
 def _partition_dir(conf: StateStoreConf, partition: int) -> str:
-    return f"{conf.root.rstrip('/')}/{conf.operator_id}/{partition}"
+    base = f"{conf.root.rstrip('/')}/{conf.operator_id}/{partition}"
+    return f"{base}/{conf.store_name}" if conf.store_name else base
 
 
 # -- worker-level cache ----------------------------------------------------------------
-_cache: collections.OrderedDict[tuple[str, int, int], tuple[int, dict[Key, Value]]] = (
+_cache: collections.OrderedDict[tuple[str, int, int, str | None], tuple[int, dict[Key, Value]]] = (
     collections.OrderedDict()
 )
 _cache_lock = threading.Lock()
@@ -91,7 +95,7 @@ def _cache_take(
     map behind. An older cached version is caught up from the deltas after it, which
     costs what those batches changed, not the size of the state.
     """
-    key = (conf.root, conf.operator_id, partition)
+    key = (conf.root, conf.operator_id, partition, conf.store_name)
     with _cache_lock:
         entry = _cache.pop(key, None)
     if entry is not None and entry[0] <= version:
@@ -100,7 +104,7 @@ def _cache_take(
 
 
 def _cache_put(conf: StateStoreConf, partition: int, version: int, state: dict[Key, Value]) -> None:
-    key = (conf.root, conf.operator_id, partition)
+    key = (conf.root, conf.operator_id, partition, conf.store_name)
     with _cache_lock:
         _cache[key] = (version, state)
         _cache.move_to_end(key)
