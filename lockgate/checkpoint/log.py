@@ -50,8 +50,16 @@ def parse_version_line(text: str, max_supported: int, path: str) -> tuple[int, s
     return version, rest
 
 
+COMPACT_SUFFIX = ".compact"
+
+
 class MetadataLog(Generic[T]):
-    """Numbered log files under one directory. Subclasses define the format."""
+    """Numbered log files under one directory. Subclasses define the format.
+
+    Besides plain ``N`` files, a directory may hold ``N.compact`` files (Spark's
+    CompactibleFileStreamLog, used by the file source and sink logs), each holding every
+    entry up to ``N``; :meth:`entry_files` and :meth:`read_path` see both.
+    """
 
     VERSION = 1
 
@@ -76,8 +84,8 @@ class MetadataLog(Generic[T]):
         text = f"v{self.VERSION}\n{self.serialize(entry)}"
         self.fs.write_atomic(self.batch_path(batch_id), text.encode("utf-8"))
 
-    def get(self, batch_id: int) -> T | None:
-        path = self.batch_path(batch_id)
+    def read_path(self, path: str) -> T | None:
+        """Read and parse one log file; None when it does not exist."""
         try:
             raw = self.fs.read_bytes(path)
         except FileNotFoundError:
@@ -88,6 +96,22 @@ class MetadataLog(Generic[T]):
             raise CheckpointError(f"Log file {path} is not UTF-8 text: corrupt.", path=path) from exc
         _, body = parse_version_line(text, self.VERSION, path)
         return self.deserialize(body, path)
+
+    def get(self, batch_id: int) -> T | None:
+        return self.read_path(self.batch_path(batch_id))
+
+    def entry_files(self) -> dict[int, bool]:
+        """Batch id -> whether it is stored as ``N.compact``."""
+        out: dict[int, bool] = {}
+        for name in self.fs.list_names(self.path):
+            if name.isdigit():
+                out.setdefault(int(name), False)
+            elif name.endswith(COMPACT_SUFFIX) and name[: -len(COMPACT_SUFFIX)].isdigit():
+                out[int(name[: -len(COMPACT_SUFFIX)])] = True
+        return out
+
+    def entry_path(self, batch_id: int, compact: bool) -> str:
+        return self.batch_path(batch_id) + (COMPACT_SUFFIX if compact else "")
 
     def batch_ids(self) -> list[int]:
         ids = []

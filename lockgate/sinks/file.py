@@ -43,7 +43,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from lockgate.checkpoint.fs import CheckpointFileSystem
-from lockgate.checkpoint.log import MetadataLog, parse_version_line
+from lockgate.checkpoint.log import MetadataLog
 from lockgate.errors import (
     AnalysisError,
     CheckpointError,
@@ -199,34 +199,16 @@ class FileStreamSinkLog(MetadataLog[list[SinkFileStatus]]):
 
     # -- files ---------------------------------------------------------------------------
     def _names(self) -> dict[int, bool]:
-        """Batch id -> whether it is stored as ``N.compact``."""
-        out: dict[int, bool] = {}
-        for name in self.fs.list_names(self.path):
-            if name.isdigit():
-                out.setdefault(int(name), False)
-            elif name.endswith(COMPACT_SUFFIX) and name[: -len(COMPACT_SUFFIX)].isdigit():
-                out[int(name[: -len(COMPACT_SUFFIX)])] = True
-        return out
+        return self.entry_files()
 
     def batch_ids(self) -> list[int]:
         return sorted(self._names())
 
     def _file(self, batch_id: int, compact: bool) -> str:
-        return self.batch_path(batch_id) + (COMPACT_SUFFIX if compact else "")
+        return self.entry_path(batch_id, compact)
 
     def _read(self, path: str) -> list[SinkFileStatus] | None:
-        try:
-            raw = self.fs.read_bytes(path)
-        except FileNotFoundError:
-            return None
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise CheckpointError(
-                f"Log file {path} is not UTF-8 text: corrupt.", path=path
-            ) from exc
-        _, body = parse_version_line(text, self.VERSION, path)
-        return self.deserialize(body, path)
+        return self.read_path(path)
 
     def get(self, batch_id: int) -> list[SinkFileStatus] | None:
         """The statuses stored for ``batch_id`` (everything up to it, for a compaction)."""

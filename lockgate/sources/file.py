@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 from lockgate.checkpoint.fs import ArrowFileSystem, CheckpointFileSystem, LocalFileSystem
-from lockgate.checkpoint.log import MetadataLog, parse_version_line
+from lockgate.checkpoint.log import MetadataLog
 from lockgate.errors import (
     AnalysisError,
     CheckpointError,
@@ -655,9 +655,6 @@ class FileEntry:
         )
 
 
-_COMPACT_SUFFIX = ".compact"
-
-
 class FileStreamSourceLog(MetadataLog[list[FileEntry]]):
     """``<checkpoint>/sources/<i>/N``: the files of log entry ``N``, one JSON line each.
 
@@ -694,31 +691,13 @@ class FileStreamSourceLog(MetadataLog[list[FileEntry]]):
         return entries
 
     def _names(self) -> dict[int, bool]:
-        """Batch id -> whether its file is a compaction (``N.compact``)."""
-        out: dict[int, bool] = {}
-        for name in self.fs.list_names(self.path):
-            if name.isdigit():
-                out.setdefault(int(name), False)
-            elif name.endswith(_COMPACT_SUFFIX) and name[: -len(_COMPACT_SUFFIX)].isdigit():
-                out[int(name[: -len(_COMPACT_SUFFIX)])] = True
-        return out
+        return self.entry_files()
 
     def batch_ids(self) -> list[int]:
         return sorted(self._names())
 
     def _read(self, path: str) -> list[FileEntry] | None:
-        try:
-            raw = self.fs.read_bytes(path)
-        except FileNotFoundError:
-            return None
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise CheckpointError(
-                f"Log file {path} is not UTF-8 text: corrupt.", path=path
-            ) from exc
-        _, body = parse_version_line(text, self.VERSION, path)
-        return self.deserialize(body, path)
+        return self.read_path(path)
 
     def get(self, batch_id: int) -> list[FileEntry] | None:
         plain = self._read(self.batch_path(batch_id))
@@ -726,7 +705,7 @@ class FileStreamSourceLog(MetadataLog[list[FileEntry]]):
             return plain
         # A compaction file holds every entry up to its id; pick out this entry's files.
         for compact_id in sorted(i for i, c in self._names().items() if c and i >= batch_id):
-            entries = self._read(self.batch_path(compact_id) + _COMPACT_SUFFIX)
+            entries = self._read(self.entry_path(compact_id, True))
             if entries is not None:
                 return [e for e in entries if e.batchId == batch_id]
         return None
@@ -755,7 +734,7 @@ class FileStreamSourceLog(MetadataLog[list[FileEntry]]):
         entries: list[FileEntry] = []
         for batch_id in sorted(i for i in names if i >= start):
             if names[batch_id]:
-                got = self._read(self.batch_path(batch_id) + _COMPACT_SUFFIX)
+                got = self._read(self.entry_path(batch_id, True))
             else:
                 got = self._read(self.batch_path(batch_id))
             entries.extend(got or [])
