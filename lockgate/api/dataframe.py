@@ -81,7 +81,6 @@ _SPARK_UNSUPPORTED = {
     "intersectAll": "Intersect is not supported with streaming DataFrames/Datasets",
     "subtract": "Except on a streaming DataFrame/Dataset on the left is not supported",
     "exceptAll": "Except on a streaming DataFrame/Dataset on the left is not supported",
-    "crossJoin": "Join between two streaming DataFrames/Datasets is not supported in lockgate yet",
 }
 
 _ACTIONS = (
@@ -306,6 +305,9 @@ class StreamingDataFrame:
             )
         template = self._template.join(other, on, join_type)
         return self._derive(StaticJoin(self._plan, other, on, join_type), template)
+
+    def crossJoin(self, other: Any) -> StreamingDataFrame:  # noqa: N802
+        return self.join(other, how="cross")
 
     def withWatermark(self, eventTime: str, delayThreshold: str) -> StreamingDataFrame:  # noqa: N802,N803
         if not isinstance(eventTime, str) or not eventTime:

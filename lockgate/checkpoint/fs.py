@@ -172,6 +172,7 @@ class ArrowFileSystem(CheckpointFileSystem):
 
     def write_atomic(self, path: str, data: bytes, *, overwrite: bool = False) -> None:
         directory, name = path.rsplit("/", 1)
+        self._fs.create_dir(directory, recursive=True)
         tmp = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
         with self._fs.open_output_stream(tmp) as f:
             f.write(data)
@@ -193,6 +194,8 @@ class ArrowFileSystem(CheckpointFileSystem):
             self._fs.delete_dir(path)
 
     def rename(self, src: str, dst: str) -> None:
+        if "/" in dst:
+            self._fs.create_dir(dst.rsplit("/", 1)[0], recursive=True)
         self._fs.move(src, dst)
 
     def size_and_mtime(self, path: str) -> tuple[int, int]:

@@ -38,7 +38,9 @@ class StreamMetadata:
             return existing
         created = cls(str(uuid.uuid4()))
         try:
-            fs.write_atomic(path, json.dumps({"id": created.id}).encode("utf-8"))
+            fs.write_atomic(
+                path, json.dumps({"id": created.id}, separators=(",", ":")).encode("utf-8")
+            )
         except ConcurrentWriteError:
             again = cls.read(fs, path)
             assert again is not None

@@ -29,7 +29,7 @@ from lockgate.execution.triggers import (
     Trigger,
 )
 from lockgate.execution.watermark import WatermarkTracker
-from lockgate.options import Options
+from lockgate.options import Options, parse_duration_ms
 from lockgate.plan.aggregate import StatefulContext
 from lockgate.plan.checks import stateful_operators
 from lockgate.plan.incremental import IncrementalExecution, observation_value
@@ -88,14 +88,13 @@ class MicroBatchExecution(StreamExecution):
         self.offset_metadata = OffsetSeqMetadata()
         conf = self.spark.conf
         self.min_batches_to_retain = int(conf.get("spark.sql.streaming.minBatchesToRetain", "100") or 100)
-        self.polling_delay_ms = int(
-            str(conf.get("spark.sql.streaming.pollingDelay", "10") or "10").rstrip("ms").strip() or 10
+        self.polling_delay_ms = parse_duration_ms(
+            str(conf.get("spark.sql.streaming.pollingDelay", "10ms") or "10ms"),
+            what="spark.sql.streaming.pollingDelay",
         )
-        self.no_data_progress_interval_ms = int(
-            str(conf.get("spark.sql.streaming.noDataProgressEventInterval", "10000") or "10000")
-            .rstrip("ms")
-            .strip()
-            or 10000
+        self.no_data_progress_interval_ms = parse_duration_ms(
+            str(conf.get("spark.sql.streaming.noDataProgressEventInterval", "10000ms") or "10000ms"),
+            what="spark.sql.streaming.noDataProgressEventInterval",
         )
         self.progress = ProgressTracker(
             int(conf.get("spark.sql.streaming.numRecentProgressUpdates", "100") or 100)
@@ -190,8 +189,15 @@ class MicroBatchExecution(StreamExecution):
         with self.progress.time("triggerExecution"):
             if self.current_batch_id < 0:
                 self._populate_start_offsets()
-            if not self._constructed:
-                self._constructed = self._construct_next_batch()
+            # Constructing the batch and declaring "no new data" happen under the
+            # progress lock, so processAllAvailable() cannot slip in between (Spark's
+            # withProgressLocked).
+            with self._await_progress:
+                if not self._constructed:
+                    self._constructed = self._construct_next_batch()
+                if not self._constructed:
+                    self._no_new_data = True
+                    self._await_progress.notify_all()
             self.update_status(isDataAvailable=self._constructed)
             ran = self._constructed
             if ran:
@@ -205,8 +211,7 @@ class MicroBatchExecution(StreamExecution):
                 self.run_id, self.batch_description(str(self.current_batch_id)), interruptOnCancel=True
             )
         else:
-            self.signal_no_new_data()
-            self.update_status("Waiting for data to arrive")
+            self.update_status("Waiting for data to arrive", isTriggerActive=False)
             if not isinstance(self.trigger, (OnceTrigger, AvailableNowTrigger)):
                 self.stop_event.wait(self.polling_delay_ms / 1000.0)
         self.update_status("Waiting for next trigger", isTriggerActive=False)
@@ -388,7 +393,14 @@ class MicroBatchExecution(StreamExecution):
                 conf.get("spark.sql.streaming.stateStore.minDeltasForSnapshot", "10") or 10
             ),
             min_versions_to_retain=self.min_batches_to_retain,
+            late_events_watermark_ms=self._previous_batch_watermark() if self._watermark_nodes else None,
         )
+
+    def _previous_batch_watermark(self) -> int:
+        if self.current_batch_id <= 0:
+            return 0
+        previous = self.offset_log.get(self.current_batch_id - 1)
+        return previous.metadata.batchWatermarkMs if previous is not None else 0
 
     def _check_state_schemas(self, execution: IncrementalExecution) -> None:
         from lockgate.state.schema import check_operator_count, check_or_write
@@ -564,7 +576,6 @@ class MicroBatchExecution(StreamExecution):
                     "numInputRows": rows,
                     "inputRowsPerSecond": rate(rows, input_secs),
                     "processedRowsPerSecond": rate(rows, process_secs),
-                    "metrics": {},
                 }
             )
         progress: dict[str, Any] = {
@@ -594,7 +605,6 @@ class MicroBatchExecution(StreamExecution):
         progress["sink"] = {
             "description": self.sink.description(),
             "numOutputRows": batch["num_output_rows"],
-            "metrics": {},
         }
         tracker.last_trigger_start_ms = tracker.trigger_start_ms
         parsed = tracker.record(progress)
@@ -611,7 +621,6 @@ class MicroBatchExecution(StreamExecution):
                 "numInputRows": 0,
                 "inputRowsPerSecond": 0.0,
                 "processedRowsPerSecond": 0.0,
-                "metrics": {},
             }
             for slot in self._slots
         ]
@@ -631,7 +640,7 @@ class MicroBatchExecution(StreamExecution):
             progress["eventTime"] = {"watermark": format_timestamp(self.offset_metadata.batchWatermarkMs)}
         progress["stateOperators"] = [dict(op, numRowsUpdated=0) for op in self._last_state_progress]
         progress["sources"] = sources
-        progress["sink"] = {"description": self.sink.description(), "numOutputRows": -1, "metrics": {}}
+        progress["sink"] = {"description": self.sink.description(), "numOutputRows": -1}
         return progress
 
     def last_progress(self) -> Any:

@@ -25,7 +25,8 @@ class ProgressTracker:
     """Collects the durations and counts of the current trigger; keeps recent progress."""
 
     def __init__(self, max_recent: int) -> None:
-        self.recent: deque[StreamingQueryProgress] = deque(maxlen=max(1, max_recent))
+        # Spark keeps numRecentProgressUpdates - 1 entries.
+        self.recent: deque[StreamingQueryProgress] = deque(maxlen=max(1, max_recent - 1))
         self.durations: dict[str, int] = {}
         self.trigger_start_ms = -1
         self.last_trigger_start_ms = -1
@@ -57,4 +58,9 @@ class ProgressTracker:
 
 
 def rate(rows: int, seconds: float) -> float:
-    return float(rows) / seconds if seconds > 0 else 0.0
+    """Rows per second, rounded half-up to one decimal as Spark renders progress."""
+    if seconds <= 0:
+        return 0.0
+    from decimal import ROUND_HALF_UP, Decimal
+
+    return float(Decimal(repr(float(rows) / seconds)).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))

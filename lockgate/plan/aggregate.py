@@ -247,6 +247,7 @@ class AggregateTask:
     output_mode: str
     version: int
     watermark_ms: int | None
+    late_watermark_ms: int | None
     event_time_flat_index: int | None
     """Index in the flat key tuple of the timestamp compared with the watermark
     (the window end for windows)."""
@@ -282,7 +283,8 @@ def run_aggregate_task(task: AggregateTask, batches: Any) -> Any:
     key_names = [f.name for f in task.store.key_schema]
     value_names = [f.name for f in task.store.value_schema]
     watermark_us = task.watermark_ms * 1000 if task.watermark_ms is not None else None
-    drop_late = watermark_us is not None and task.output_mode in ("append", "update")
+    late_us = task.late_watermark_ms * 1000 if task.late_watermark_ms is not None else watermark_us
+    drop_late = late_us is not None and task.output_mode in ("append", "update")
     et = task.event_time_flat_index
     dropped = 0
     updated_keys: list[tuple[Any, ...]] = []
@@ -302,7 +304,7 @@ def run_aggregate_task(task: AggregateTask, batches: Any) -> Any:
         for key, value in zip(keys, values):
             if drop_late and et is not None:
                 t = _micros(key[et])
-                if t is not None and t <= watermark_us:
+                if t is not None and t <= late_us:  # type: ignore[operator]
                     dropped += 1
                     continue
             previous = store.get(key)
@@ -450,6 +452,9 @@ class StatefulContext:
     session_timezone: str
     snapshot_interval: int = 10
     min_versions_to_retain: int = 100
+    late_events_watermark_ms: int | None = None
+    """The previous batch's watermark: Spark drops late input rows by it, and evicts
+    state by the current one (0 on the first batch)."""
 
 
 def aggregate_state_layout(
@@ -525,6 +530,7 @@ def build_aggregate(
         output_mode=ctx.output_mode,
         version=batch_id + 1,
         watermark_ms=watermark,
+        late_watermark_ms=ctx.late_events_watermark_ms if watermark is not None else None,
         event_time_flat_index=et_flat,
         out_schema=schema_to_arrow(out_struct, tz),
         accumulator=ctx.accumulator,

@@ -96,6 +96,7 @@ class DedupTask:
     version: int
     key_columns: tuple[str, ...]
     watermark_ms: int | None
+    late_watermark_ms: int | None
     event_time_key: int | None
     within_watermark: bool
     event_time_column: str | None
@@ -114,6 +115,7 @@ def run_dedup_task(task: DedupTask, batches: Any) -> Any:
     partition = ctx.partitionId() if ctx is not None else 0
     store = StateStore(task.store, partition, task.version - 1)
     watermark_us = task.watermark_ms * 1000 if task.watermark_ms is not None else None
+    late_us = task.late_watermark_ms * 1000 if task.late_watermark_ms is not None else watermark_us
     dropped_late = dropped_dup = updated = 0
     t0 = time.perf_counter()
     names = task.out_schema.names
@@ -132,14 +134,14 @@ def run_dedup_task(task: DedupTask, batches: Any) -> Any:
             event_times = batch.column(task.event_time_column).to_pylist()
         keep: list[int] = []
         for i, key in enumerate(keys):
-            if watermark_us is not None:
+            if late_us is not None:
                 if task.within_watermark:
                     t = _micros(event_times[i])
                 elif task.event_time_key is not None:
                     t = _micros(key[task.event_time_key])
                 else:
                     t = None
-                if t is not None and t <= watermark_us:
+                if t is not None and t <= late_us:
                     dropped_late += 1
                     continue
             if store.get(key) is not None:
@@ -221,6 +223,7 @@ def build_deduplicate(
         version=batch_id + 1,
         key_columns=node.keys,
         watermark_ms=watermark,
+        late_watermark_ms=ctx.late_events_watermark_ms if watermark is not None else None,
         event_time_key=node.event_time_key,
         within_watermark=node.within_watermark,
         event_time_column=node.event_time_column,

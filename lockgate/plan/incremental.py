@@ -99,6 +99,39 @@ class IncrementalExecution:
         self.state_schemas: dict[int, Any] = {}
         self._memo: dict[int, DataFrame] = {}
 
+    def _observe_event_time(self, node: EventTimeWatermark, df: DataFrame) -> DataFrame:
+        index = self._watermark_index.get(id(node))
+        if index is None:
+            return df
+        obs = Observation(f"lockgate_event_time_{index}_b{self.batch_id}")
+        col = F.col(node.column)
+        micros = F.unix_micros(col)
+        self.observations.event_time[index] = obs
+        return df.observe(
+            obs,
+            F.max(micros).alias("max"),
+            F.min(micros).alias("min"),
+            F.avg(micros).alias("avg"),
+            F.count(col).alias("count"),
+        )
+
+    def _filters_below_watermark(self, node: Transform) -> DataFrame | None:
+        """Filters right above ``withWatermark`` that do not use the event-time column
+        run before the event-time statistics, as Spark pushes them below the watermark."""
+        filters: list[Transform] = []
+        current: PlanNode = node
+        while isinstance(current, Transform) and current.method in ("where", "filter"):
+            filters.append(current)
+            current = current.child
+        if not filters or not isinstance(current, EventTimeWatermark):
+            return None
+        if any(current.column in str(f.args[0] if f.args else "") for f in filters):
+            return None
+        df = self._build(current.child)
+        for f in reversed(filters):
+            df = f.apply(df, self.batch_timestamp_ms)
+        return self._observe_event_time(current, df)
+
     def build(self) -> DataFrame:
         return self._build(self.plan)
 
@@ -118,6 +151,9 @@ class IncrementalExecution:
                 self.observations.source_rows[index] = obs
             return df
         if isinstance(node, Transform):
+            pushed = self._filters_below_watermark(node)
+            if pushed is not None:
+                return pushed
             return node.apply(self._build(node.child), self.batch_timestamp_ms)
         if isinstance(node, Union):
             left, right = self._build(node.left), self._build(node.right)
@@ -127,21 +163,8 @@ class IncrementalExecution:
         if isinstance(node, StaticJoin):
             return self._build(node.child).join(node.other, node.on, node.how)
         if isinstance(node, EventTimeWatermark):
-            df = self._build(node.child)
-            index = self._watermark_index.get(id(node))
-            if index is None:
-                return df
-            obs = Observation(f"lockgate_event_time_{index}_b{self.batch_id}")
-            col = F.col(node.column)
-            micros = F.unix_micros(col)
-            self.observations.event_time[index] = obs
-            return df.observe(
-                obs,
-                F.max(micros).alias("max"),
-                F.min(micros).alias("min"),
-                F.avg(micros).alias("avg"),
-                F.count(col).alias("count"),
-            )
+            return self._observe_event_time(node, self._build(node.child))
+
         if isinstance(node, StreamJoin):
             if self.stateful is None:
                 raise RuntimeError("a stateful plan needs a StatefulContext")

@@ -57,7 +57,7 @@ class MemorySink(Sink):
         df.createOrReplaceTempView(self.name)
 
     def description(self) -> str:
-        return f"MemorySink[{self.name}]"
+        return "MemorySink"
 
 
 class MemorySinkProvider(SinkProvider):

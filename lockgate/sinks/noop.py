@@ -15,7 +15,7 @@ class NoopSink(Sink):
         data.write.format("noop").mode("append").save()
 
     def description(self) -> str:
-        return "NoopSink"
+        return "NoopTable"
 
 
 class NoopSinkProvider(SinkProvider):

@@ -115,7 +115,9 @@ class RateSource(Source):
     def latestOffset(self, start: Any, limit: ReadLimit) -> int:  # noqa: N802
         now = self._clock.get_time_millis()
         self._last_time_ms = max(self._last_time_ms, now)
-        return (self._last_time_ms - self.creation_time_ms) // 1000
+        latest = (self._last_time_ms - self.creation_time_ms) // 1000
+        # A restart on a clock behind the last batch must not move offsets backwards.
+        return max(latest, int(start) if start is not None else 0)
 
     def getBatch(self, start: int | None, end: int) -> DataFrame:  # noqa: N802
         start_s = 0 if start is None else int(start)
