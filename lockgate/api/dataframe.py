@@ -8,6 +8,7 @@ recorded as a plan node; at run time the engine replays the plan on each batch.
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
@@ -146,6 +147,26 @@ class StreamingDataFrame:
         self._session = session
         self._plan = plan
         self._template = template
+        self._uid = uuid.uuid4().hex[:12]
+
+    # -- columns bound to this DataFrame (sdf.a, sdf["a"]) -------------------------------
+    @property
+    def _alias_name(self) -> str:
+        return f"__lg_{self._uid}"
+
+    def _column(self, name: str) -> Column:
+        """A column that refers to this DataFrame's ``name`` even after a join, like
+        PySpark's ``df.a``: qualified by a hidden alias applied when it is used."""
+        self._template[name]  # raises Spark's error for a missing column
+        return F.col(f"`{self._alias_name}`.`{name}`")
+
+    def _bound(self, *values: Any) -> StreamingDataFrame:
+        """This DataFrame, aliased by its hidden name if ``values`` use its bound columns."""
+        marker = self._alias_name
+        if not any(marker in str(v) for v in _flatten(values)):
+            return self
+        node = Transform(self._plan, "alias", (marker,))
+        return StreamingDataFrame(self._session, node, self._template.alias(marker))
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -159,8 +180,9 @@ class StreamingDataFrame:
     def _transform(self, method: str, *args: Any, **kwargs: Any) -> StreamingDataFrame:
         for value in (*args, *kwargs.values()):
             _reject_nested_stream(value)
-        template = getattr(self._template, method)(*args, **kwargs)
-        node = Transform(self._plan, method, tuple(args), tuple(sorted(kwargs.items())))
+        base = self._bound(args, kwargs)
+        template = getattr(base._template, method)(*args, **kwargs)
+        node = Transform(base._plan, method, tuple(args), tuple(sorted(kwargs.items())))
         return self._derive(node, template)
 
     # -- schema ------------------------------------------------------------------------
@@ -189,14 +211,13 @@ class StreamingDataFrame:
 
     def __getitem__(self, item: Any) -> Any:
         if isinstance(item, str):
-            self._template[item]  # raises Spark's error for a missing column
-            return F.col(item)
+            return self._column(item)
         if isinstance(item, Column):
             return self.filter(item)
         if isinstance(item, (list, tuple)):
             return self.select(*item)
         if isinstance(item, int):
-            return F.col(self.columns[item])
+            return self._column(self.columns[item])
         raise TypeError(f"unexpected item type: {type(item).__name__}")
 
     def __getattr__(self, name: str) -> Any:
@@ -216,7 +237,7 @@ class StreamingDataFrame:
         if name in _STATELESS:
             return lambda *args, **kwargs: self._transform(name, *args, **kwargs)
         if name in self._template.columns:
-            return F.col(name)
+            return self._column(name)
         if hasattr(DataFrame, name):
             raise NotSupportedYetError(
                 f"DataFrame.{name} on a streaming DataFrame",
@@ -277,7 +298,7 @@ class StreamingDataFrame:
 
             if other._session.spark is not self._session.spark:
                 raise AnalysisError("Cannot join streaming DataFrames of different Spark sessions.")
-            node, template = make_stream_join(self, other, on, how)
+            node, template = make_stream_join(self._bound(on), other._bound(on), on, how)
             return self._derive(node, template)
         if not isinstance(other, DataFrame):
             raise TypeError(f"join() takes a DataFrame, got {type(other).__name__}")
@@ -303,8 +324,9 @@ class StreamingDataFrame:
                 "FullOuter joins with streaming DataFrames/Datasets on the left and a static "
                 "DataFrame/DataSet on the right not supported"
             )
-        template = self._template.join(other, on, join_type)
-        return self._derive(StaticJoin(self._plan, other, on, join_type), template)
+        base = self._bound(on)
+        template = base._template.join(other, on, join_type)
+        return self._derive(StaticJoin(base._plan, other, on, join_type), template)
 
     def crossJoin(self, other: Any) -> StreamingDataFrame:  # noqa: N802
         return self.join(other, how="cross")
@@ -342,7 +364,7 @@ class StreamingDataFrame:
             cols = tuple(cols[0])
         for c in cols:
             _reject_nested_stream(c)
-        return StreamingGroupedData(self, tuple(cols))
+        return StreamingGroupedData(self._bound(cols), tuple(cols))
 
     groupby = groupBy
 
@@ -414,6 +436,14 @@ class StreamingDataFrame:
         from lockgate.api.writer import DataStreamWriter
 
         return DataStreamWriter(self)
+
+
+def _flatten(values: Any) -> list[Any]:
+    if isinstance(values, dict):
+        return [x for v in values.values() for x in _flatten(v)]
+    if isinstance(values, (list, tuple)):
+        return [x for v in values for x in _flatten(v)]
+    return [values]
 
 
 def _reject_nested_stream(value: Any) -> None:

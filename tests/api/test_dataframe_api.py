@@ -165,9 +165,12 @@ def test_print_schema_matches_spark(static, sdf, capsys):
 
 
 def test_column_access(sdf):
-    assert str(sdf.a) == str(F.col("a"))
-    assert str(sdf["b"]) == str(F.col("b"))
-    assert str(sdf[0]) == str(F.col("a"))
+    # columns are bound to sdf (qualified by its hidden alias), like PySpark's df.a
+    bound = sdf._alias_name
+    assert str(sdf.a) == str(F.col(f"`{bound}`.`a`"))
+    assert str(sdf["b"]) == str(F.col(f"`{bound}`.`b`"))
+    assert str(sdf[0]) == str(F.col(f"`{bound}`.`a`"))
+    assert sdf.select(sdf.a, sdf["b"]).columns == ["a", "b"]
     assert sdf[["a", "b"]].columns == ["a", "b"]
     filtered = sdf[F.col("a") > 1]
     assert isinstance(filtered, lockgate.StreamingDataFrame)
@@ -311,17 +314,32 @@ def test_join_defaults_to_inner(spark, sdf):
     assert sdf.join(dim.withColumnRenamed("k", "a"), "a").columns == ["a", "b", "ts", "name"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lockgate bug: sdf.a / sdf['a'] return an unbound F.col('a') (StreamingDataFrame."
-    "__getattr__/__getitem__), so the usual PySpark idiom stream.join(dim, stream.a == dim.a) "
-    "fails with [AMBIGUOUS_REFERENCE] at definition time; in PySpark df.a is bound to df and "
-    "the same join works on a native streaming DataFrame",
-)
 def test_join_condition_with_dataframe_bound_columns(spark, sdf):
     dim = spark.createDataFrame([(1, "one")], "a INT, name STRING")
     assert sdf.join(dim, sdf.a == dim.a).columns == ["a", "b", "ts", "a", "name"]
     assert sdf.join(dim, sdf["a"] == dim["a"], "left").columns == ["a", "b", "ts", "a", "name"]
+
+
+def test_bound_columns_run_in_a_query(ls, spark):
+    import lockgate
+
+    stream = lockgate.MemoryStream(ls, "a INT, b STRING")
+    dim = spark.createDataFrame([(1, "one"), (2, "two")], "a INT, name STRING")
+    sdf = stream.toDF()
+    q = (
+        sdf.join(dim, sdf.a == dim.a)
+        .select(sdf["b"], dim["name"])
+        .where(sdf.b != "skip")
+        .writeStream.format("memory")
+        .queryName("bound_columns")
+        .start()
+    )
+    try:
+        stream.addData([(1, "x"), (2, "skip"), (3, "y")])
+        q.processAllAvailable()
+        assert sorted(tuple(r) for r in spark.sql("select * from bound_columns").collect()) == [("x", "one")]
+    finally:
+        q.stop()
 
 
 @pytest.mark.parametrize(
