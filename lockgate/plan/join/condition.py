@@ -1,0 +1,414 @@
+"""The stream-stream join condition: parsed from Spark's plan, evaluated in Python.
+
+Holds the supported expression subset (:class:`_Converter` turns resolved Catalyst
+expressions into picklable tuples, refusing the rest), their evaluation with Spark's
+semantics (:func:`compile_expr`), the state watermark derived from range conditions
+(Spark's ``StreamingJoinHelper``) and the helpers that inspect condition terms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lockgate.errors import NotSupportedYetError
+
+LEFT, RIGHT = 0, 1
+MICROS_PER_DAY = 86_400_000_000
+
+
+# -- expressions ------------------------------------------------------------------------
+# A picklable expression tree (tuples), evaluated with Spark's semantics:
+#   ("attr", side, index, kind)      kind: ts | date | float | other
+#   ("lit", value, kind)             timestamps as micros, intervals as micros
+#   ("cmp", op, a, b)                op: = < <= > >=
+#   ("and", a, b) / ("or", a, b) / ("isnull", a) / ("isnotnull", a)
+#   ("tadd", ts, interval)           timestamp + day-time interval
+#   ("neg", interval)
+
+
+@dataclass
+class _Conjunct:
+    expr: tuple[Any, ...]
+    refs: frozenset[tuple[int, int]]
+    """(side, column index) of the attributes it uses."""
+    not_null: frozenset[tuple[int, int]]
+    """Attributes Spark infers ``isnotnull`` for from this conjunct."""
+    watermark_forms: dict[int, Any]
+    """side -> its state watermark form (see :func:`_state_watermark_form`) or None."""
+    text: str
+
+
+def _kind(type_name: str) -> str:
+    if type_name in ("timestamp", "timestamp_ntz"):
+        return "ts"
+    if type_name == "date":
+        return "date"
+    if type_name in ("double", "float"):
+        return "float"
+    return "other"
+
+
+class _Converter:
+    """Turns resolved Catalyst expressions into the tuple form, refusing the rest."""
+
+    def __init__(self, attrs: dict[int, tuple[int, int, Any]], whole: str) -> None:
+        self.attrs = attrs  # exprId -> (side, index, java attribute)
+        self.whole = whole
+
+    def refuse(self, e: Any) -> NotSupportedYetError:
+        return NotSupportedYetError(
+            f"The stream-stream join condition term {str(e.toString())!r} (in {self.whole!r})",
+            "lockgate evaluates join conditions made of column references, literals, "
+            "comparisons (=, <>, <, <=, >, >=), AND, OR, NOT, IS [NOT] NULL and timestamp +/- "
+            "day-time interval literals.",
+        )
+
+    def convert(self, e: Any) -> tuple[Any, ...]:
+        name = e.getClass().getSimpleName()
+        if name == "AttributeReference":
+            key = int(e.exprId().id())
+            if key not in self.attrs:
+                raise self.refuse(e)
+            side, index, _ = self.attrs[key]
+            return ("attr", side, index, _kind(str(e.dataType().typeName())))
+        if name == "Literal":
+            return ("lit",) + _literal(e, self)
+        if name in ("EqualTo", "LessThan", "LessThanOrEqual", "GreaterThan", "GreaterThanOrEqual"):
+            op = {"EqualTo": "=", "LessThan": "<", "LessThanOrEqual": "<=", "GreaterThan": ">",
+                  "GreaterThanOrEqual": ">="}[name]
+            left, right = e.left(), e.right()
+            if str(left.dataType().typeName()) != str(right.dataType().typeName()):
+                raise self.refuse(e)
+            t = str(left.dataType().typeName())
+            if t.startswith(("struct", "array", "map", "binary", "interval", "decimal")) or "interval" in t:
+                raise self.refuse(e)
+            return ("cmp", op, self.convert(left), self.convert(right))
+        if name in ("And", "Or"):
+            return (name.lower(), self.convert(e.left()), self.convert(e.right()))
+        if name in ("IsNull", "IsNotNull", "Not"):
+            return (name.lower(), self.convert(e.child()))
+        if name in ("TimeAdd", "TimestampAddInterval"):
+            start, interval = e.children().apply(0), e.children().apply(1)
+            itype = str(interval.dataType().typeName())
+            if not itype.startswith("interval") or itype == "interval":
+                # CalendarInterval ("interval") may carry days/months: time-zone dependent
+                raise self.refuse(e)
+            return ("tadd", self.convert(start), self.convert(interval))
+        if name == "DatetimeSub":
+            return self.convert(e.replacement())
+        if name == "UnaryMinus":
+            child = self.convert(e.child())
+            if child[0] == "lit" and child[2] == "interval":
+                return ("lit", None if child[1] is None else -child[1], "interval")
+            raise self.refuse(e)
+        if name == "Cast":
+            child = e.child()
+            if str(child.dataType().typeName()) == str(e.dataType().typeName()):
+                return self.convert(child)
+            raise self.refuse(e)
+        raise self.refuse(e)
+
+
+def _literal(e: Any, conv: _Converter) -> tuple[Any, str]:
+    t = str(e.dataType().typeName())
+    value = e.value()
+    if value is None:
+        return (None, "null")
+    if t in ("timestamp", "timestamp_ntz"):
+        return (int(value), "ts")
+    if t.startswith("interval") and t != "interval":
+        if "year" in t or "month" in t:
+            raise conv.refuse(e)
+        return (int(value), "interval")
+    if t in ("integer", "long", "short", "byte"):
+        return (int(value), "other")
+    if t in ("double", "float"):
+        return (float(value), "float")
+    if t == "boolean":
+        return (bool(value), "other")
+    if t == "string":
+        return (str(value.toString()), "other")
+    if t == "date":
+        import datetime as _dt
+
+        return (_dt.date(1970, 1, 1) + _dt.timedelta(days=int(value)), "date")
+    raise conv.refuse(e)
+
+
+def _float_key(x: float) -> tuple[int, float]:
+    return (1, 0.0) if math.isnan(x) else (0, x + 0.0)
+
+
+def _micros(value: Any) -> Any:
+    from lockgate.plan.aggregate import _micros as m
+
+    return m(value)
+
+
+def compile_expr(expr: tuple[Any, ...]) -> Callable[[Any, Any], Any]:
+    """A function (left_row, right_row) -> True / False / None (SQL three-valued)."""
+    tag = expr[0]
+    if tag == "attr":
+        _, side, index, kind = expr
+        if kind == "ts":
+            if side == LEFT:
+                return lambda lr, rr: _micros(lr[index])
+            return lambda lr, rr: _micros(rr[index])
+        if side == LEFT:
+            return lambda lr, rr: lr[index]
+        return lambda lr, rr: rr[index]
+    if tag == "lit":
+        value = expr[1]
+        return lambda lr, rr: value
+    if tag == "cmp":
+        op, a, b = expr[1], compile_expr(expr[2]), compile_expr(expr[3])
+        floats = expr[2][-1] == "float" or expr[3][-1] == "float"
+
+        def cmp(lr: Any, rr: Any) -> Any:
+            x, y = a(lr, rr), b(lr, rr)
+            if x is None or y is None:
+                return None
+            if floats:
+                x, y = _float_key(float(x)), _float_key(float(y))
+            if op == "=":
+                return x == y
+            if op == "<":
+                return x < y
+            if op == "<=":
+                return x <= y
+            if op == ">":
+                return x > y
+            return x >= y
+
+        return cmp
+    if tag == "and":
+        a, b = compile_expr(expr[1]), compile_expr(expr[2])
+
+        def and_(lr: Any, rr: Any) -> Any:
+            x = a(lr, rr)
+            if x is False:
+                return False
+            y = b(lr, rr)
+            if y is False:
+                return False
+            if x is None or y is None:
+                return None
+            return True
+
+        return and_
+    if tag == "or":
+        a, b = compile_expr(expr[1]), compile_expr(expr[2])
+
+        def or_(lr: Any, rr: Any) -> Any:
+            x = a(lr, rr)
+            if x is True:
+                return True
+            y = b(lr, rr)
+            if y is True:
+                return True
+            if x is None or y is None:
+                return None
+            return False
+
+        return or_
+    if tag == "not":
+        a = compile_expr(expr[1])
+
+        def not_(lr: Any, rr: Any) -> Any:
+            x = a(lr, rr)
+            return None if x is None else not x
+
+        return not_
+    if tag == "isnull":
+        a = compile_expr(expr[1])
+        return lambda lr, rr: a(lr, rr) is None
+    if tag == "isnotnull":
+        a = compile_expr(expr[1])
+        return lambda lr, rr: a(lr, rr) is not None
+    if tag == "tadd":
+        a, b = compile_expr(expr[1]), compile_expr(expr[2])
+
+        def tadd(lr: Any, rr: Any) -> Any:
+            x, y = a(lr, rr), b(lr, rr)
+            if x is None or y is None:
+                return None
+            return x + y
+
+        return tadd
+    raise ValueError(f"unknown expression {tag}")
+
+
+# kinds for literals used by cmp's float detection: attr tuples end with kind, lit tuples too
+
+
+def _all_true(fns: list[Callable[[Any, Any], Any]]) -> Callable[[Any, Any], bool]:
+    if not fns:
+        return lambda lr, rr: True
+    return lambda lr, rr: all(f(lr, rr) is True for f in fns)
+
+
+# -- state watermark (Spark's StreamingJoinHelper.getStateValueWatermark) ------------------
+def _collect_terms(e: Any, negate: bool, attrs: dict[int, tuple[int, int, Any]]) -> list[Any] | None:
+    """Spark's collectTerms: [(negated, ("attr", side, index, is_ts, has_wm) | ("lit", micros))],
+    or None when Spark would find the expression invalid / fail."""
+    name = e.getClass().getSimpleName()
+    if name == "Add":
+        a = _collect_terms(e.left(), negate, attrs)
+        b = _collect_terms(e.right(), negate, attrs)
+        return None if a is None or b is None else a + b
+    if name == "Subtract":
+        a = _collect_terms(e.left(), negate, attrs)
+        b = _collect_terms(e.right(), not negate, attrs)
+        return None if a is None or b is None else a + b
+    if name in ("TimeAdd", "TimestampAddInterval"):
+        a = _collect_terms(e.children().apply(0), negate, attrs)
+        b = _collect_terms(e.children().apply(1), negate, attrs)
+        return None if a is None or b is None else a + b
+    if name == "DatetimeSub":
+        return _collect_terms(e.replacement(), negate, attrs)
+    if name == "UnaryMinus":
+        return _collect_terms(e.child(), not negate, attrs)
+    if name in ("CheckOverflow", "PromotePrecision"):
+        return _collect_terms(e.child(), negate, attrs)
+    if name == "Cast":
+        t = str(e.dataType().typeName())
+        if t in ("timestamp",) or t in ("byte", "short", "integer", "long", "float", "double") or t.startswith("decimal"):
+            return _collect_terms(e.child(), negate, attrs)
+        return None
+    if name == "AttributeReference":
+        key = int(e.exprId().id())
+        if key not in attrs:
+            return None
+        side, index, _ = attrs[key]
+        is_ts = str(e.dataType().typeName()) == "timestamp"
+        return [(negate, ("attr", side, index, is_ts))]
+    if name == "Literal":
+        t = str(e.dataType().typeName())
+        value = e.value()
+        if value is None:
+            return None
+        if t == "interval":
+            if int(value.months) != 0:
+                return None
+            return [(negate, ("lit", int(value.days) * float(MICROS_PER_DAY) + float(value.microseconds)))]
+        if t.startswith("interval") and "year" not in t and "month" not in t:
+            return [(negate, ("lit", float(int(value))))]
+        if t == "double":
+            return [(negate, ("lit", float(value) * 1000000.0))]
+        if t in ("byte", "short", "integer", "long", "float"):
+            return [(negate, ("lit", float(value) * 1000000.0))]
+        if t == "timestamp":
+            return [(negate, ("lit", float(int(value)) * 1000000.0))]
+        return None  # Spark: MatchError, caught -> no watermark
+    return None
+
+
+def _state_watermark_form(
+    conj: Any, this_side: int, attrs: dict[int, tuple[int, int, Any]], wm_cols: dict[int, int | None]
+) -> tuple[list[tuple[bool, Any]], int] | None:
+    """For one conjunct: the terms to add up (other side's watermark column replaced by
+    the watermark) and the adjustment (-1 for <= / >=), or None when Spark derives no
+    state watermark from it."""
+    name = conj.getClass().getSimpleName()
+    if name == "LessThan":
+        a, b, adjust = conj.left(), conj.right(), 0
+    elif name == "LessThanOrEqual":
+        a, b, adjust = conj.left(), conj.right(), -1
+    elif name == "GreaterThan":
+        a, b, adjust = conj.right(), conj.left(), 0
+    elif name == "GreaterThanOrEqual":
+        a, b, adjust = conj.right(), conj.left(), -1
+    else:
+        return None
+    other = 1 - this_side
+    if wm_cols.get(other) is None:
+        return None
+    refs = _refs(a, attrs) | _refs(b, attrs)
+    if len([r for r in refs if r[0] == this_side]) > 1 or len([r for r in refs if r[0] == other]) > 1:
+        return None
+    ta = _collect_terms(a, False, attrs)
+    tb = _collect_terms(b, True, attrs)
+    if ta is None or tb is None:
+        return None
+    terms: list[tuple[bool, Any]] = []
+    for t in ta + tb:  # ExpressionSet: duplicates collapse
+        if t not in terms:
+            terms.append(t)
+    constraint = [t for t in terms if t[1][0] == "attr" and t[1][1] == this_side and t[1][3]]
+    if len(constraint) != 1 or not constraint[0][0]:
+        return None
+    rest = [t for t in terms if t is not constraint[0] and t != constraint[0]]
+    if not rest:
+        return None
+    for negated, term in rest:
+        if term[0] == "attr":
+            side, index, is_ts = term[1], term[2], term[3]
+            if not (side == other and is_ts and index == wm_cols[other]):
+                return None  # Spark cannot evaluate a bound attribute: no watermark
+    return rest, adjust
+
+
+def state_watermark_ms(forms: list[tuple[list[tuple[bool, Any]], int]], watermark_ms: int) -> int | None:
+    values = []
+    for rest, adjust in forms:
+        total: float | None = None
+        for negated, term in rest:
+            v = watermark_ms * 1000.0 if term[0] == "attr" else term[1]
+            v = -v if negated else v
+            total = v if total is None else total + v
+        assert total is not None
+        values.append(int(total / 1000.0) + adjust)
+    return min(values) if values else None
+
+
+def _refs(e: Any, attrs: dict[int, tuple[int, int, Any]]) -> set[tuple[int, int]]:
+    found: set[tuple[int, int]] = set()
+
+    def visit(x: Any) -> None:
+        if x.getClass().getSimpleName() == "AttributeReference":
+            key = int(x.exprId().id())
+            if key in attrs:
+                found.add(attrs[key][:2])
+            return
+        children = x.children()
+        for i in range(children.size()):
+            visit(children.apply(i))
+
+    visit(e)
+    return found
+
+
+_NULL_INTOLERANT = {
+    "EqualTo", "LessThan", "LessThanOrEqual", "GreaterThan", "GreaterThanOrEqual", "Not",
+    "TimeAdd", "TimestampAddInterval", "UnaryMinus", "Add", "Subtract",
+}
+
+
+def _null_intolerant_refs(e: Any, attrs: dict[int, tuple[int, int, Any]]) -> set[tuple[int, int]]:
+    """Spark's scanNullIntolerantAttribute (after DatetimeSub / same-type Cast removal)."""
+    name = e.getClass().getSimpleName()
+    if name == "AttributeReference":
+        key = int(e.exprId().id())
+        return {attrs[key][:2]} if key in attrs else set()
+    if name == "DatetimeSub":
+        return _null_intolerant_refs(e.replacement(), attrs)
+    if name == "Cast" and str(e.child().dataType().typeName()) == str(e.dataType().typeName()):
+        return _null_intolerant_refs(e.child(), attrs)
+    if name == "IsNotNull":
+        return _null_intolerant_refs(e.child(), attrs)
+    if name in _NULL_INTOLERANT:
+        out: set[tuple[int, int]] = set()
+        children = e.children()
+        for i in range(children.size()):
+            out |= _null_intolerant_refs(children.apply(i), attrs)
+        return out
+    return set()
+
+
+def _split_and(e: Any) -> list[Any]:
+    if e.getClass().getSimpleName() == "And":
+        return _split_and(e.left()) + _split_and(e.right())
+    return [e]

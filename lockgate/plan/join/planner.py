@@ -1,0 +1,521 @@
+"""The stream-stream join plan node and its planning.
+
+Holds :class:`StreamJoin`, :func:`make_stream_join` (analysis of the join when it is
+defined), :func:`check_stream_join` (start-time checks) and :func:`build_stream_join`
+(the per-batch physical plan, which runs :func:`~lockgate.plan.join.task.run_join_task`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial as bind
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    LongType,
+    MapType,
+    StructField,
+    StructType,
+)
+
+from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.plan.join.condition import (
+    LEFT,
+    RIGHT,
+    _Conjunct,
+    _Converter,
+    _kind,
+    _null_intolerant_refs,
+    _refs,
+    _split_and,
+    _state_watermark_form,
+    state_watermark_ms,
+)
+from lockgate.plan.join.task import JoinTask, run_join_task
+from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from lockgate.api.dataframe import StreamingDataFrame
+    from lockgate.plan.aggregate import StatefulContext
+
+_SPARK_JOIN_NAMES = {
+    "inner": "Inner",
+    "left_outer": "LeftOuter",
+    "right_outer": "RightOuter",
+    "full_outer": "FullOuter",
+    "left_semi": "LeftSemi",
+}
+_HOW = {
+    "inner": "inner",
+    "left": "left_outer",
+    "leftouter": "left_outer",
+    "right": "right_outer",
+    "rightouter": "right_outer",
+    "outer": "full_outer",
+    "full": "full_outer",
+    "fullouter": "full_outer",
+    "semi": "left_semi",
+    "leftsemi": "left_semi",
+    "anti": "left_anti",
+    "leftanti": "left_anti",
+    "cross": "cross",
+}
+
+
+# -- the plan node ----------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class StreamJoin(PlanNode):
+    left: PlanNode
+    right: PlanNode
+    join_type: str
+    operator_name = "symmetricHashJoin"
+    left_schema: StructType = field(default_factory=StructType)
+    right_schema: StructType = field(default_factory=StructType)
+    left_keys: tuple[int, ...] = ()
+    right_keys: tuple[int, ...] = ()
+    pushed: tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]] = ((), ())
+    """Per side: conjuncts Spark's optimizer pushes below the join (incl. isnotnull)."""
+    pre_join: tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]] = ((), ())
+    post_join: tuple[tuple[Any, ...], ...] = ()
+    watermark_columns: tuple[int | None, int | None] = (None, None)
+    key_watermark_ordinal: int | None = None
+    state_watermark_forms: tuple[Any, Any] = (None, None)
+    """Per side: list of forms from the join's remaining condition, or None."""
+    check_watermark_ok: bool = True
+    using_keys: tuple[str, ...] | None = None
+    output_names: tuple[str, ...] = ()
+    output_types: tuple[Any, ...] = ()
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.left, self.right)
+
+    def side_has_predicate(self, side: int) -> bool:
+        if self.key_watermark_ordinal is not None:
+            return True
+        return self.watermark_columns[side] is not None and bool(self.state_watermark_forms[side])
+
+    @property
+    def evicts_by_watermark(self) -> bool:
+        return self.side_has_predicate(LEFT) or self.side_has_predicate(RIGHT)
+
+    def describe(self) -> str:
+        return f"StreamingSymmetricHashJoin {_SPARK_JOIN_NAMES.get(self.join_type, self.join_type)}"
+
+
+def _side_watermark_column(sdf: StreamingDataFrame) -> int | None:
+    """Index of the side's event-time column (the one carrying Spark's watermark metadata)."""
+    marks: list[EventTimeWatermark] = []
+    path_ok = True
+
+    def visit(node: PlanNode, above: list[PlanNode]) -> None:
+        nonlocal path_ok
+        if isinstance(node, EventTimeWatermark):
+            marks.append(node)
+            for op in above:
+                if not _keeps_column(op, node.column):
+                    path_ok = False
+        for child in node.children:
+            visit(child, above + [node])
+
+    visit(sdf._plan, [])
+    if not marks:
+        return None
+    names = [m.column for m in marks]
+    cols = sdf._template.columns
+    present = [n for n in dict.fromkeys(names) if n in cols]
+    if len(marks) > 1 or not path_ok:
+        raise NotSupportedYetError(
+            "A stream-stream join side with several watermarks, or whose watermark column "
+            "is transformed after withWatermark()",
+            "Apply withWatermark() as the last step before the join, on a column kept as is.",
+        )
+    return cols.index(present[0]) if present else None
+
+
+_KEEPS = ("filter", "where", "dropna", "repartition", "coalesce", "hint", "sample")
+
+
+def _keeps_column(node: PlanNode, column: str) -> bool:
+    if isinstance(node, EventTimeWatermark):
+        return True
+    if not isinstance(node, Transform):
+        return False
+    if node.method in _KEEPS:
+        return True
+    if node.method == "drop":
+        return all(isinstance(a, str) for a in node.args)
+    if node.method in ("withColumn",):
+        return isinstance(node.args[0], str) and node.args[0] != column
+    if node.method == "withColumnRenamed":
+        return node.args[0] != column and node.args[1] != column
+    if node.method in ("select", "selectExpr"):
+        return all(isinstance(a, str) and a.isidentifier() for a in node.args) and not node.kwargs
+    return False
+
+
+def _normalize_how(how: str | None) -> str:
+    key = (how or "inner").lower().replace("_", "").replace(" ", "")
+    jt = _HOW.get(key)
+    if jt is None:
+        raise AnalysisError(f"Unsupported join type {how!r}.")
+    return jt
+
+
+_OK_KEY_TYPES = ("string", "integer", "long", "short", "byte", "boolean", "date", "timestamp", "timestamp_ntz")
+
+
+def make_stream_join(
+    left: StreamingDataFrame, right: StreamingDataFrame, on: Any, how: str | None
+) -> tuple[StreamJoin, DataFrame]:
+    jt = _normalize_how(how)
+    template = left._template.join(right._template, on, how)  # Spark's analysis errors
+    if jt == "left_anti":
+        raise AnalysisError("LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported")
+    if jt == "cross" or on is None:
+        raise NotSupportedYetError(
+            "A stream-stream join without equality join keys (cross join)",
+            "Join on at least one column equality.",
+        )
+    plan = template._jdf.queryExecution().analyzed()
+    join = plan
+    while join.getClass().getSimpleName() != "Join":
+        if join.children().size() != 1:
+            raise NotSupportedYetError(f"Stream-stream join {how!r}", "Its analysed plan is not a join.")
+        join = join.children().apply(0)
+    lschema, rschema = left._template.schema, right._template.schema
+    attrs: dict[int, tuple[int, int, Any]] = {}
+    for side, child, schema in ((LEFT, join.left(), lschema), (RIGHT, join.right(), rschema)):
+        out = child.output()
+        if out.size() != len(schema.fields):
+            raise NotSupportedYetError("This stream-stream join", "Its sides' columns could not be matched.")
+        for i in range(out.size()):
+            a = out.apply(i)
+            attrs[int(a.exprId().id())] = (side, i, a)
+    for side, schema in ((LEFT, lschema), (RIGHT, rschema)):
+        for f in schema.fields:
+            if isinstance(f.dataType, (StructType, ArrayType, MapType, BinaryType)):
+                raise NotSupportedYetError(
+                    f"A stream-stream join of a side with the nested or binary column {f.name!r}",
+                    "Flatten it (select its fields) before the join.",
+                )
+    cond = join.condition()
+    if cond.isEmpty():
+        raise NotSupportedYetError("A stream-stream join without equality join keys")
+    whole = str(cond.get().toString())
+    conv = _Converter(attrs, whole)
+    wm_cols = {LEFT: _side_watermark_column(left), RIGHT: _side_watermark_column(right)}
+    lkeys: list[int] = []
+    rkeys: list[int] = []
+    others: list[Any] = []
+    for c in _split_and(cond.get()):
+        name = c.getClass().getSimpleName()
+        if name == "EqualTo":
+            a, b = c.left(), c.right()
+            ra, rb = _refs(a, attrs), _refs(b, attrs)
+            sides_a, sides_b = {s for s, _ in ra}, {s for s, _ in rb}
+            if sides_a and sides_b and len(sides_a) == 1 and len(sides_b) == 1 and sides_a != sides_b:
+                if a.getClass().getSimpleName() != "AttributeReference" or b.getClass().getSimpleName() != "AttributeReference":
+                    raise NotSupportedYetError(
+                        f"The stream-stream join key {str(c.toString())!r} on expressions",
+                        "Compute the key as a column of each side (withColumn) and join on the columns.",
+                    )
+                (sa, ia), (_sb, ib) = next(iter(ra)), next(iter(rb))
+                if sa == RIGHT:
+                    ia, ib = ib, ia
+                t = str(attrs_type(attrs, LEFT, ia))
+                if t not in _OK_KEY_TYPES:
+                    raise NotSupportedYetError(
+                        f"A stream-stream join key of type {t}",
+                        f"Supported key types: {', '.join(_OK_KEY_TYPES)}.",
+                    )
+                lkeys.append(ia)
+                rkeys.append(ib)
+                continue
+        if name == "EqualNullSafe":
+            raise NotSupportedYetError(f"The null-safe stream-stream join key {str(c.toString())!r}")
+        others.append(c)
+    if not lkeys:
+        raise NotSupportedYetError(
+            "A stream-stream join without equality join keys",
+            "Join on at least one column equality (e.g. leftId = rightId).",
+        )
+    key_refs = {(LEFT, i) for i in lkeys} | {(RIGHT, i) for i in rkeys}
+    conjuncts: list[_Conjunct] = []
+    for c in others:
+        refs = frozenset(_refs(c, attrs))
+        text = str(c.toString())
+        if not refs:
+            raise NotSupportedYetError(f"The constant stream-stream join condition term {text!r}")
+        if refs & key_refs:
+            raise NotSupportedYetError(
+                f"The stream-stream join condition term {text!r} on a join key column",
+                "Spark infers extra filters from such terms; filter the sides before the join.",
+            )
+        if c.getClass().getSimpleName() == "Not" and c.child().getClass().getSimpleName() in (
+            "LessThan", "LessThanOrEqual", "GreaterThan", "GreaterThanOrEqual"
+        ):
+            raise conv.refuse(c)  # Spark's optimizer rewrites it into a range condition
+        expr = conv.convert(c)
+        forms = {s: _state_watermark_form(c, s, attrs, wm_cols) for s in (LEFT, RIGHT)}
+        conjuncts.append(
+            _Conjunct(expr, refs, frozenset(_null_intolerant_refs(c, attrs)), forms, text)
+        )
+    # Spark's optimizer: single-side conjuncts pushed below the join, and inferred
+    # isnotnull filters, on the sides whose rows cannot appear null-padded.
+    push_to = {
+        "inner": {LEFT, RIGHT},
+        "left_semi": {LEFT, RIGHT},
+        "left_outer": {RIGHT},
+        "right_outer": {LEFT},
+        "full_outer": set(),
+    }[jt]
+    pushed: list[list[tuple[Any, ...]]] = [[], []]
+    pre_join: list[list[tuple[Any, ...]]] = [[], []]
+    post_join: list[tuple[Any, ...]] = []
+    remaining: list[_Conjunct] = []
+    not_null: list[set[int]] = [set(), set()]
+    # (Spark 4's streaming plans show no inferred isnotnull on the equi-join keys.)
+    for c in conjuncts:
+        sides = {s for s, _ in c.refs}
+        for s, i in c.not_null:
+            if s in push_to:
+                not_null[s].add(i)
+        if len(sides) == 1:
+            (s,) = sides
+            if s in push_to:
+                pushed[s].append(c.expr)
+                continue
+            pre_join[s].append(c.expr)
+        else:
+            post_join.append(c.expr)
+        remaining.append(c)
+    for side in (LEFT, RIGHT):
+        kind_of = lambda i, s=side: _kind(attrs_type(attrs, s, i))  # noqa: E731
+        for i in sorted(not_null[side]):
+            pushed[side].append(("isnotnull", ("attr", side, i, kind_of(i))))
+    # event-time join key (Spark's findJoinKeyOrdinalForWatermark)
+    key_ord = next((j for j, i in enumerate(lkeys) if wm_cols[LEFT] == i), None)
+    if key_ord is None:
+        key_ord = next((j for j, i in enumerate(rkeys) if wm_cols[RIGHT] == i), None)
+    forms: list[Any] = [None, None]
+    for side in (LEFT, RIGHT):
+        if wm_cols[side] is not None:
+            found = [c.watermark_forms[side] for c in remaining if c.watermark_forms[side] is not None]
+            forms[side] = found or None
+    # start-time check (Spark's checkForStreamStreamJoinWatermark, on the whole condition)
+    whole_forms = {
+        s: [c.watermark_forms[s] for c in conjuncts if c.watermark_forms[s] is not None] for s in (LEFT, RIGHT)
+    }
+    key_has_wm = any(wm_cols[LEFT] == i for i in lkeys) or any(wm_cols[RIGHT] == i for i in rkeys)
+    if jt in ("left_outer", "left_semi"):
+        range_ok = bool(whole_forms[LEFT])
+    elif jt == "right_outer":
+        range_ok = bool(whole_forms[RIGHT])
+    elif jt == "full_outer":
+        range_ok = bool(whole_forms[LEFT]) or bool(whole_forms[RIGHT])
+    else:
+        range_ok = True
+    check_ok = key_has_wm or range_ok
+    using = None
+    if isinstance(on, str):
+        using = (on,)
+    elif isinstance(on, (list, tuple)) and on and all(isinstance(x, str) for x in on):
+        using = tuple(on)
+    node = StreamJoin(
+        left._plan,
+        right._plan,
+        jt,
+        left_schema=lschema,
+        right_schema=rschema,
+        left_keys=tuple(lkeys),
+        right_keys=tuple(rkeys),
+        pushed=(tuple(pushed[LEFT]), tuple(pushed[RIGHT])),
+        pre_join=(tuple(pre_join[LEFT]), tuple(pre_join[RIGHT])),
+        post_join=tuple(post_join),
+        watermark_columns=(wm_cols[LEFT], wm_cols[RIGHT]),
+        key_watermark_ordinal=key_ord,
+        state_watermark_forms=(forms[LEFT], forms[RIGHT]),
+        check_watermark_ok=check_ok,
+        using_keys=using,
+        output_names=tuple(template.columns),
+        output_types=tuple(f.dataType for f in template.schema.fields),
+    )
+    # the projection must give exactly Spark's output columns
+    spark = template.sparkSession
+    probe = _project(node, spark.createDataFrame([], _joined_schema(node)))
+    if probe.columns != template.columns or [f.dataType for f in probe.schema.fields] != list(node.output_types):
+        raise NotSupportedYetError(
+            "This stream-stream join's output columns",
+            f"lockgate would produce {probe.columns}, Spark {template.columns}.",
+        )
+    return node, template
+
+
+def attrs_type(attrs: dict[int, tuple[int, int, Any]], side: int, index: int) -> str:
+    for s, i, a in attrs.values():
+        if s == side and i == index:
+            return str(a.dataType().typeName())
+    raise KeyError((side, index))
+
+
+def check_stream_join(node: StreamJoin, output_mode: str) -> None:
+    """Start-time checks (Spark's UnsupportedOperationChecker rules for joins)."""
+    if output_mode != "append":
+        raise AnalysisError(
+            "Join between two streaming DataFrames/Datasets is not supported in "
+            f"{output_mode.capitalize()} output mode, only in Append output mode"
+        )
+    if node.join_type != "inner" and not node.check_watermark_ok:
+        raise AnalysisError(
+            f"Stream-stream {_SPARK_JOIN_NAMES[node.join_type]} join between two streaming "
+            "DataFrame/Datasets is not supported without a watermark in the join keys, or a "
+            "watermark on the nullable side and an appropriate range condition"
+        )
+
+
+# -- per-batch physical steps -------------------------------------------------------------
+def _joined_schema(node: StreamJoin) -> StructType:
+    fields = [StructField(f"__l{i}", f.dataType, True) for i, f in enumerate(node.left_schema.fields)]
+    if node.join_type != "left_semi":
+        fields += [StructField(f"__r{i}", f.dataType, True) for i, f in enumerate(node.right_schema.fields)]
+    return StructType(fields)
+
+
+def _project(node: StreamJoin, df: DataFrame) -> DataFrame:
+    lcols = [F.col(f"__l{i}") for i in range(len(node.left_schema.fields))]
+    if node.join_type == "left_semi":
+        cols = lcols
+    elif node.using_keys is not None:
+        lnames = [f.name for f in node.left_schema.fields]
+        rnames = [f.name for f in node.right_schema.fields]
+        cols = []
+        lk, rk = set(), set()
+        for name in node.using_keys:
+            li = next(i for i, n in enumerate(lnames) if n.lower() == name.lower())
+            ri = next(i for i, n in enumerate(rnames) if n.lower() == name.lower())
+            lk.add(li)
+            rk.add(ri)
+            if node.join_type == "right_outer":
+                cols.append(F.col(f"__r{ri}"))
+            elif node.join_type == "full_outer":
+                cols.append(F.coalesce(F.col(f"__l{li}"), F.col(f"__r{ri}")))
+            else:
+                cols.append(F.col(f"__l{li}"))
+        cols += [c for i, c in enumerate(lcols) if i not in lk]
+        cols += [F.col(f"__r{i}") for i in range(len(rnames)) if i not in rk]
+    else:
+        cols = lcols + [F.col(f"__r{i}") for i in range(len(node.right_schema.fields))]
+    return df.select(*[c.alias(n) for c, n in zip(cols, node.output_names)])
+
+
+def _late_events_watermark_ms(ctx: StatefulContext, batch_id: int) -> int:
+    """The previous batch's watermark: Spark drops late rows by it (evicts by the current)."""
+    return int(ctx.late_events_watermark_ms or 0)
+
+
+def build_stream_join(
+    node: StreamJoin,
+    left: DataFrame,
+    right: DataFrame,
+    ctx: StatefulContext,
+    operator_id: int,
+    batch_id: int,
+) -> tuple[DataFrame, Any]:
+    from lockgate.plan.aggregate import _UniqueNames, schema_to_arrow
+    from lockgate.state.schema import OperatorStateSchema
+    from lockgate.state.store import StateStoreConf
+
+    n = ctx.num_partitions
+    tz = ctx.session_timezone
+    lf, rf = node.left_schema.fields, node.right_schema.fields
+    nkeys = len(node.left_keys)
+    lnull = [F.lit(None).cast(f.dataType).alias(f"__l{i}") for i, f in enumerate(lf)]
+    rnull = [F.lit(None).cast(f.dataType).alias(f"__r{i}") for i, f in enumerate(rf)]
+    lpart = left.select(
+        F.lit(LEFT).alias("__side"),
+        *[F.col(f"`{lf[i].name}`").alias(f"__k{j}") for j, i in enumerate(node.left_keys)],
+        *[F.col(f"`{f.name}`").alias(f"__l{i}") for i, f in enumerate(lf)],
+        *rnull,
+    )
+    rpart = right.select(
+        F.lit(RIGHT).alias("__side"),
+        *[F.col(f"`{rf[i].name}`").alias(f"__k{j}") for j, i in enumerate(node.right_keys)],
+        *lnull,
+        *[F.col(f"`{f.name}`").alias(f"__r{i}") for i, f in enumerate(rf)],
+    )
+    key_cols = [F.col(f"__k{j}") for j in range(nkeys)]
+    staged = (
+        lpart.unionByName(rpart)
+        .repartition(n, *key_cols)
+        .withColumn("__lockgate_pid", F.pmod(F.hash(*key_cols), F.lit(n)))
+    )
+
+    def store_conf(name: str, fields: list[StructField], key_idx: tuple[int, ...]) -> StateStoreConf:
+        names = _UniqueNames()
+        key_fields = [StructField(names.take(f"key_{fields[i].name}"), fields[i].dataType, True) for i in key_idx]
+        key_fields.append(StructField(names.take("index"), LongType(), True))
+        value_fields = [StructField(names.take(f.name), f.dataType, True) for f in fields]
+        value_fields.append(StructField(names.take("matched"), BooleanType(), True))
+        return StateStoreConf(
+            root=ctx.state_root,
+            operator_id=operator_id,
+            num_partitions=n,
+            key_schema=schema_to_arrow(StructType(key_fields), tz),
+            value_schema=schema_to_arrow(StructType(value_fields), tz),
+            snapshot_interval=ctx.snapshot_interval,
+            min_versions_to_retain=ctx.min_versions_to_retain,
+            store_name=name,
+        )
+
+    lstore = store_conf("left", list(lf), node.left_keys)
+    rstore = store_conf("right", list(rf), node.right_keys)
+    evict_wm = ctx.batch_watermark_ms if ctx.batch_watermark_ms is not None else 0
+    has_wm = ctx.batch_watermark_ms is not None
+    state_wms: list[int | None] = [None, None]
+    for side in (LEFT, RIGHT):
+        forms = node.state_watermark_forms[side]
+        if has_wm and forms and node.key_watermark_ordinal is None:
+            state_wms[side] = state_watermark_ms(forms, evict_wm)
+    joined = _joined_schema(node)
+    out_struct = joined
+    task = JoinTask(
+        left_store=lstore,
+        right_store=rstore,
+        version=batch_id + 1,
+        join_type=node.join_type,
+        left_keys=node.left_keys,
+        right_keys=node.right_keys,
+        pushed=node.pushed,
+        pre_join=node.pre_join,
+        post_join=node.post_join,
+        watermark_columns=node.watermark_columns if has_wm else (None, None),
+        late_watermark_ms=_late_events_watermark_ms(ctx, batch_id) if has_wm else 0,
+        evict_watermark_ms=evict_wm,
+        key_watermark_ordinal=node.key_watermark_ordinal if has_wm else None,
+        state_watermark_ms=(state_wms[LEFT], state_wms[RIGHT]),
+        left_width=len(lf),
+        right_width=len(rf),
+        out_schema=schema_to_arrow(out_struct, tz),
+        accumulator=ctx.accumulator,
+        operator_id=operator_id,
+    )
+    result = staged.mapInArrow(bind(run_join_task, task), out_struct)
+    # One state schema entry for the operator: both sides' stores, described together.
+    key_schema = pa.schema(
+        [pa.field(f"left.{f.name}", f.type) for f in lstore.key_schema]
+        + [pa.field(f"right.{f.name}", f.type) for f in rstore.key_schema]
+    )
+    value_schema = pa.schema(
+        [pa.field(f"left.{f.name}", f.type) for f in lstore.value_schema]
+        + [pa.field(f"right.{f.name}", f.type) for f in rstore.value_schema]
+    )
+    schema = OperatorStateSchema(operator_id, node.operator_name, key_schema, value_schema, n)
+    return _project(node, result), schema

@@ -1,0 +1,232 @@
+"""The per-partition symmetric hash join task, run on executors by ``mapInArrow``.
+
+:func:`run_join_task` (bound to a :class:`JoinTask`) is pickled by reference, so it must
+stay importable from this module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from lockgate.plan.join.condition import LEFT, RIGHT, _all_true, _micros, compile_expr
+
+
+@dataclass(frozen=True)
+class JoinTask:
+    left_store: Any
+    right_store: Any
+    version: int
+    join_type: str
+    left_keys: tuple[int, ...]
+    right_keys: tuple[int, ...]
+    pushed: Any
+    pre_join: Any
+    post_join: Any
+    watermark_columns: tuple[int | None, int | None]
+    late_watermark_ms: int
+    evict_watermark_ms: int
+    key_watermark_ordinal: int | None
+    state_watermark_ms: tuple[int | None, int | None]
+    left_width: int
+    right_width: int
+    out_schema: pa.Schema
+    accumulator: Any
+    operator_id: int
+
+
+class _Side:
+    """One side's buffered rows in a task: the store plus an index of key -> indices."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.index: dict[tuple[Any, ...], list[int]] = {}
+        for k in list(store.map.keys()):
+            self.index.setdefault(k[:-1], []).append(k[-1])
+        for v in self.index.values():
+            v.sort()
+
+    def append(self, key: tuple[Any, ...], row: list[Any], matched: bool) -> None:
+        indices = self.index.setdefault(key, [])
+        nxt = indices[-1] + 1 if indices else 0
+        indices.append(nxt)
+        self.store.put(key + (nxt,), list(row) + [matched])
+
+    def remove_where(self, pred: Callable[[tuple[Any, ...], list[Any]], bool]) -> list[list[Any]]:
+        removed = []
+        for k, v in self.store.items():
+            if pred(k[:-1], v):
+                self.store.remove(k)
+                self.index[k[:-1]].remove(k[-1])
+                removed.append(list(v))
+        return removed
+
+
+def run_join_task(task: JoinTask, batches: Any) -> Any:
+    from pyspark import TaskContext
+
+    from lockgate.state.store import StateStore
+
+    ctx = TaskContext.get()
+    partition = ctx.partitionId() if ctx is not None else 0
+    t0 = time.perf_counter()
+    sides = [
+        _Side(StateStore(task.left_store, partition, task.version - 1)),
+        _Side(StateStore(task.right_store, partition, task.version - 1)),
+    ]
+    inputs: list[list[list[Any]]] = [[], []]
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pids = batch.column("__lockgate_pid").to_pylist()
+        if any(p != partition for p in pids):
+            raise RuntimeError(
+                f"lockgate state partitioning is broken: task for partition {partition} got "
+                "rows of another partition. Adaptive query execution must be off."
+            )
+        side_col = batch.column("__side").to_pylist()
+        lcols = [batch.column(f"__l{i}").to_pylist() for i in range(task.left_width)]
+        rcols = [batch.column(f"__r{i}").to_pylist() for i in range(task.right_width)]
+        for j, s in enumerate(side_col):
+            if s == LEFT:
+                inputs[LEFT].append([c[j] for c in lcols])
+            else:
+                inputs[RIGHT].append([c[j] for c in rcols])
+    jt = task.join_type
+    semi = jt == "left_semi"
+    pushed = [_all_true([compile_expr(e) for e in task.pushed[s]]) for s in (LEFT, RIGHT)]
+    pre = [_all_true([compile_expr(e) for e in task.pre_join[s]]) for s in (LEFT, RIGHT)]
+    post = _all_true([compile_expr(e) for e in task.post_join])
+    keys = (task.left_keys, task.right_keys)
+    late_us = task.late_watermark_ms * 1000
+    null_rows = ([None] * task.left_width, [None] * task.right_width)
+
+    def evict_pred(side: int) -> Callable[[tuple[Any, ...], list[Any]], bool] | None:
+        if task.key_watermark_ordinal is not None:
+            limit = task.evict_watermark_ms * 1000
+            o = task.key_watermark_ordinal
+
+            def by_key(key: tuple[Any, ...], row: list[Any]) -> bool:
+                t = _micros(key[o])
+                return t is not None and t <= limit
+
+            return by_key
+        wm = task.state_watermark_ms[side]
+        col = task.watermark_columns[side]
+        if wm is None or col is None:
+            return None
+        limit = wm * 1000
+
+        def by_value(key: tuple[Any, ...], row: list[Any]) -> bool:
+            t = _micros(row[col])
+            return t is not None and t <= limit
+
+        return by_value
+
+    evicts = [evict_pred(LEFT), evict_pred(RIGHT)]
+    out: list[list[Any]] = []
+    dropped = updated = 0
+    for side in (LEFT, RIGHT):
+        other = 1 - side
+        mine, theirs = sides[side], sides[other]
+        wm_col = task.watermark_columns[side]
+        for row in inputs[side]:
+            lr, rr = (row, null_rows[RIGHT]) if side == LEFT else (null_rows[LEFT], row)
+            if not pushed[side](lr, rr):
+                continue
+            if wm_col is not None:
+                t = _micros(row[wm_col])
+                if t is not None and t <= late_us:
+                    dropped += 1
+                    continue
+            if not pre[side](lr, rr):
+                if side == LEFT and jt in ("left_outer", "full_outer"):
+                    out.append(row + null_rows[RIGHT])
+                elif side == RIGHT and jt in ("right_outer", "full_outer"):
+                    out.append(null_rows[LEFT] + row)
+                continue
+            key = tuple(row[k] for k in keys[side])
+            matched = False
+            for idx in list(theirs.index.get(key, ())):
+                skey = key + (idx,)
+                value = theirs.store.get(skey)
+                if semi and side == RIGHT and value[-1]:
+                    continue
+                that = list(value[:-1])
+                pair = (row, that) if side == LEFT else (that, row)
+                if post(*pair):
+                    matched = True
+                    if not value[-1]:
+                        theirs.store.put(skey, that + [True])
+                    if semi:
+                        if side == LEFT:
+                            break
+                        out.append(that)
+                    else:
+                        out.append(pair[0] + pair[1])
+            if semi and side == LEFT:
+                if matched:
+                    out.append(row)
+                    continue
+            if side == LEFT:
+                add = True
+            else:
+                ev = evicts[RIGHT]
+                evicting = ev is not None and ev(key, row)
+                add = not evicting or (jt in ("right_outer", "full_outer") and not matched)
+            if add:
+                mine.append(key, row, matched)
+                updated += 1
+    update_ms = (time.perf_counter() - t0) * 1000
+    t1 = time.perf_counter()
+    removed = 0
+    for side in (LEFT, RIGHT):
+        ev = evicts[side]
+        if semi and side == LEFT:
+            # left semi: a matched left row can never be output again; Spark drops it
+            base = ev
+            ev = (lambda k, v, b=base: bool(v[-1]) or (b is not None and b(k, v)))
+        if ev is None:
+            continue
+        gone = sides[side].remove_where(ev)
+        outer_side = (side == LEFT and jt in ("left_outer", "full_outer")) or (
+            side == RIGHT and jt in ("right_outer", "full_outer")
+        )
+        if outer_side:
+            for v in gone:
+                if not v[-1]:
+                    row = v[:-1]
+                    out.append(row + null_rows[RIGHT] if side == LEFT else null_rows[LEFT] + row)
+        else:
+            removed += len(gone)
+    remove_ms = (time.perf_counter() - t1) * 1000
+    for s in sides:
+        s.store.commit()
+    op = task.operator_id
+    ls, rs = sides[LEFT].store, sides[RIGHT].store
+    task.accumulator.add(
+        {
+            f"{op}.numRowsTotal": len(ls) + len(rs),
+            f"{op}.numRowsUpdated": updated,
+            f"{op}.numRowsRemoved": removed,
+            f"{op}.numRowsDroppedByWatermark": dropped,
+            f"{op}.allUpdatesTimeMs": int(update_ms),
+            f"{op}.allRemovalsTimeMs": int(remove_ms),
+            f"{op}.commitTimeMs": int(ls.metrics.commit_ms + rs.metrics.commit_ms),
+            f"{op}.memoryUsedBytes": ls.memory_bytes() + rs.memory_bytes(),
+            f"{op}.numStateStoreInstances": 4,
+            f"{op}.loadedFromCache": int(ls.metrics.loaded_from_cache) + int(rs.metrics.loaded_from_cache),
+            f"{op}.loadedFromFiles": int(not ls.metrics.loaded_from_cache) + int(not rs.metrics.loaded_from_cache),
+            f"{op}.stateFilesReplayed": ls.metrics.files_replayed + rs.metrics.files_replayed,
+            f"{op}.snapshotsWritten": int(ls.metrics.snapshot_written) + int(rs.metrics.snapshot_written),
+        }
+    )
+    if not out:
+        return
+    columns = list(zip(*out))
+    arrays = [pa.array(list(c), type=f.type) for c, f in zip(columns, task.out_schema)]
+    yield pa.RecordBatch.from_arrays(arrays, schema=task.out_schema)

@@ -1,0 +1,463 @@
+"""Paths, URIs and globs of file sources (shared with :mod:`lockgate.sinks.file`).
+
+Holds Spark's hidden-name filter (:func:`is_hidden_path_name`), Hadoop glob expansion,
+escaping and matching (:func:`expand_braces`, :func:`escape_glob`, :func:`glob_to_regex`),
+:class:`FileStatus`, the data filesystem backends (:class:`LocalBackend`,
+:class:`ArrowBackend`) and :class:`DataLocation`, a user-given path or glob.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat as stat_module
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote
+
+from lockgate.checkpoint.fs import ArrowFileSystem, CheckpointFileSystem, LocalFileSystem
+from lockgate.errors import OptionError
+
+# Characters Hadoop's ``Path.toUri`` leaves unquoted in a path (RFC 3986 pchar and "/"),
+# so logged paths look like the ones Spark writes.
+_URI_SAFE = "/:@!$&'()*+,;=-._~"
+_GLOB_CHARS = frozenset("{}[]*?\\")
+_GLOB_ESCAPE = re.compile(r"([\\{}\[\]*?])")
+
+
+def is_hidden_path_name(name: str) -> bool:
+    """Spark's ``shouldFilterOutPathName``: names readers skip.
+
+    ``_x`` and ``.x`` are hidden, except ``_x=y`` (a partition directory); so are files
+    still being copied (``x._COPYING_``).
+    """
+    exclude = (
+        (name.startswith("_") and "=" not in name)
+        or name.startswith(".")
+        or name.endswith("._COPYING_")
+    )
+    include = name.startswith("_common_metadata") or name.startswith("_metadata")
+    return exclude and not include
+
+
+def has_glob(text: str) -> bool:
+    """Hadoop's ``isGlobPath``: any of ``{}[]*?\\`` makes a path a pattern."""
+    return any(c in _GLOB_CHARS for c in text)
+
+
+def escape_glob(path: str) -> str:
+    """Escape Hadoop glob characters, so Spark's readers take ``path`` literally."""
+    return _GLOB_ESCAPE.sub(r"\\\1", path)
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand Hadoop's ``{a,b}`` alternatives (nested allowed), as ``GlobExpander`` does."""
+    depth = 0
+    start = -1
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif c == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                head, tail = pattern[:start], pattern[i + 1 :]
+                out: list[str] = []
+                for alternative in _split_alternatives(pattern[start + 1 : i]):
+                    out.extend(expand_braces(head + alternative + tail))
+                return out
+        i += 1
+    if depth:
+        raise OptionError(
+            f"Illegal file pattern: Unclosed group near index {start} in {pattern!r}; "
+            "close every '{' with '}' or escape it as '\\{'.",
+            option="path",
+        )
+    return [pattern]
+
+
+def _split_alternatives(inner: str) -> list[str]:
+    parts: list[str] = []
+    depth = 0
+    current = ""
+    i = 0
+    while i < len(inner):
+        c = inner[i]
+        if c == "\\" and i + 1 < len(inner):
+            current += inner[i : i + 2]
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        if c == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += c
+        i += 1
+    parts.append(current)
+    return parts
+
+
+def glob_to_regex(component: str) -> re.Pattern[str]:
+    """Compile one path component of a Hadoop glob (no ``{}`` left) to a regex."""
+    out = []
+    i = 0
+    n = len(component)
+    while i < n:
+        c = component[i]
+        if c == "\\" and i + 1 < n:
+            out.append(re.escape(component[i + 1]))
+            i += 2
+        elif c == "*":
+            out.append(".*")
+            i += 1
+        elif c == "?":
+            out.append(".")
+            i += 1
+        elif c == "[":
+            end = component.find("]", i + 2 if component[i + 1 : i + 2] in ("^", "!") else i + 1)
+            if end == -1:
+                raise OptionError(
+                    f"Illegal file pattern: Unclosed character class in {component!r}; "
+                    "close '[' with ']' or escape it as '\\['.",
+                    option="path",
+                )
+            body = component[i + 1 : end]
+            negate = body[:1] in ("^", "!")
+            if negate:
+                body = body[1:]
+            body = body.replace("\\", "\\\\").replace("]", "\\]").replace("[", "\\[")
+            out.append(f"[{'^' if negate else ''}{body}]")
+            i = end + 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+def _unescape_glob(component: str) -> str:
+    return re.sub(r"\\(.)", r"\1", component)
+
+
+@dataclass(frozen=True)
+class FileStatus:
+    """One listed file: its logged URI, backend path, size and mtime in epoch millis."""
+
+    uri: str
+    path: str
+    size: int
+    mtime_ms: int
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    path: str
+    is_dir: bool
+    size: int
+    mtime_ms: int
+
+
+class DataBackend(ABC):
+    """Listing, moving and naming files of one filesystem holding data (not checkpoints)."""
+
+    fs: CheckpointFileSystem
+
+    @abstractmethod
+    def list_dir(self, path: str) -> list[_Entry]:
+        """Entries directly inside ``path``; empty when it is missing or not a directory."""
+
+    @abstractmethod
+    def stat(self, path: str) -> _Entry | None: ...
+
+    @abstractmethod
+    def to_uri(self, path: str) -> str:
+        """The percent-encoded URI logged for ``path`` (``file:///a/b``)."""
+
+    @abstractmethod
+    def to_spark(self, path: str) -> str:
+        """The path string handed to Spark (Hadoop ``Path`` syntax, not encoded)."""
+
+    @abstractmethod
+    def from_uri(self, uri: str) -> str:
+        """The backend path of a logged URI; raises ``ValueError`` for another filesystem."""
+
+    @property
+    @abstractmethod
+    def identity(self) -> str:
+        """Scheme and authority; two paths are on one filesystem when these are equal."""
+
+
+class LocalBackend(DataBackend):
+    def __init__(self) -> None:
+        self.fs = LocalFileSystem()
+
+    def list_dir(self, path: str) -> list[_Entry]:
+        entries = []
+        try:
+            with os.scandir(path) as it:
+                for e in it:
+                    try:
+                        st = e.stat()  # follows symlinks, like Hadoop's local listing
+                    except FileNotFoundError:
+                        continue  # removed while listing
+                    entries.append(
+                        _Entry(
+                            e.name,
+                            e.path,
+                            stat_module.S_ISDIR(st.st_mode),
+                            st.st_size,
+                            st.st_mtime_ns // 1_000_000,
+                        )
+                    )
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return entries
+
+    def stat(self, path: str) -> _Entry | None:
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return _Entry(
+            os.path.basename(path),
+            path,
+            stat_module.S_ISDIR(st.st_mode),
+            st.st_size,
+            st.st_mtime_ns // 1_000_000,
+        )
+
+    def to_uri(self, path: str) -> str:
+        return "file://" + quote(path, safe=_URI_SAFE)
+
+    def to_spark(self, path: str) -> str:
+        return "file:" + path
+
+    def from_uri(self, uri: str) -> str:
+        if uri.startswith("file://"):
+            rest = uri[len("file://") :]
+            authority, _, tail = rest.partition("/")
+            if authority not in ("", "localhost"):
+                raise ValueError(f"{uri!r} is not a local file URI")
+            return unquote("/" + tail)
+        if uri.startswith("file:"):
+            return unquote(uri[len("file:") :])
+        if uri.startswith("/"):
+            return uri
+        raise ValueError(f"{uri!r} is not a local file URI")
+
+    @property
+    def identity(self) -> str:
+        return "file://"
+
+
+class ArrowBackend(DataBackend):
+    """A :mod:`pyarrow.fs` filesystem (``s3://``, ``gs://``, ``hdfs://``, ...)."""
+
+    def __init__(self, pa_fs: Any, scheme: str, netloc: str, rooted: bool) -> None:
+        import pyarrow.fs as pafs
+
+        self._pafs = pafs
+        self._pa_fs = pa_fs
+        self.fs = ArrowFileSystem(pa_fs)
+        self.scheme = scheme
+        self.netloc = netloc
+        # pyarrow names HDFS files "/dir/f" but object-store files "bucket/dir/f".
+        self.rooted = rooted
+
+    def _entry(self, info: Any) -> _Entry:
+        mtime = info.mtime_ns // 1_000_000 if info.mtime_ns is not None else 0
+        return _Entry(
+            info.base_name,
+            info.path,
+            info.type == self._pafs.FileType.Directory,
+            int(info.size or 0),
+            mtime,
+        )
+
+    def list_dir(self, path: str) -> list[_Entry]:
+        try:
+            infos = self._pa_fs.get_file_info(self._pafs.FileSelector(path, allow_not_found=True))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [self._entry(i) for i in infos if i.type != self._pafs.FileType.NotFound]
+
+    def stat(self, path: str) -> _Entry | None:
+        info = self._pa_fs.get_file_info(path)
+        if info.type == self._pafs.FileType.NotFound:
+            return None
+        return self._entry(info)
+
+    def _prefix(self) -> str:
+        return f"{self.scheme}://{self.netloc}" if self.rooted else f"{self.scheme}://"
+
+    def to_uri(self, path: str) -> str:
+        return self._prefix() + quote(path, safe=_URI_SAFE)
+
+    def to_spark(self, path: str) -> str:
+        return self._prefix() + path
+
+    def from_uri(self, uri: str) -> str:
+        scheme, sep, rest = uri.partition("://")
+        if not sep or scheme != self.scheme:
+            raise ValueError(f"{uri!r} is not on {self.identity}")
+        netloc, _, tail = rest.partition("/")
+        if netloc != self.netloc:
+            raise ValueError(f"{uri!r} is not on {self.identity}")
+        return unquote("/" + tail) if self.rooted else unquote(f"{netloc}/{tail}")
+
+    @property
+    def identity(self) -> str:
+        return f"{self.scheme}://{self.netloc}"
+
+
+class DataLocation:
+    """A user-given data path or glob, split into a filesystem and path components.
+
+    ``/data/in``, ``relative/dir`` and ``file:///data/in`` are local; other schemes go
+    through :func:`pyarrow.fs.FileSystem.from_uri` on the part before the first glob.
+    """
+
+    def __init__(
+        self,
+        raw: str,
+        backend: DataBackend,
+        base: str,
+        pattern: tuple[str, ...],
+        qualified: str,
+    ) -> None:
+        self.raw = raw
+        self.backend = backend
+        self.base = base
+        """Backend path of the longest prefix without glob characters."""
+        self.pattern = pattern
+        """The remaining, globbed components (empty for a plain path)."""
+        self.qualified = qualified
+        """Spark's ``makeQualified`` form, for messages: ``file:/data/in``."""
+
+    @property
+    def is_glob(self) -> bool:
+        return bool(self.pattern)
+
+    @classmethod
+    def parse(cls, raw: str, *, allow_glob: bool = True) -> DataLocation:
+        if raw.startswith("file:") or "://" not in raw:
+            if raw.startswith("file://"):
+                local = raw[len("file://") :]
+                authority, slash, tail = local.partition("/")
+                if authority not in ("", "localhost"):
+                    raise OptionError(
+                        f"Invalid path {raw!r}: file URIs cannot name a host ({authority!r}); "
+                        "use file:///absolute/path.",
+                        option="path",
+                    )
+                local = slash + tail
+            elif raw.startswith("file:"):
+                local = raw[len("file:") :]
+            else:
+                local = raw
+            local = os.path.abspath(os.path.expanduser(local))
+            backend: DataBackend = LocalBackend()
+            parts = [p for p in local.split("/") if p]
+            glob_at = _first_glob(parts) if allow_glob else len(parts)
+            base = "/" + "/".join(parts[:glob_at])
+            return cls(raw, backend, base, tuple(parts[glob_at:]), "file:" + local)
+
+        scheme, _, rest = raw.partition("://")
+        netloc, _, tail = rest.partition("/")
+        parts = [p for p in tail.split("/") if p]
+        glob_at = _first_glob(parts) if allow_glob else len(parts)
+        prefix_uri = f"{scheme}://{netloc}/" + "/".join(parts[:glob_at])
+        import pyarrow.fs as pafs
+
+        try:
+            pa_fs, base = pafs.FileSystem.from_uri(prefix_uri)
+        except Exception as exc:  # pyarrow raises ArrowInvalid / OSError subclasses
+            raise OptionError(
+                f"Cannot open path {raw!r}: {exc}. Use a local path or a URI that "
+                "pyarrow.fs supports (s3://, gs://, hdfs://).",
+                option="path",
+            ) from exc
+        backend = ArrowBackend(pa_fs, scheme, netloc, rooted=base.startswith("/"))
+        return cls(raw, backend, base.rstrip("/") or base, tuple(parts[glob_at:]), raw)
+
+    # -- listing -------------------------------------------------------------------------
+    def roots(self) -> list[str]:
+        """Backend paths the pattern matches now (just the base for a plain path)."""
+        if not self.pattern:
+            return [self.base]
+        seen: dict[str, None] = {}
+        for expanded in expand_braces("/".join(self.pattern)):
+            for match in self._match(self.base, [p for p in expanded.split("/") if p]):
+                seen.setdefault(match, None)
+        return sorted(seen)
+
+    def _match(self, directory: str, components: list[str]) -> Iterator[str]:
+        if not components:
+            yield directory
+            return
+        head, rest = components[0], components[1:]
+        if not has_glob(head):
+            child = self.backend.fs.join(directory, _unescape_glob(head))
+            entry = self.backend.stat(child)
+            if entry is not None and (entry.is_dir or not rest):
+                yield from self._match(child, rest)
+            return
+        regex = glob_to_regex(head)
+        for entry in sorted(self.backend.list_dir(directory), key=lambda e: e.name):
+            if is_hidden_path_name(entry.name) or not regex.fullmatch(entry.name):
+                continue
+            if rest and not entry.is_dir:
+                continue
+            yield from self._match(entry.path, rest)
+
+    def list_files(self, name_filter: re.Pattern[str] | None = None) -> list[FileStatus]:
+        """Every data file under the matched roots, recursively, minus hidden names."""
+        out: list[FileStatus] = []
+        for root in self.roots():
+            entry = self.backend.stat(root)
+            if entry is None:
+                continue
+            if entry.is_dir:
+                out.extend(self._walk(root, name_filter))
+            elif not is_hidden_path_name(entry.name) and (
+                name_filter is None or name_filter.fullmatch(entry.name)
+            ):
+                out.append(self._status(entry))
+        return out
+
+    def _walk(self, root: str, name_filter: re.Pattern[str] | None) -> Iterator[FileStatus]:
+        stack = [root]
+        while stack:
+            directory = stack.pop()
+            for entry in self.backend.list_dir(directory):
+                if is_hidden_path_name(entry.name):
+                    continue
+                if entry.is_dir:
+                    stack.append(entry.path)
+                elif name_filter is None or name_filter.fullmatch(entry.name):
+                    yield self._status(entry)
+
+    def _status(self, entry: _Entry) -> FileStatus:
+        return FileStatus(self.backend.to_uri(entry.path), entry.path, entry.size, entry.mtime_ms)
+
+    def exists(self) -> bool:
+        return self.backend.stat(self.base) is not None
+
+
+def _first_glob(parts: list[str]) -> int:
+    for i, part in enumerate(parts):
+        if has_glob(part):
+            return i
+    return len(parts)
