@@ -369,9 +369,10 @@ class MicroBatchExecution(StreamExecution):
         enabled = str(
             self.spark.conf.get("spark.sql.streaming.noDataMicroBatches.enabled", "true")
         ).lower()
-        if enabled != "true" or self.output_mode not in ("append", "update"):
+        if enabled != "true":
             return False
-        if not any(op.evicts_by_watermark for op in self._stateful_ops):
+        has_watermark = bool(self._watermark_nodes)
+        if not any(op.needs_no_data_batch(self.output_mode, has_watermark) for op in self._stateful_ops):
             return False
         return self.watermark_tracker.current_watermark_ms > self.offset_metadata.batchWatermarkMs
 
@@ -394,6 +395,7 @@ class MicroBatchExecution(StreamExecution):
             ),
             min_versions_to_retain=self.min_batches_to_retain,
             late_events_watermark_ms=self._previous_batch_watermark() if self._watermark_nodes else None,
+            checkpoint_id=self.id,
         )
 
     def _previous_batch_watermark(self) -> int:

@@ -221,6 +221,10 @@ class Aggregate(PlanNode):
     def evicts_by_watermark(self) -> bool:
         return self.event_time_key is not None
 
+    def needs_no_data_batch(self, output_mode: str, has_watermark: bool) -> bool:
+        """Spark's StateStoreSaveExec.shouldRunAnotherBatch, given the watermark advanced."""
+        return has_watermark and output_mode in ("append", "update")
+
     def describe(self) -> str:
         keys = ", ".join(self.key_names)
         fns = ", ".join(str(a) for a in self.aggregations)
@@ -299,7 +303,11 @@ def run_aggregate_task(task: AggregateTask, batches: Any) -> Any:
                 f"received rows of partition {next(p for p in pids if p != partition)}. "
                 "Adaptive query execution must be off for stateful queries."
             )
-        keys = list(zip(*[batch.column(n).to_pylist() for n in key_names]))
+        keys = (
+            list(zip(*[batch.column(n).to_pylist() for n in key_names]))
+            if key_names
+            else [()] * batch.num_rows
+        )
         values = list(zip(*[batch.column(n).to_pylist() for n in value_names]))
         for key, value in zip(keys, values):
             if drop_late and et is not None:
@@ -453,6 +461,9 @@ class StatefulContext:
     snapshot_interval: int = 10
     min_versions_to_retain: int = 100
     late_events_watermark_ms: int | None = None
+    checkpoint_id: str = ""
+    """The query id of the checkpoint: worker caches of state are keyed by it, so a
+    deleted and recreated checkpoint never sees another query's cached state."""
     """The previous batch's watermark: Spark drops late input rows by it, and evicts
     state by the current one (0 on the first batch)."""
 
@@ -515,6 +526,7 @@ def build_aggregate(
         value_schema=value_schema,
         snapshot_interval=ctx.snapshot_interval,
         min_versions_to_retain=ctx.min_versions_to_retain,
+        checkpoint_id=ctx.checkpoint_id,
     )
     et_flat: int | None = None
     if node.event_time_key is not None:

@@ -53,13 +53,15 @@ def check_for_streaming(plan: PlanNode, output_mode: str) -> None:
         )
     if output_mode == "complete" and not aggregates:
         raise AnalysisError(
-            "Complete output mode not supported when there are no streaming aggregations "
-            "on streaming DataFrames/Datasets"
+            "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: "
+            "complete. This output mode is not supported for no streaming aggregations on "
+            "streaming DataFrames/DataSets."
         )
     if output_mode == "append" and any(a.event_time_key is None for a in aggregates):
         raise AnalysisError(
-            "Append output mode not supported when there are streaming aggregations on "
-            "streaming DataFrames/DataSets without watermark"
+            "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: "
+            "append. This output mode is not supported for streaming aggregations without "
+            "watermark on streaming DataFrames/DataSets."
         )
     _check_sorts(plan, output_mode, under_aggregate=False)
 

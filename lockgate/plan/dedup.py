@@ -38,7 +38,8 @@ class Deduplicate(PlanNode):
     """Index in ``keys`` of a watermarked column (dropDuplicates), or None."""
     within_watermark: bool = False
     event_time_column: str | None = None
-    """The watermarked column (dropDuplicatesWithinWatermark)."""
+    """The watermarked column of the rows: late rows are dropped by it, and
+    dropDuplicatesWithinWatermark times keys out by it."""
     delay_ms: int = 0
 
     @property
@@ -52,6 +53,9 @@ class Deduplicate(PlanNode):
     @property
     def evicts_by_watermark(self) -> bool:
         return self.within_watermark or self.event_time_key is not None
+
+    def needs_no_data_batch(self, output_mode: str, has_watermark: bool) -> bool:
+        return has_watermark
 
     def describe(self) -> str:
         name = "DeduplicateWithinWatermark" if self.within_watermark else "Deduplicate"
@@ -87,7 +91,9 @@ def make_deduplicate(
         column = event_cols[0]
         return Deduplicate(child, tuple(keys), None, True, column, watermarks[column])
     event_key = next((i for i, k in enumerate(keys) if k in watermarks), None)
-    return Deduplicate(child, tuple(keys), event_key)
+    # Spark drops late rows by any watermarked column of the row, key or not.
+    late_column = next((c for c in names if c in watermarks), None)
+    return Deduplicate(child, tuple(keys), event_key, False, late_column)
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,7 @@ def run_dedup_task(task: DedupTask, batches: Any) -> Any:
     partition = ctx.partitionId() if ctx is not None else 0
     store = StateStore(task.store, partition, task.version - 1)
     watermark_us = task.watermark_ms * 1000 if task.watermark_ms is not None else None
-    late_us = task.late_watermark_ms * 1000 if task.late_watermark_ms is not None else watermark_us
+    late_us = task.late_watermark_ms * 1000 if task.late_watermark_ms is not None else None
     dropped_late = dropped_dup = updated = 0
     t0 = time.perf_counter()
     names = task.out_schema.names
@@ -130,12 +136,12 @@ def run_dedup_task(task: DedupTask, batches: Any) -> Any:
             )
         keys = list(zip(*[batch.column(k).to_pylist() for k in task.key_columns]))
         event_times: list[Any] = []
-        if task.within_watermark and task.event_time_column is not None:
+        if task.event_time_column is not None:
             event_times = batch.column(task.event_time_column).to_pylist()
         keep: list[int] = []
         for i, key in enumerate(keys):
             if late_us is not None:
-                if task.within_watermark:
+                if event_times:
                     t = _micros(event_times[i])
                 elif task.event_time_key is not None:
                     t = _micros(key[task.event_time_key])
@@ -216,14 +222,19 @@ def build_deduplicate(
         value_schema=value_schema,
         snapshot_interval=ctx.snapshot_interval,
         min_versions_to_retain=ctx.min_versions_to_retain,
+        checkpoint_id=ctx.checkpoint_id,
     )
     watermark = ctx.batch_watermark_ms if node.evicts_by_watermark else None
+    drops_late = ctx.batch_watermark_ms is not None and (
+        node.event_time_column is not None or node.event_time_key is not None
+    )
+    late = (ctx.late_events_watermark_ms or 0) if drops_late else None
     task = DedupTask(
         store=store,
         version=batch_id + 1,
         key_columns=node.keys,
         watermark_ms=watermark,
-        late_watermark_ms=ctx.late_events_watermark_ms if watermark is not None else None,
+        late_watermark_ms=late,
         event_time_key=node.event_time_key,
         within_watermark=node.within_watermark,
         event_time_column=node.event_time_column,

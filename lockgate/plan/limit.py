@@ -28,6 +28,9 @@ class StreamingLimit(PlanNode):
     operator_name = "globalLimit"
     evicts_by_watermark = False
 
+    def needs_no_data_batch(self, output_mode: str, has_watermark: bool) -> bool:
+        return False
+
     @property
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
@@ -94,6 +97,7 @@ def build_limit(
         value_schema=value_schema,
         snapshot_interval=ctx.snapshot_interval,
         min_versions_to_retain=ctx.min_versions_to_retain,
+        checkpoint_id=ctx.checkpoint_id,
     )
     task = LimitTask(
         store=store,

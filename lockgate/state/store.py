@@ -61,6 +61,8 @@ class StateStoreConf:
     min_versions_to_retain: int = 100
     cache_partitions: int = 64
     store_name: str | None = None
+    checkpoint_id: str = ""
+    """Identity of the checkpoint (its query id) for the worker cache."""
     """Operators with several stores (a stream-stream join's two sides) name each;
     their files live in ``<root>/<operatorId>/<partition>/<store_name>/``."""
 
@@ -80,7 +82,7 @@ def _partition_dir(conf: StateStoreConf, partition: int) -> str:
 
 
 # -- worker-level cache ----------------------------------------------------------------
-_cache: collections.OrderedDict[tuple[str, int, int, str | None], tuple[int, dict[Key, Value]]] = (
+_cache: collections.OrderedDict[tuple[str, str, int, int, str | None], tuple[int, dict[Key, Value]]] = (
     collections.OrderedDict()
 )
 _cache_lock = threading.Lock()
@@ -95,7 +97,7 @@ def _cache_take(
     map behind. An older cached version is caught up from the deltas after it, which
     costs what those batches changed, not the size of the state.
     """
-    key = (conf.root, conf.operator_id, partition, conf.store_name)
+    key = (conf.checkpoint_id, conf.root, conf.operator_id, partition, conf.store_name)
     with _cache_lock:
         entry = _cache.pop(key, None)
     if entry is not None and entry[0] <= version:
@@ -104,7 +106,7 @@ def _cache_take(
 
 
 def _cache_put(conf: StateStoreConf, partition: int, version: int, state: dict[Key, Value]) -> None:
-    key = (conf.root, conf.operator_id, partition, conf.store_name)
+    key = (conf.checkpoint_id, conf.root, conf.operator_id, partition, conf.store_name)
     with _cache_lock:
         _cache[key] = (version, state)
         _cache.move_to_end(key)

@@ -106,6 +106,9 @@ class StreamJoin(PlanNode):
     def evicts_by_watermark(self) -> bool:
         return self.side_has_predicate(LEFT) or self.side_has_predicate(RIGHT)
 
+    def needs_no_data_batch(self, output_mode: str, has_watermark: bool) -> bool:
+        return has_watermark and self.evicts_by_watermark
+
     def describe(self) -> str:
         return f"StreamingSymmetricHashJoin {_SPARK_JOIN_NAMES.get(self.join_type, self.join_type)}"
 
@@ -473,6 +476,7 @@ def build_stream_join(
             snapshot_interval=ctx.snapshot_interval,
             min_versions_to_retain=ctx.min_versions_to_retain,
             store_name=name,
+            checkpoint_id=ctx.checkpoint_id,
         )
 
     lstore = store_conf("left", list(lf), node.left_keys)
