@@ -341,8 +341,9 @@ def test_complete_mode_on_a_stateless_query(ls: Any, tmp_path: Path) -> None:
             .start()
         )
     assert (
-        "Complete output mode not supported when there are no streaming aggregations on "
-        "streaming DataFrames/Datasets" in str(info.value)
+        "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: complete. "
+        "This output mode is not supported for no streaming aggregations on streaming "
+        "DataFrames/DataSets." in str(info.value)
     )
     assert not checkpoint.exists()
 

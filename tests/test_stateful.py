@@ -572,10 +572,6 @@ def _src(reader: Any, inp: str) -> Any:
     return reader.schema(SCHEMA).json(inp)
 
 
-_SPARK4_MESSAGES = (
-    "lockgate raises Spark 3's message ('Append/Complete output mode not supported when ...'); "
-    "Spark 4 reports [STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: ..."
-)
 
 UNSUPPORTED = [
     pytest.param(

@@ -173,7 +173,10 @@ def test_memory_sink_needs_a_query_name(ls):
 
 
 def test_complete_mode_needs_an_aggregation(ls):
-    with pytest.raises(AnalysisException, match="Complete output mode not supported when there are no streaming aggregations"):
+    with pytest.raises(
+        AnalysisException,
+        match=r"Invalid streaming output mode: complete\. This output mode is not supported for no streaming aggregations",
+    ):
         MemoryStream(ls, SCHEMA).toDF().writeStream.format("memory").queryName(unique()).outputMode(
             "complete"
         ).start()
