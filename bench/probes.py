@@ -10,6 +10,8 @@ variants of a probe interleaved in every iteration so machine drift falls on all
 * the same job with lockgate's ``DataFrame.observe`` metrics attached (output row count;
   event-time max/min/avg/count as for a watermark),
 * a ``mapInArrow`` identity pass (the Python-worker round trip stateful operators add),
+* the batch built and written from another Python thread and on lockgate's per-query
+  session clone (adaptive execution off), as lockgate's stream execution thread does,
 * lockgate's checkpoint log writes (offsets + commit, fsynced, on local disk),
 * with ``--worker-idle``: whether PySpark's Python workers (which hold lockgate's state
   cache) survive 30 s and 75 s without tasks.
@@ -128,6 +130,42 @@ def probe_map_in_arrow(spark: Any, rows: int, partitions: int, iterations: int) 
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def probe_session_and_thread(spark: Any, rows: int, iterations: int) -> dict[str, float]:
+    """The batch write from the caller's thread on the user's session, on lockgate's
+    per-query session clone (adaptive execution off), and from another Python thread
+    (lockgate runs batches on its stream execution thread)."""
+    import threading
+
+    from lockgate.api.writer import _stream_session
+
+    clone = _stream_session(spark)
+
+    def in_thread(fn: Callable[[], Any]) -> None:
+        t = threading.Thread(target=fn)
+        t.start()
+        t.join()
+
+    def write(session: Any, start: int) -> None:
+        _batch_df(session, start, rows).write.format("noop").mode("append").save()
+
+    variants: tuple[tuple[str, Callable[[int], None]], ...] = (
+        ("main thread, user session", lambda st: write(spark, st)),
+        ("main thread, lockgate's session clone", lambda st: write(clone, st)),
+        ("other thread, user session", lambda st: in_thread(lambda: write(spark, st))),
+        ("other thread, lockgate's session clone", lambda st: in_thread(lambda: write(clone, st))),
+    )
+    times: dict[str, list[float]] = {name: [] for name, _ in variants}
+    start = 0
+    for i in range(iterations + len(variants)):
+        shift = i % len(variants)
+        for name, fn in variants[shift:] + variants[:shift]:
+            start += rows
+            elapsed = _time(lambda fn=fn, st=start: fn(st))
+            if i >= len(variants):
+                times[name].append(elapsed)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def probe_checkpoint_logs(iterations: int) -> dict[str, float]:
     from lockgate.checkpoint import (
         CommitLog,
@@ -203,6 +241,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out["batch 10k rows (median ms)"] = probe_batches(spark, 10_000, n)
         out["batch 1M rows (median ms)"] = probe_batches(spark, 1_000_000, max(5, n // 3))
         out["mapInArrow, 10k rows, 4 partitions (median ms)"] = probe_map_in_arrow(spark, 10_000, 4, max(5, n // 2))
+        out["batch 10k rows: build + noop write, by session and thread (median ms)"] = probe_session_and_thread(
+            spark, 10_000, n
+        )
         out["checkpoint logs (median ms)"] = probe_checkpoint_logs(n)
         if args.worker_idle:
             out["python workers"] = probe_worker_idle(spark)

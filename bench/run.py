@@ -911,6 +911,17 @@ def markdown(results: dict[str, Any]) -> str:
         + (" (SMOKE sizes)" if cfg["smoke"] else "")
         + ".  ",
         f"Load average at start {cfg['loadavg_start']}, at end {results.get('loadavg_end')}.",
+    ]
+    if results["workloads"]:
+        lines += _workload_tables(results)
+    if results.get("soak"):
+        s = results["soak"]
+        lines += ["", "## Soak (workload 2 on lockgate)", "", "```", json.dumps(s, indent=2), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _workload_tables(results: dict[str, Any]) -> list[str]:
+    lines = [
         "",
         "| " + " | ".join(HEADER) + " |",
         "| " + " | ".join(["---"] * 2 + ["---:"] * (len(HEADER) - 2)) + " |",
@@ -966,10 +977,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", "## Not run / not supported", ""]
         for k, r in notes:
             lines.append(f"* {k}: {r.get('status')}: {r.get('lockgate_error') or r.get('error')}")
-    if results.get("soak"):
-        s = results["soak"]
-        lines += ["", "## Soak (workload 2 on lockgate)", "", "```", json.dumps(s, indent=2), "```"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def print_workload(res: dict[str, Any], log: Callable[[str], None]) -> None:
