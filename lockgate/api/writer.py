@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lockgate.clock import Clock, SystemClock
-from lockgate.errors import AnalysisError, NotSupportedYetError, OptionError
+from lockgate.errors import AnalysisError, OptionError
 from lockgate.execution.triggers import (
     DEFAULT_TRIGGER,
     AvailableNowTrigger,
@@ -190,17 +190,15 @@ class DataStreamWriter:
     def _start(self) -> StreamingQuery:
         from lockgate.execution.microbatch import MicroBatchExecution
 
-        if isinstance(self._trigger, ContinuousTrigger):
-            raise NotSupportedYetError(
-                "trigger(continuous=...)",
-                "Continuous processing is not implemented in lockgate yet; use "
-                "processingTime, once or availableNow triggers.",
-            )
+        continuous = isinstance(self._trigger, ContinuousTrigger)
+        if continuous and self._format == "foreachBatch":
+            raise AnalysisError("'foreachBatch' is not supported with continuous trigger.")
         session = self._df._session
         provider, sink_name = self._sink_provider()
         opts = Options(self._options, owner=f"{sink_name} sink option")
         path = opts.get_str("path")
         self._check_output_mode(provider, sink_name)
+        continuous_plan = self._check_continuous() if continuous else None
         provider.validate(self._spark, opts, path)
         session.streams._check_name_available(self._query_name)
         checkpoint, delete_on_stop = self._resolve_checkpoint(provider, sink_name)
@@ -217,14 +215,14 @@ class DataStreamWriter:
                         f"Delete {offsets} to start over."
                     )
             sink = self._create_sink(provider, opts, path)
+            continuous_sink = None
+            if continuous_plan is not None:
+                continuous_sink = sink.forContinuous(self._df.schema, self._spark)
+                if continuous_sink is None:
+                    raise AnalysisError(f"Data source {sink_name} does not support continuous processing.")
             fs.mkdirs(root)
             metadata = StreamMetadata.read_or_create(fs, fs.join(root, "metadata"))
-            execution = MicroBatchExecution(
-                plan=self._df._plan,
-                sink=sink,
-                trigger=self._trigger,
-                output_mode=self._output_mode,
-                user_spark=self._spark,
+            common = dict(
                 spark=_stream_session(self._spark),
                 manager=session.streams,
                 name=self._query_name,
@@ -234,6 +232,28 @@ class DataStreamWriter:
                 delete_checkpoint_on_stop=delete_on_stop,
                 clock=self._clock or SystemClock(),
             )
+            if continuous_plan is not None:
+                from lockgate.execution.continuous.execution import ContinuousExecution
+
+                assert continuous_sink is not None and isinstance(self._trigger, ContinuousTrigger)
+                relation, program = continuous_plan
+                return session.streams._start_query(
+                    ContinuousExecution(
+                        relation=relation,
+                        program=program,
+                        sink=continuous_sink,
+                        interval_ms=self._trigger.interval_ms,
+                        **common,
+                    )
+                )
+            execution = MicroBatchExecution(
+                plan=self._df._plan,
+                sink=sink,
+                trigger=self._trigger,
+                output_mode=self._output_mode,
+                user_spark=self._spark,
+                **common,
+            )
         except BaseException:
             if delete_on_stop:
                 import shutil
@@ -241,6 +261,24 @@ class DataStreamWriter:
                 shutil.rmtree(checkpoint, ignore_errors=True)
             raise
         return session.streams._start_query(execution)
+
+    def _check_continuous(self) -> tuple[Any, Any]:
+        """Spark's checks for continuous processing; the source and the row program."""
+        from lockgate.execution.continuous.checks import check_for_continuous
+        from lockgate.execution.continuous.expressions import compile_plan
+        from lockgate.plan.nodes import source_relations
+
+        analyzed = check_for_continuous(self._df)
+        relations = source_relations(self._df._plan)
+        if len(relations) != 1:
+            raise AnalysisError("Continuous processing supports exactly one streaming source.")
+        relation = relations[0]
+        if not relation.provider.supports_continuous:
+            raise AnalysisError(
+                f"Data source {relation.source_name} does not support continuous processing."
+            )
+        program, _ = compile_plan(analyzed)
+        return relation, program
 
     def _sink_provider(self) -> tuple[SinkProvider, str]:
         name = self._format

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -51,6 +51,11 @@ class Sink(ABC):
     def stop(self) -> None:
         """Called once when the query stops."""
 
+    def forContinuous(self, schema: StructType, spark: SparkSession) -> ContinuousSink | None:  # noqa: N802
+        """This sink's continuous half for result rows of ``schema``, or None when it has
+        none (the default): ``trigger(continuous=...)`` is then refused at start."""
+        return None
+
     def __str__(self) -> str:
         return self.description()
 
@@ -78,3 +83,42 @@ class SinkProvider(ABC):
 
     def supportedOutputModes(self) -> tuple[str, ...]:  # noqa: N802
         return OUTPUT_MODES
+
+
+# -- continuous processing --------------------------------------------------------------------
+class ContinuousDataWriter(ABC):
+    """Writes one partition's rows of one epoch inside a long-running task."""
+
+    @abstractmethod
+    def write(self, row: tuple[Any, ...]) -> None:
+        """One output row, as a tuple of Spark's internal values in the result schema."""
+
+    @abstractmethod
+    def commit(self) -> tuple[dict[str, Any], bytes | None]:
+        """End of the epoch for this partition: a JSON-able message and optional payload
+        (see :mod:`lockgate.execution.continuous.protocol`) for :meth:`ContinuousSink.commit`."""
+
+    def abort(self) -> None:
+        """The epoch will not be committed by this task (the query stops or fails)."""
+
+
+class ContinuousSink(ABC):
+    """The continuous half of a sink (Spark's ``StreamingWrite``).
+
+    ``createWriterFactory()`` is shipped to the tasks; :meth:`commit` runs on the driver
+    once every partition committed the epoch, in epoch order. Continuous processing is
+    at-least-once: after a restart an epoch may be written again.
+    """
+
+    @abstractmethod
+    def createWriterFactory(self) -> Any:  # noqa: N802
+        """A picklable callable ``(partition, epoch) -> ContinuousDataWriter``."""
+
+    def commit(self, epoch: int, messages: list[tuple[dict[str, Any], bytes | None]]) -> None:
+        """Every partition committed ``epoch``; ``messages`` in partition order."""
+
+    def description(self) -> str:
+        return type(self).__name__
+
+    def stop(self) -> None:
+        """Called once when the query stops."""

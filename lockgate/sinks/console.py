@@ -23,6 +23,11 @@ class ConsoleSink(Sink):
         # show() fetches only numRows rows; the full batch never comes to the driver.
         data.show(self.num_rows, self.truncate)
 
+    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]  # noqa: N802
+        from lockgate.sinks.continuous import ConsoleContinuousSink
+
+        return ConsoleContinuousSink(self, schema, spark)
+
     def description(self) -> str:
         return f"ConsoleSink[numRows={self.num_rows}, truncate={str(self.truncate).lower()}]"
 

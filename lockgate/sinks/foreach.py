@@ -75,5 +75,10 @@ class ForeachSink(Sink):
 
         data.foreachPartition(run_partition)
 
+    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]  # noqa: N802
+        from lockgate.sinks.continuous import ForeachContinuousSink
+
+        return ForeachContinuousSink(self.writer, schema)
+
     def description(self) -> str:
         return "ForeachSink"

@@ -56,6 +56,19 @@ class MemorySink(Sink):
         df = self._spark.createDataFrame(self.all_rows(), self.schema)
         df.createOrReplaceTempView(self.name)
 
+    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]  # noqa: N802
+        from lockgate.sinks.continuous import MemoryContinuousSink
+
+        return MemoryContinuousSink(self)
+
+    def add_rows(self, epoch: int, rows: list[Any]) -> None:
+        """Continuous mode: the rows of a committed epoch (an epoch seen before is ignored)."""
+        with self._lock:
+            if epoch in self._batches:
+                return
+            self._batches[epoch] = rows
+        self._publish()
+
     def description(self) -> str:
         return "MemorySink"
 

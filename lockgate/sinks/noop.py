@@ -14,6 +14,11 @@ class NoopSink(Sink):
     def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
         data.write.format("noop").mode("append").save()
 
+    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]  # noqa: N802
+        from lockgate.sinks.continuous import NoopContinuousSink
+
+        return NoopContinuousSink()
+
     def description(self) -> str:
         return "NoopTable"
 

@@ -140,3 +140,84 @@ class SourceProvider(ABC):
     @abstractmethod
     def createSource(self, context: SourceContext) -> Source:  # noqa: N802
         """The source for one query run."""
+
+    supports_continuous: bool = False
+
+    def createContinuousStream(self, context: SourceContext) -> ContinuousStream:  # noqa: N802
+        """The continuous half, for ``trigger(continuous=...)``; see :class:`ContinuousStream`."""
+        raise NotImplementedError(self.name)
+
+
+# -- continuous processing --------------------------------------------------------------------
+class ContinuousPartitionReader(ABC):
+    """Reads one partition of a :class:`ContinuousStream` inside a long-running task.
+
+    Rows are tuples of Spark's internal values in the stream's schema order (as
+    ``StructType.toInternal`` gives: timestamps in microseconds, dates in days).
+    """
+
+    @abstractmethod
+    def read(self, timeout_s: float) -> list[tuple[Any, ...]]:
+        """The rows available now, waiting at most ``timeout_s`` for some (may be empty)."""
+
+    @abstractmethod
+    def offset(self) -> Any:
+        """The JSON-serialisable position after the last row returned (a partition offset)."""
+
+    def close(self) -> None:
+        """Release resources; called once when the task ends."""
+
+
+class ContinuousStream(ABC):
+    """The continuous half of a source (Spark's ``ContinuousStream``).
+
+    On the driver it plans one input partition per task from a start offset and merges
+    the partition offsets the tasks report at the end of each epoch into the offset
+    written to ``offsets/<epoch>``. In the tasks, the reader factory turns a partition
+    into a :class:`ContinuousPartitionReader`. Partitions and the factory are shipped
+    to the executors, so they must be picklable and small.
+    """
+
+    @property
+    @abstractmethod
+    def schema(self) -> StructType: ...
+
+    @abstractmethod
+    def initialOffset(self) -> Offset:  # noqa: N802 - Spark's name
+        """Where a new query starts."""
+
+    @abstractmethod
+    def planInputPartitions(self, start: Offset) -> list[Any]:  # noqa: N802
+        """One picklable description per task, starting at ``start``."""
+
+    @abstractmethod
+    def createReaderFactory(self) -> Any:  # noqa: N802
+        """A picklable callable ``(partition, client) -> ContinuousPartitionReader``;
+        ``client`` is the task's connection to the epoch coordinator."""
+
+    @abstractmethod
+    def mergeOffsets(self, partitionOffsets: list[Any]) -> Offset:  # noqa: N802,N803
+        """The global offset of the partition offsets (one per partition, in order)."""
+
+    def needsReconfiguration(self) -> bool:  # noqa: N802
+        """True when the partitioning changed: the engine restarts the tasks (RECONFIGURING)."""
+        return False
+
+    def coordinatorHandlers(self) -> dict[str, Any]:  # noqa: N802
+        """Extra coordinator message types, for sources whose data lives on the driver."""
+        return {}
+
+    def commit(self, end: Offset) -> None:
+        """Everything up to ``end`` is committed."""
+
+    def stop(self) -> None:
+        """Release resources; called once when the query stops."""
+
+    def serializeOffset(self, offset: Offset) -> str:  # noqa: N802
+        return json.dumps(offset, separators=(",", ":"), sort_keys=False)
+
+    def deserializeOffset(self, text: str) -> Offset:  # noqa: N802
+        return json.loads(text)
+
+    def description(self) -> str:
+        return type(self).__name__

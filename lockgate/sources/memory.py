@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import DataFrame, Row
 from pyspark.sql.types import DataType, StructField, StructType
 
-from lockgate.sources.base import ReadLimit, Source, SourceContext, SourceProvider
+from lockgate.sources.base import (
+    ContinuousPartitionReader,
+    ContinuousStream,
+    ReadLimit,
+    Source,
+    SourceContext,
+    SourceProvider,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -57,6 +64,8 @@ class MemoryStream(Source):
         self._num_partitions = numPartitions
         self._batches: list[DataFrame] = []
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
+        self._records: list[tuple[Any, ...]] = []
         self._committed = -1
 
     @property
@@ -87,8 +96,11 @@ class MemoryStream(Source):
         df = self._spark.createDataFrame(self._to_rows(items), self._schema)
         if self._num_partitions:
             df = df.repartition(self._num_partitions)
+        records = self._to_rows(items)
         with self._lock:
             self._batches.append(df)
+            self._records.extend(records)
+            self._arrived.notify_all()
             return len(self._batches) - 1
 
     def toDF(self) -> StreamingDataFrame:  # noqa: N802
@@ -130,6 +142,87 @@ class MemoryStream(Source):
         return f"MemoryStream[{','.join(f.name + ':' + f.dataType.simpleString() for f in self._schema.fields)}]"
 
 
+    # -- continuous ---------------------------------------------------------------------
+    def _records_for(self, partition: int, start: int, parts: int, timeout_s: float) -> list[Any]:
+        """Records ``start, start+1, ...`` of ``partition`` (record ``j`` of the stream goes
+        to partition ``j % parts``), waiting up to ``timeout_s`` for the first."""
+        with self._arrived:
+            first = partition + start * parts
+            if first >= len(self._records) and timeout_s > 0:
+                self._arrived.wait(timeout_s)
+            chosen = self._records[first : first + 10_000 * parts : parts]
+        return [tuple(self._schema.toInternal(r)) for r in chosen]
+
+
+class MemoryContinuousStream(ContinuousStream):
+    """MemoryStream in continuous mode: each task fetches its partition's records from
+    the driver through the epoch coordinator (Spark's ContinuousMemoryStream). Offsets
+    are the records read per partition: ``{"0": 3, "1": 2}``."""
+
+    def __init__(self, stream: MemoryStream) -> None:
+        self.stream = stream
+        self.num_partitions = stream._num_partitions or 1
+        self.key = str(id(stream))
+
+    @property
+    def schema(self) -> StructType:
+        return self.stream.schema
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802
+        return {str(p): 0 for p in range(self.num_partitions)}
+
+    def planInputPartitions(self, start: dict[str, int]) -> list[Any]:  # noqa: N802
+        return [(self.key, p, int(start.get(str(p), 0)), self.num_partitions) for p in range(self.num_partitions)]
+
+    def createReaderFactory(self) -> Any:  # noqa: N802
+        return _MemoryPartitionReader
+
+    def mergeOffsets(self, partitionOffsets: list[Any]) -> dict[str, int]:  # noqa: N802,N803
+        return {str(p): int(o) for p, o in enumerate(partitionOffsets)}
+
+    def coordinatorHandlers(self) -> dict[str, Any]:  # noqa: N802
+        def get_records(message: dict[str, Any], payload: bytes | None) -> tuple[dict[str, Any], bytes]:
+            from lockgate.execution.continuous.protocol import encode_rows
+
+            records = self.stream._records_for(
+                int(message["partition"]),
+                int(message["offset"]),
+                int(message["parts"]),
+                float(message.get("timeoutMs", 0)) / 1000.0,
+            )
+            return {"ok": True}, encode_rows(records)
+
+        return {f"memory.GetRecords.{self.key}": get_records}
+
+    def description(self) -> str:
+        return self.stream.description()
+
+
+class _MemoryPartitionReader(ContinuousPartitionReader):
+    def __init__(self, partition: Any, client: Any) -> None:
+        self.key, self.partition, self.position, self.parts = partition
+        self._client = client
+
+    def read(self, timeout_s: float) -> list[tuple[Any, ...]]:
+        from lockgate.execution.continuous.protocol import decode_rows
+
+        _, payload = self._client.call(
+            {
+                "type": f"memory.GetRecords.{self.key}",
+                "partition": self.partition,
+                "offset": self.position,
+                "parts": self.parts,
+                "timeoutMs": int(timeout_s * 1000),
+            }
+        )
+        rows = decode_rows(payload) if payload else []
+        self.position += len(rows)
+        return rows
+
+    def offset(self) -> int:
+        return self.position
+
+
 class _ThisSource(SourceProvider):
     """Hands an existing MemoryStream to the engine."""
 
@@ -143,3 +236,8 @@ class _ThisSource(SourceProvider):
 
     def createSource(self, context: SourceContext) -> Source:  # noqa: N802
         return self.source
+
+    supports_continuous = True
+
+    def createContinuousStream(self, context: SourceContext) -> ContinuousStream:  # noqa: N802
+        return MemoryContinuousStream(self.source)

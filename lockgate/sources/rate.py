@@ -15,7 +15,14 @@ from pyspark.sql.types import LongType, StructField, StructType, TimestampType
 
 from lockgate.checkpoint.log import MetadataLog
 from lockgate.errors import OptionError
-from lockgate.sources.base import ReadLimit, Source, SourceContext, SourceProvider
+from lockgate.sources.base import (
+    ContinuousPartitionReader,
+    ContinuousStream,
+    ReadLimit,
+    Source,
+    SourceContext,
+    SourceProvider,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -175,6 +182,16 @@ class RateSourceProvider(SourceProvider):
         rows, ramp, parts = self._parse(context.spark, context.options)
         return RateSource(context, rows, ramp, parts)
 
+    supports_continuous = True
+
+    def createContinuousStream(self, context: SourceContext) -> ContinuousStream:  # noqa: N802
+        rows, ramp, parts = self._parse(context.spark, context.options)
+        if ramp:
+            from lockgate.errors import AnalysisError
+
+            raise AnalysisError("The rate source does not support rampUpTime in continuous processing.")
+        return RateContinuousStream(context, rows, parts)
+
 
 class RatePerMicroBatchSource(Source):
     """Offsets are ``{"offset": rows so far, "timestamp": ms}``; every row of a batch
@@ -286,3 +303,87 @@ class RatePerMicroBatchSourceProvider(SourceProvider):
     def createSource(self, context: SourceContext) -> Source:  # noqa: N802
         rows, parts, start_ts, advance = self._parse(context.spark, context.options)
         return RatePerMicroBatchSource(context.spark, rows, parts, start_ts, advance)
+
+
+# -- continuous ------------------------------------------------------------------------------
+class RateContinuousStream(ContinuousStream):
+    """``rate`` in continuous mode: partition ``p`` emits values ``p, p + n, p + 2n, ...``
+    (``n`` partitions), each row stamped with the time it is due, at
+    ``rowsPerSecond / n`` rows per second per partition.
+
+    Offsets are Spark's RateStreamOffset JSON: per partition the last value emitted and
+    the time it was due, ``{"0": {"value": 8, "runTimeMs": 1700000000000}, ...}``. A
+    restart continues each partition's sequence; rows due while the query was down are
+    emitted at once, as in Spark.
+    """
+
+    def __init__(self, context: SourceContext, rows_per_second: int, num_partitions: int) -> None:
+        self.rows_per_second = rows_per_second
+        self.num_partitions = num_partitions
+        self._clock = context.clock
+
+    @property
+    def schema(self) -> StructType:
+        return RATE_SCHEMA
+
+    def initialOffset(self) -> dict[str, Any]:  # noqa: N802
+        now = self._clock.get_time_millis()
+        n = self.num_partitions
+        return {str(p): {"value": p - n, "runTimeMs": now} for p in range(n)}
+
+    def planInputPartitions(self, start: dict[str, Any]) -> list[Any]:  # noqa: N802
+        if len(start) != self.num_partitions:
+            raise OptionError(
+                f"The checkpoint's rate offset has {len(start)} partitions but numPartitions is "
+                f"{self.num_partitions}; keep numPartitions, or use a new checkpoint location.",
+                option="numPartitions",
+            )
+        interval_ms = 1000.0 * self.num_partitions / self.rows_per_second
+        return [
+            (p, int(start[str(p)]["value"]), int(start[str(p)]["runTimeMs"]), self.num_partitions, interval_ms)
+            for p in range(self.num_partitions)
+        ]
+
+    def createReaderFactory(self) -> Any:  # noqa: N802
+        return _RatePartitionReader
+
+    def mergeOffsets(self, partitionOffsets: list[Any]) -> dict[str, Any]:  # noqa: N802,N803
+        return {str(o["partition"]): {"value": o["value"], "runTimeMs": o["runTimeMs"]} for o in partitionOffsets}
+
+    def description(self) -> str:
+        return (
+            f"RateStreamV2[rowsPerSecond={self.rows_per_second}, rampUpTimeSeconds=0, "
+            f"numPartitions={self.num_partitions}"
+        )
+
+
+class _RatePartitionReader(ContinuousPartitionReader):
+    def __init__(self, partition: Any, client: Any) -> None:
+        import time
+
+        self._time = time
+        self.partition, self.value, self.run_time_ms, self.step, self.interval_ms = partition
+        self._base_ms = float(self.run_time_ms)
+        self._emitted = 0
+
+    def read(self, timeout_s: float) -> list[tuple[Any, ...]]:
+        now_ms = self._time.time() * 1000.0
+        due_ms = self._base_ms + (self._emitted + 1) * self.interval_ms
+        if due_ms > now_ms:
+            wait = min((due_ms - now_ms) / 1000.0, timeout_s)
+            if wait > 0:
+                self._time.sleep(wait)
+            now_ms = self._time.time() * 1000.0
+        rows = []
+        while len(rows) < 10_000:
+            due_ms = self._base_ms + (self._emitted + 1) * self.interval_ms
+            if due_ms > now_ms:
+                break
+            self._emitted += 1
+            self.value += self.step
+            self.run_time_ms = int(due_ms)
+            rows.append((self.run_time_ms * 1000, self.value))
+        return rows
+
+    def offset(self) -> dict[str, Any]:
+        return {"partition": self.partition, "value": self.value, "runTimeMs": self.run_time_ms}

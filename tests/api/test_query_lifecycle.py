@@ -708,8 +708,8 @@ def test_trigger_arguments_are_validated(ls):
         writer.trigger(processingTime="-1 second")
     with pytest.raises(lockgate.OptionError):
         writer.trigger(processingTime="ten seconds")
-    with pytest.raises(lockgate.NotSupportedYetError):
-        writer.trigger(continuous="1 second").format("noop").start()
+    with pytest.raises(ValueError, match="Value for continuous must be a non empty string"):
+        writer.trigger(continuous="")
 
 
 # -- progress retention, log retention, job group -------------------------------------------

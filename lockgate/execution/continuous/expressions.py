@@ -1,0 +1,1125 @@
+"""Row-at-a-time evaluation of a continuous query's map-like operators.
+
+Continuous tasks read records one at a time and must not schedule a Spark job per
+record, so the query's ``select``/``filter``/``withColumn``... are evaluated in the
+Python task itself. The driver walks Spark's *analyzed* plan of the query (Spark has
+resolved every column, inserted every cast and chosen every result type) and turns
+each Project and Filter into a small, serialisable program (nested tuples). The task
+compiles the program into closures over Spark's internal row values (ints for
+timestamps in microseconds and dates in days, as PySpark's ``toInternal``).
+
+Only the expressions listed in :data:`SUPPORTED` are evaluated, each with Spark SQL's
+semantics (null propagation, three-valued logic, ANSI overflow and cast errors or
+their legacy/try forms, NaN ordering, 1-based substrings...). Anything else is
+rejected when the query starts, with the expression named, never evaluated
+differently. ``docs/continuous.md`` lists the set.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Callable
+from datetime import date, datetime, timedelta, timezone
+from typing import Any
+
+from lockgate.errors import NotSupportedYetError
+
+Program = tuple[Any, ...]
+"""``(("filter", expr) | ("project", (expr, ...)), ...)``, applied in order."""
+
+_INT_RANGES = {
+    "byte": (-(2**7), 2**7 - 1),
+    "short": (-(2**15), 2**15 - 1),
+    "integer": (-(2**31), 2**31 - 1),
+    "long": (-(2**63), 2**63 - 1),
+}
+_INTEGRAL = set(_INT_RANGES)
+_FRACTIONAL = {"double", "float"}
+_NUMERIC = _INTEGRAL | _FRACTIONAL
+_SIMPLE_TYPES = _NUMERIC | {"string", "boolean", "date", "timestamp", "void", "null", "binary"}
+
+_BINARY_ARITH = {"Add", "Subtract", "Multiply", "Divide", "IntegralDivide", "Remainder", "Pmod"}
+_COMPARISONS = {
+    "EqualTo",
+    "EqualNullSafe",
+    "LessThan",
+    "LessThanOrEqual",
+    "GreaterThan",
+    "GreaterThanOrEqual",
+}
+_STRING_FUNCS = {
+    "Upper",
+    "Lower",
+    "Length",
+    "Substring",
+    "Concat",
+    "ConcatWs",
+    "StringTrim",
+    "StringTrimLeft",
+    "StringTrimRight",
+    "StartsWith",
+    "EndsWith",
+    "Contains",
+    "StringReplace",
+    "Like",
+}
+_DATE_FUNCS = {
+    "Year",
+    "Month",
+    "DayOfMonth",
+    "DayOfWeek",
+    "DayOfYear",
+    "Quarter",
+    "Hour",
+    "Minute",
+    "Second",
+    "DateAdd",
+    "DateSub",
+    "DateDiff",
+}
+_OTHER = {
+    "Alias",
+    "AttributeReference",
+    "Literal",
+    "Cast",
+    "UnaryMinus",
+    "UnaryPositive",
+    "Abs",
+    "And",
+    "Or",
+    "Not",
+    "In",
+    "InSet",
+    "IsNull",
+    "IsNotNull",
+    "IsNaN",
+    "Coalesce",
+    "If",
+    "CaseWhen",
+    "PythonUDF",
+}
+SUPPORTED = frozenset(_BINARY_ARITH | _COMPARISONS | _STRING_FUNCS | _DATE_FUNCS | _OTHER)
+"""Catalyst expressions continuous tasks evaluate (plus RuntimeReplaceable forms of them,
+e.g. ``nvl``, ``to_date(ts)``, ``nullif``, evaluated through their replacement)."""
+
+_CASTABLE = _NUMERIC | {"string", "boolean", "date", "timestamp", "void", "null"}
+
+
+class UnsupportedExpression(NotSupportedYetError):
+    def __init__(self, what: str, detail: str = "") -> None:
+        super().__init__(
+            f"{what} in a continuous query",
+            (detail + " " if detail else "")
+            + "Continuous tasks evaluate the expressions listed in docs/continuous.md; run "
+            "this query with a micro-batch trigger (processingTime, availableNow) instead.",
+        )
+
+
+# ======================================================================================
+# Driver side: Spark's analyzed plan -> program
+# ======================================================================================
+def _seq(jseq: Any) -> list[Any]:
+    return [jseq.apply(i) for i in range(jseq.size())]
+
+
+def _type_name(jtype: Any) -> str:
+    return str(jtype.typeName())
+
+
+def compile_plan(jplan: Any) -> tuple[Program, list[int]]:
+    """The program for Spark's analyzed logical plan ``jplan`` of the query.
+
+    Returns the program and, for the leaf relation, the order of its output columns
+    (the source schema's field order). Raises :class:`UnsupportedExpression` for plan
+    nodes or expressions the tasks cannot evaluate.
+    """
+    steps: list[Any] = []
+    node = jplan
+    chain = []
+    while True:
+        name = str(node.getClass().getSimpleName())
+        chain.append((name, node))
+        children = _seq(node.children())
+        if not children:
+            break
+        if len(children) != 1:
+            raise UnsupportedExpression(f"{name} (a plan node with several inputs)")
+        node = children[0]
+    chain.reverse()
+    leaf_name, leaf = chain[0]
+    if leaf_name not in ("LogicalRDD", "LocalRelation"):
+        raise UnsupportedExpression(f"plan leaf {leaf_name}")
+    ids = [int(a.exprId().id()) for a in _seq(leaf.output())]
+    for name, node in chain[1:]:
+        if name == "SubqueryAlias":
+            continue
+        if name == "Filter":
+            steps.append(("filter", _expr(node.condition(), ids)))
+        elif name == "Project":
+            exprs = _seq(node.projectList())
+            steps.append(("project", tuple(_expr(e, ids) for e in exprs)))
+            ids = [int(a.exprId().id()) for a in _seq(node.output())]
+        else:
+            raise UnsupportedExpression(f"the {name} operation")
+    return tuple(steps), ids
+
+
+def _expr(e: Any, ids: list[int]) -> Any:
+    name = str(e.getClass().getSimpleName())
+    if name not in SUPPORTED:
+        replacement = _replacement(e)
+        if replacement is not None:
+            return _expr(replacement, ids)
+        raise UnsupportedExpression(f"the expression {name} ({_sql(e)})")
+    if name == "Alias":
+        return _expr(e.child(), ids)
+    dtype = _type_name(e.dataType())
+    if name == "AttributeReference":
+        expr_id = int(e.exprId().id())
+        if expr_id not in ids:
+            raise UnsupportedExpression(f"the column {e.name()} from another relation")
+        return ("attr", dtype, ids.index(expr_id))
+    if name == "Literal":
+        return ("lit", dtype, _literal(e.value(), e, dtype))
+    if name != "PythonUDF" and bool(e.foldable()):
+        # Constant subtrees (e.g. CAST('2000-01-01' AS DATE)) are evaluated by Spark itself.
+        try:
+            value = e.eval(None)
+        except Exception:  # noqa: BLE001 - fails at run time too; evaluate it per row
+            pass
+        else:
+            return ("lit", dtype, _literal(value, e, dtype))
+    if dtype not in _SIMPLE_TYPES:
+        raise UnsupportedExpression(
+            f"the expression {name} of type {e.dataType().simpleString()} ({_sql(e)})"
+        )
+    children = [_expr(c, ids) for c in _seq(e.children())]
+    if name == "Cast":
+        source = children[0][1]
+        if source.startswith("decimal") and children[0][0] == "lit" and dtype in _FRACTIONAL:
+            value = children[0][2]
+            return ("lit", dtype, None if value is None else float(value))
+        if source not in _CASTABLE or dtype not in _CASTABLE:
+            raise UnsupportedExpression(f"a cast from {source} to {dtype} ({_sql(e)})")
+        if source in _FRACTIONAL and dtype == "string":
+            raise UnsupportedExpression(
+                f"a cast from {source} to string ({_sql(e)})",
+                "Java's decimal rendering of doubles is not reproduced.",
+            )
+        if source == "string" and dtype in ("date", "timestamp"):
+            raise UnsupportedExpression(f"a cast from string to {dtype} ({_sql(e)})")
+        return ("Cast", dtype, (source, str(e.evalMode().toString()), _tz(e)), children[0])
+    if name in _BINARY_ARITH or name in ("UnaryMinus", "Abs"):
+        for child in children:
+            if child[1] not in _NUMERIC:
+                raise UnsupportedExpression(f"{name} over {child[1]} ({_sql(e)})")
+        return (name, dtype, _eval_mode(e), *children)
+    if name in ("Hour", "Minute", "Second"):
+        return (name, dtype, _tz(e), *children)
+    if name == "Like":
+        return (name, dtype, str(e.escapeChar()), *children)
+    if name == "InSet":
+        values = [_py_value(v) for v in _iter_java_set(e.hset())]
+        return (name, dtype, tuple(values), *children)
+    if name == "CaseWhen":
+        has_else = bool(e.elseValue().isDefined())
+        return (name, dtype, has_else, *children)
+    if name == "PythonUDF":
+        return _python_udf(e, dtype, children)
+    if name in ("StringTrim", "StringTrimLeft", "StringTrimRight"):
+        return (name, dtype, None, *children)
+    return (name, dtype, None, *children)
+
+
+def _eval_mode(e: Any) -> str:
+    try:
+        return str(e.evalMode().toString())
+    except Exception:  # noqa: BLE001 - expressions with failOnError instead
+        return "ANSI" if bool(e.failOnError()) else "LEGACY"
+
+
+def _replacement(e: Any) -> Any:
+    try:
+        return e.replacement()
+    except Exception:  # noqa: BLE001 - not a RuntimeReplaceable
+        return None
+
+
+def _sql(e: Any) -> str:
+    try:
+        return str(e.sql())
+    except Exception:  # noqa: BLE001
+        return str(e.toString())
+
+
+def _tz(e: Any) -> str | None:
+    try:
+        option = e.timeZoneId()
+        return str(option.get()) if option.isDefined() else None
+    except Exception:  # noqa: BLE001 - expression without a time zone
+        return None
+
+
+def _iter_java_set(jset: Any) -> list[Any]:
+    it = jset.iterator()
+    out = []
+    while it.hasNext():
+        out.append(it.next())
+    return out
+
+
+def _py_value(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    text = str(value.toString())
+    return text
+
+
+def _literal(value: Any, e: Any, dtype: str) -> Any:
+    if value is None:
+        return None
+    if dtype == "string":
+        return str(value.toString())
+    if dtype in _INTEGRAL or dtype in ("date", "timestamp"):
+        return int(value)
+    if dtype == "double":
+        return float(value)
+    if dtype == "float":
+        return _f32(float(value))
+    if dtype == "boolean":
+        return bool(value)
+    if dtype == "binary":
+        return bytes(value)
+    if dtype.startswith("decimal"):
+        from decimal import Decimal
+
+        return Decimal(str(value.toString()))
+    raise UnsupportedExpression(f"a literal of type {e.dataType().simpleString()} ({_sql(e)})")
+
+
+def _python_udf(e: Any, dtype: str, children: list[Any]) -> Any:
+    eval_type = int(e.evalType())
+    if eval_type not in (100, 101):
+        raise UnsupportedExpression(
+            f"the pandas/Arrow UDF {e.name()} (eval type {eval_type})",
+            "Only row-at-a-time Python UDFs (pyspark.sql.functions.udf) run in continuous tasks.",
+        )
+    for child in children:
+        if child[1] not in _UDF_TYPES:
+            raise UnsupportedExpression(
+                f"a Python UDF argument of type {child[1]} ({e.name()})",
+                f"UDF arguments and results must be of type {', '.join(sorted(_UDF_TYPES))}.",
+            )
+    if dtype not in _UDF_TYPES:
+        raise UnsupportedExpression(f"a Python UDF returning {dtype} ({e.name()})")
+    command = bytes(e.func().command().unsafeArray())
+    return ("PythonUDF", dtype, (str(e.name()), command), *children)
+
+
+_UDF_TYPES = _NUMERIC | {"string", "boolean"}
+
+
+# ======================================================================================
+# Task side: program -> row function
+# ======================================================================================
+RowFn = Callable[[tuple[Any, ...]], tuple[Any, ...] | None]
+
+
+class SparkArithmeticError(ArithmeticError):
+    """An ANSI-mode runtime error, worded as Spark's (error class first)."""
+
+
+def build_row_function(program: Program) -> RowFn:
+    """One function: input row tuple -> output row tuple, or None when filtered out."""
+    steps: list[tuple[str, Any]] = []
+    for kind, body in program:
+        if kind == "filter":
+            steps.append(("filter", _compile(body)))
+        else:
+            steps.append(("project", tuple(_compile(e) for e in body)))
+
+    def run(row: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        for kind, fn in steps:
+            if kind == "filter":
+                if fn(row) is not True:
+                    return None
+            else:
+                row = tuple(f(row) for f in fn)
+        return row
+
+    return run
+
+
+Fn = Callable[[tuple[Any, ...]], Any]
+
+
+def _compile(ir: Any) -> Fn:
+    op, dtype = ir[0], ir[1]
+    if op == "attr":
+        index = ir[2]
+        return lambda row: row[index]
+    if op == "lit":
+        value = ir[2]
+        return lambda row: value
+    meta = ir[2]
+    args = [_compile(c) for c in ir[3:]]
+    arg_types = [c[1] for c in ir[3:]]
+    factory = _FACTORIES[op]
+    return factory(dtype, meta, args, arg_types)
+
+
+def _strict(fn: Callable[..., Any], args: list[Fn]) -> Fn:
+    """Null in, null out: ``fn`` sees only non-null values."""
+    if len(args) == 1:
+        (a,) = args
+
+        def one(row: tuple[Any, ...]) -> Any:
+            x = a(row)
+            return None if x is None else fn(x)
+
+        return one
+    if len(args) == 2:
+        a, b = args
+
+        def two(row: tuple[Any, ...]) -> Any:
+            x = a(row)
+            if x is None:
+                return None
+            y = b(row)
+            return None if y is None else fn(x, y)
+
+        return two
+
+    def many(row: tuple[Any, ...]) -> Any:
+        values = []
+        for f in args:
+            v = f(row)
+            if v is None:
+                return None
+            values.append(v)
+        return fn(*values)
+
+    return many
+
+
+# -- numbers -----------------------------------------------------------------------------
+def _f32(x: float) -> float:
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _overflow(dtype: str, mode: str, value: int, what: str) -> int | None:
+    lo, hi = _INT_RANGES[dtype]
+    if lo <= value <= hi:
+        return value
+    if mode == "ANSI":
+        raise SparkArithmeticError(
+            f"[ARITHMETIC_OVERFLOW] {what} caused overflow. Use 'try_{what.lower()}' to "
+            "tolerate overflow and return NULL instead. If necessary set "
+            '"spark.sql.ansi.enabled" to "false" to bypass this error. SQLSTATE: 22003'
+        )
+    if mode == "TRY":
+        return None
+    span = hi - lo + 1
+    return (value - lo) % span + lo
+
+
+def _divide_by_zero(mode: str) -> None:
+    if mode == "ANSI":
+        raise SparkArithmeticError(
+            "[DIVIDE_BY_ZERO] Division by zero. Use `try_divide` to tolerate divisor being 0 "
+            'and return NULL instead. If necessary set "spark.sql.ansi.enabled" to "false" '
+            "to bypass this error. SQLSTATE: 22012"
+        )
+
+
+def _arith(dtype: str, meta: Any, args: list[Fn], arg_types: list[str], op: str) -> Fn:
+    mode = meta
+    integral = dtype in _INTEGRAL
+    fix = _f32 if dtype == "float" else (lambda v: v)
+    if op == "Add":
+        raw: Callable[[Any, Any], Any] = lambda x, y: x + y  # noqa: E731
+    elif op == "Subtract":
+        raw = lambda x, y: x - y  # noqa: E731
+    else:
+        raw = lambda x, y: x * y  # noqa: E731
+    what = {"Add": "Add", "Subtract": "Subtract", "Multiply": "Multiply"}[op]
+    if integral:
+        return _strict(lambda x, y: _overflow(dtype, mode, raw(x, y), what), args)
+    return _strict(lambda x, y: fix(raw(x, y)), args)
+
+
+def _divide(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    mode = meta
+    if dtype not in _FRACTIONAL:
+        raise UnsupportedExpression(f"Divide returning {dtype}")
+    fix = _f32 if dtype == "float" else float
+
+    def div(x: Any, y: Any) -> Any:
+        if y == 0:
+            _divide_by_zero(mode)
+            return None
+        return fix(x / y)
+
+    return _strict(div, args)
+
+
+def _trunc_div(x: int, y: int) -> int:
+    q = abs(x) // abs(y)
+    return q if (x >= 0) == (y >= 0) else -q
+
+
+def _integral_divide(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    mode = meta
+
+    def div(x: Any, y: Any) -> Any:
+        if y == 0:
+            _divide_by_zero(mode)
+            return None
+        if isinstance(x, float) or isinstance(y, float):
+            raise UnsupportedExpression("div over fractional values")
+        return _overflow("long", mode, _trunc_div(x, y), "Divide")
+
+    return _strict(div, args)
+
+
+def _remainder(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    mode = meta
+    integral = dtype in _INTEGRAL
+    fix = _f32 if dtype == "float" else float
+
+    def rem(x: Any, y: Any) -> Any:
+        if y == 0:
+            _divide_by_zero(mode)
+            return None
+        if integral:
+            return x - y * _trunc_div(x, y)
+        return fix(_java_fmod(x, y))
+
+    return _strict(rem, args)
+
+
+def _java_fmod(x: float, y: float) -> float:
+    # Java's % on doubles: NaN for an infinite dividend, the dividend for an infinite divisor.
+    if math.isnan(x) or math.isnan(y) or math.isinf(x):
+        return math.nan
+    if math.isinf(y):
+        return float(x)
+    return math.fmod(x, y)
+
+
+def _pmod(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    mode = meta
+    integral = dtype in _INTEGRAL
+    fix = _f32 if dtype == "float" else float
+
+    def pmod(x: Any, y: Any) -> Any:
+        if y == 0:
+            _divide_by_zero(mode)
+            return None
+        if integral:
+            r = x - y * _trunc_div(x, y)
+            if r < 0:
+                r = (r + y) - y * _trunc_div(r + y, y)
+            return r
+        r = _java_fmod(x, y)
+        if r < 0:
+            r = _java_fmod(r + y, y)
+        return fix(r)
+
+    return _strict(pmod, args)
+
+
+def _unary_minus(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    mode = meta
+    if dtype in _INTEGRAL:
+        return _strict(lambda x: _overflow(dtype, mode, -x, "Negate"), args)
+    return _strict(lambda x: -x, args)
+
+
+def _abs(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    mode = meta
+    if dtype in _INTEGRAL:
+        return _strict(lambda x: _overflow(dtype, mode, abs(x), "Abs"), args)
+    return _strict(abs, args)
+
+
+# -- comparisons and logic ------------------------------------------------------------------
+def _order_key(x: Any) -> Any:
+    # Spark orders NaN above every other double and treats NaN = NaN, -0.0 = 0.0.
+    if isinstance(x, float):
+        return (1, 0.0) if math.isnan(x) else (0, x + 0.0)
+    return x
+
+
+def _comparison(dtype: str, meta: Any, args: list[Fn], arg_types: list[str], op: str) -> Fn:
+    fractional = any(t in _FRACTIONAL for t in arg_types)
+    key = _order_key if fractional else (lambda v: v)
+    cmp: Callable[[Any, Any], bool] = {
+        "EqualTo": lambda x, y: key(x) == key(y),
+        "LessThan": lambda x, y: key(x) < key(y),
+        "LessThanOrEqual": lambda x, y: key(x) <= key(y),
+        "GreaterThan": lambda x, y: key(x) > key(y),
+        "GreaterThanOrEqual": lambda x, y: key(x) >= key(y),
+        "EqualNullSafe": lambda x, y: key(x) == key(y),
+    }[op]
+    if op == "EqualNullSafe":
+        a, b = args
+
+        def null_safe(row: tuple[Any, ...]) -> bool:
+            x, y = a(row), b(row)
+            if x is None or y is None:
+                return x is None and y is None
+            return cmp(x, y)
+
+        return null_safe
+    return _strict(cmp, args)
+
+
+def _and(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    a, b = args
+
+    def f(row: tuple[Any, ...]) -> Any:
+        x = a(row)
+        if x is False:
+            return False
+        y = b(row)
+        if y is False:
+            return False
+        return None if x is None or y is None else True
+
+    return f
+
+
+def _or(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    a, b = args
+
+    def f(row: tuple[Any, ...]) -> Any:
+        x = a(row)
+        if x is True:
+            return True
+        y = b(row)
+        if y is True:
+            return True
+        return None if x is None or y is None else False
+
+    return f
+
+
+def _in(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    value, items = args[0], args[1:]
+    key = _order_key if arg_types[0] in _FRACTIONAL else (lambda v: v)
+
+    def f(row: tuple[Any, ...]) -> Any:
+        x = value(row)
+        if x is None:
+            return None
+        kx = key(x)
+        saw_null = False
+        for item in items:
+            y = item(row)
+            if y is None:
+                saw_null = True
+            elif key(y) == kx:
+                return True
+        return None if saw_null else False
+
+    return f
+
+
+def _in_set(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    source_type = arg_types[0]
+    key = _order_key if source_type in _FRACTIONAL else (lambda v: v)
+    raw = list(meta)
+    has_null = any(v is None for v in raw)
+    values = {key(_coerce_set_value(v, source_type)) for v in raw if v is not None}
+    (value,) = args
+
+    def f(row: tuple[Any, ...]) -> Any:
+        x = value(row)
+        if x is None:
+            return None
+        if key(x) in values:
+            return True
+        return None if has_null else False
+
+    return f
+
+
+def _coerce_set_value(v: Any, dtype: str) -> Any:
+    if dtype in _INTEGRAL or dtype in ("date", "timestamp"):
+        return int(v)
+    if dtype in _FRACTIONAL:
+        return float(v)
+    if dtype == "boolean":
+        return v if isinstance(v, bool) else str(v) == "true"
+    return v if isinstance(v, str) else str(v)
+
+
+def _coalesce(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    def f(row: tuple[Any, ...]) -> Any:
+        for a in args:
+            v = a(row)
+            if v is not None:
+                return v
+        return None
+
+    return f
+
+
+def _if(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    p, t, e = args
+    return lambda row: t(row) if p(row) is True else e(row)
+
+
+def _case_when(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    has_else = meta
+    else_fn = args[-1] if has_else else None
+    pairs = args[:-1] if has_else else args
+    branches = [(pairs[i], pairs[i + 1]) for i in range(0, len(pairs), 2)]
+
+    def f(row: tuple[Any, ...]) -> Any:
+        for cond, value in branches:
+            if cond(row) is True:
+                return value(row)
+        return else_fn(row) if else_fn is not None else None
+
+    return f
+
+
+def _is_nan(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    (a,) = args
+
+    def f(row: tuple[Any, ...]) -> bool:
+        x = a(row)
+        return x is not None and isinstance(x, float) and math.isnan(x)
+
+    return f
+
+
+# -- casts -----------------------------------------------------------------------------------
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
+_INT_TEXT = re.compile(r"^[+-]?\d+$")
+_FRACTION_TEXT = re.compile(r"^([+-]?\d*)\.(\d*)$")
+_DOUBLE_TEXT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?[fFdD]?$")
+_TRUE = {"t", "true", "y", "yes", "1"}
+_FALSE = {"f", "false", "n", "no", "0"}
+
+
+def _zone(tz: str | None) -> Any:
+    from zoneinfo import ZoneInfo
+
+    if tz is None or tz in ("UTC", "Etc/UTC", "Z"):
+        return timezone.utc
+    return ZoneInfo(tz)
+
+
+def _local(micros: int, zone: Any) -> datetime:
+    return (_EPOCH + timedelta(microseconds=micros)).astimezone(zone)
+
+
+def _invalid_cast(value: Any, source: str, target: str) -> None:
+    shown = f"'{value}'" if isinstance(value, str) else str(value)
+    raise SparkArithmeticError(
+        f'[CAST_INVALID_INPUT] The value {shown} of the type "{source.upper()}" cannot be '
+        f'cast to "{target.upper()}" because it is malformed. Correct the value as per the '
+        "syntax, or change its target type. Use `try_cast` to tolerate malformed input and "
+        "return NULL instead. SQLSTATE: 22018"
+    )
+
+
+def _cast_overflow(value: Any, source: str, target: str, mode: str) -> None:
+    if mode == "ANSI":
+        raise SparkArithmeticError(
+            f'[CAST_OVERFLOW] The value {value} of the type "{source.upper()}" cannot be cast '
+            f'to "{target.upper()}" due to an overflow. Use `try_cast` to tolerate overflow '
+            "and return NULL instead. SQLSTATE: 22003"
+        )
+
+
+def _cast(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    source, mode, tz = meta
+    zone = _zone(tz)
+    target = dtype
+    (a,) = args
+    if source == target:
+        return a
+    if source in ("void", "null"):
+        return lambda row: None
+    convert = _cast_function(source, target, mode, zone)
+    return _strict(convert, [a])
+
+
+def _cast_function(source: str, target: str, mode: str, zone: Any) -> Callable[[Any], Any]:
+    if target in _INTEGRAL:
+        lo, hi = _INT_RANGES[target]
+
+        def to_int(v: int) -> Any:
+            if lo <= v <= hi:
+                return v
+            _cast_overflow(v, source, target, mode)
+            if mode == "TRY":
+                return None
+            span = hi - lo + 1
+            return (v - lo) % span + lo
+
+        if source in _INTEGRAL:
+            return to_int
+        if source == "boolean":
+            return lambda v: 1 if v else 0
+        if source in _FRACTIONAL:
+
+            def from_fractional(v: float) -> Any:
+                if math.isnan(v) or math.isinf(v) or not (lo <= math.trunc(v) <= hi):
+                    _cast_overflow(v, source, target, mode)
+                    if mode == "TRY":
+                        return None
+                    if target not in ("integer", "long"):
+                        raise UnsupportedExpression(f"a legacy cast from {source} to {target}")
+                    if math.isnan(v):
+                        return 0
+                    return hi if v > 0 else lo
+                return int(math.trunc(v))
+
+            return from_fractional
+        if source == "string":
+
+            def from_string(v: str) -> Any:
+                text = v.strip(" \t\n\r\x0b\x0c")
+                if _INT_TEXT.match(text):
+                    n = int(text)
+                else:
+                    m = _FRACTION_TEXT.match(text)
+                    if not m or (m.group(1) in ("", "+", "-") and not m.group(2)):
+                        if mode == "ANSI":
+                            _invalid_cast(v, "string", target)
+                        return None
+                    if mode == "ANSI" and m.group(2).strip("0"):
+                        _invalid_cast(v, "string", target)
+                    whole = m.group(1)
+                    n = int(whole) if whole not in ("", "+", "-") else 0
+                if lo <= n <= hi:
+                    return n
+                if mode == "ANSI":
+                    _invalid_cast(v, "string", target)
+                return None
+
+            return from_string
+        if source == "timestamp":
+            if target != "long":
+                raise UnsupportedExpression(f"a cast from timestamp to {target}")
+            return lambda v: v // 1_000_000
+        raise UnsupportedExpression(f"a cast from {source} to {target}")
+    if target in _FRACTIONAL:
+        fix = _f32 if target == "float" else float
+        if source in _INTEGRAL or source in _FRACTIONAL:
+            return lambda v: fix(v)
+        if source == "boolean":
+            return lambda v: 1.0 if v else 0.0
+        if source == "timestamp":
+            return lambda v: fix(v / 1_000_000)
+        if source == "string":
+
+            def parse(v: str) -> Any:
+                text = v.strip(" \t\n\r\x0b\x0c")
+                low = text.lower()
+                if low in ("nan",):
+                    return math.nan
+                if low in ("inf", "+inf", "infinity", "+infinity"):
+                    return math.inf
+                if low in ("-inf", "-infinity"):
+                    return -math.inf
+                if not _DOUBLE_TEXT.match(text):
+                    if mode == "ANSI":
+                        _invalid_cast(v, "string", target)
+                    return None
+                if text[-1] in "fFdD":
+                    text = text[:-1]
+                return fix(float(text))
+
+            return parse
+        raise UnsupportedExpression(f"a cast from {source} to {target}")
+    if target == "string":
+        if source in _INTEGRAL:
+            return str
+        if source == "boolean":
+            return lambda v: "true" if v else "false"
+        if source == "date":
+            return _date_text
+        if source == "timestamp":
+            return lambda v: _timestamp_text(v, zone)
+        if source == "binary":
+            return lambda v: bytes(v).decode("utf-8", errors="replace")
+        raise UnsupportedExpression(f"a cast from {source} to string")
+    if target == "boolean":
+        if source in _INTEGRAL or source in _FRACTIONAL:
+            return lambda v: v != 0
+        if source == "string":
+
+            def to_bool(v: str) -> Any:
+                text = v.strip(" \t\n\r\x0b\x0c").lower()
+                if text in _TRUE:
+                    return True
+                if text in _FALSE:
+                    return False
+                if mode == "ANSI":
+                    _invalid_cast(v, "string", "boolean")
+                return None
+
+            return to_bool
+        raise UnsupportedExpression(f"a cast from {source} to boolean")
+    if target == "date":
+        if source == "timestamp":
+            return lambda v: _local(v, zone).date().toordinal() - _EPOCH_ORDINAL
+        raise UnsupportedExpression(f"a cast from {source} to date")
+    if target == "timestamp":
+        if source == "date":
+
+            def midnight(days: int) -> int:
+                d = date.fromordinal(days + _EPOCH_ORDINAL)
+                local = datetime(d.year, d.month, d.day, tzinfo=zone)
+                delta = local - _EPOCH
+                return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+            return midnight
+        if source in _INTEGRAL:
+            return lambda v: _overflow("long", mode, v * 1_000_000, "Cast")
+        raise UnsupportedExpression(f"a cast from {source} to timestamp")
+    raise UnsupportedExpression(f"a cast from {source} to {target}")
+
+
+def _date_text(days: int) -> str:
+    d = date.fromordinal(days + _EPOCH_ORDINAL)
+    return f"{d.year:04d}-{d.month:02d}-{d.day:02d}"
+
+
+def _timestamp_text(micros: int, zone: Any) -> str:
+    t = _local(micros, zone)
+    text = f"{t.year:04d}-{t.month:02d}-{t.day:02d} {t.hour:02d}:{t.minute:02d}:{t.second:02d}"
+    if t.microsecond:
+        text += "." + f"{t.microsecond:06d}".rstrip("0")
+    return text
+
+
+# -- strings ----------------------------------------------------------------------------------
+def _substring(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    def sub(s: str, pos: int, length: int) -> str:
+        n = len(s)
+        start = pos - 1 if pos > 0 else (n + pos if pos < 0 else 0)
+        end = start + length
+        start = max(start, 0)
+        if start >= end:
+            return ""
+        return s[start:end]
+
+    return _strict(sub, args)
+
+
+def _concat(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    if dtype != "string":
+        raise UnsupportedExpression(f"concat of {dtype}")
+    return _strict(lambda *parts: "".join(parts), args)
+
+
+def _concat_ws(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    if any(t != "string" for t in arg_types):
+        raise UnsupportedExpression("concat_ws over arrays")
+    sep, parts = args[0], args[1:]
+
+    def f(row: tuple[Any, ...]) -> Any:
+        s = sep(row)
+        if s is None:
+            return None
+        return s.join(v for v in (p(row) for p in parts) if v is not None)
+
+    return f
+
+
+def _trim(kind: str) -> Callable[..., Fn]:
+    def factory(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+        strip = {
+            "StringTrim": str.strip,
+            "StringTrimLeft": str.lstrip,
+            "StringTrimRight": str.rstrip,
+        }[kind]
+        if len(args) == 1:
+            return _strict(lambda s: strip(s, " "), args)
+        return _strict(lambda s, chars: strip(s, chars), args)
+
+    return factory
+
+
+def _replace(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    return _strict(lambda s, old, new: s if old == "" else s.replace(old, new), args)
+
+
+def _like(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    escape = meta
+    cache: dict[str, re.Pattern[str]] = {}
+
+    def compile_pattern(pattern: str) -> re.Pattern[str]:
+        out = []
+        i = 0
+        while i < len(pattern):
+            c = pattern[i]
+            if c == escape:
+                if i + 1 >= len(pattern):
+                    raise SparkArithmeticError(
+                        f"[INVALID_FORMAT.ESC_AT_THE_END] The format is invalid: '{pattern}'. "
+                        "The escape character is not allowed to end with. SQLSTATE: 42601"
+                    )
+                nxt = pattern[i + 1]
+                if nxt not in ("_", "%", escape):
+                    raise SparkArithmeticError(
+                        f"[INVALID_FORMAT.ESC_IN_THE_MIDDLE] The format is invalid: '{pattern}'. "
+                        f"The escape character is not allowed to precede '{nxt}'. SQLSTATE: 42601"
+                    )
+                out.append(re.escape(nxt))
+                i += 2
+                continue
+            out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+            i += 1
+        return re.compile("".join(out), re.DOTALL)
+
+    def like(s: str, pattern: str) -> bool:
+        compiled = cache.get(pattern)
+        if compiled is None:
+            compiled = cache[pattern] = compile_pattern(pattern)
+        return compiled.fullmatch(s) is not None
+
+    return _strict(like, args)
+
+
+def _length(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    return _strict(len, args)
+
+
+# -- dates -------------------------------------------------------------------------------------
+def _date_field(fn: Callable[[date], int]) -> Callable[..., Fn]:
+    def factory(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+        return _strict(lambda days: fn(date.fromordinal(days + _EPOCH_ORDINAL)), args)
+
+    return factory
+
+
+def _time_field(attr: str) -> Callable[..., Fn]:
+    def factory(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+        zone = _zone(meta)
+        return _strict(lambda micros: getattr(_local(micros, zone), attr), args)
+
+    return factory
+
+
+def _udf(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    name, command = meta
+    from pyspark.serializers import CPickleSerializer
+
+    func, _return_type = CPickleSerializer().loads(command)
+    check = _udf_result_check(name, dtype)
+
+    def call(row: tuple[Any, ...]) -> Any:
+        return check(func(*[a(row) for a in args]))
+
+    return call
+
+
+def _udf_result_check(name: str, dtype: str) -> Callable[[Any], Any]:
+    def wrong(value: Any) -> None:
+        raise TypeError(
+            f"Python UDF {name} returned {value!r} ({type(value).__name__}) for its declared "
+            f"type {dtype}; in continuous queries a UDF must return its declared type or None."
+        )
+
+    if dtype in _INTEGRAL:
+        lo, hi = _INT_RANGES[dtype]
+
+        def integral(value: Any) -> Any:
+            if value is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                wrong(value)
+            return value
+
+        return integral
+    if dtype in _FRACTIONAL:
+        fix = _f32 if dtype == "float" else float
+
+        def fractional(value: Any) -> Any:
+            if value is None:
+                return None
+            if not isinstance(value, float):
+                wrong(value)
+            return fix(value)
+
+        return fractional
+    expected = {"string": str, "boolean": bool}[dtype]
+
+    def simple(value: Any) -> Any:
+        if value is not None and not isinstance(value, expected):
+            wrong(value)
+        return value
+
+    return simple
+
+
+def _binary(fn: Callable[..., Any]) -> Callable[..., Fn]:
+    return lambda dtype, meta, args, arg_types: _strict(fn, args)
+
+
+_FACTORIES: dict[str, Callable[..., Fn]] = {
+    "Add": lambda d, m, a, t: _arith(d, m, a, t, "Add"),
+    "Subtract": lambda d, m, a, t: _arith(d, m, a, t, "Subtract"),
+    "Multiply": lambda d, m, a, t: _arith(d, m, a, t, "Multiply"),
+    "Divide": _divide,
+    "IntegralDivide": _integral_divide,
+    "Remainder": _remainder,
+    "Pmod": _pmod,
+    "UnaryMinus": _unary_minus,
+    "UnaryPositive": lambda d, m, a, t: a[0],
+    "Abs": _abs,
+    **{op: (lambda o: lambda d, m, a, t: _comparison(d, m, a, t, o))(op) for op in _COMPARISONS},
+    "And": _and,
+    "Or": _or,
+    "Not": _binary(lambda x: not x),
+    "In": _in,
+    "InSet": _in_set,
+    "IsNull": lambda d, m, a, t: (lambda f: lambda row: f(row) is None)(a[0]),
+    "IsNotNull": lambda d, m, a, t: (lambda f: lambda row: f(row) is not None)(a[0]),
+    "IsNaN": _is_nan,
+    "Coalesce": _coalesce,
+    "If": _if,
+    "CaseWhen": _case_when,
+    "Cast": _cast,
+    "Upper": _binary(str.upper),
+    "Lower": _binary(str.lower),
+    "Length": _length,
+    "Substring": _substring,
+    "Concat": _concat,
+    "ConcatWs": _concat_ws,
+    "StringTrim": _trim("StringTrim"),
+    "StringTrimLeft": _trim("StringTrimLeft"),
+    "StringTrimRight": _trim("StringTrimRight"),
+    "StartsWith": _binary(lambda s, p: s.startswith(p)),
+    "EndsWith": _binary(lambda s, p: s.endswith(p)),
+    "Contains": _binary(lambda s, p: p in s),
+    "StringReplace": _replace,
+    "Like": _like,
+    "Year": _date_field(lambda d: d.year),
+    "Month": _date_field(lambda d: d.month),
+    "DayOfMonth": _date_field(lambda d: d.day),
+    "DayOfWeek": _date_field(lambda d: d.isoweekday() % 7 + 1),
+    "DayOfYear": _date_field(lambda d: d.timetuple().tm_yday),
+    "Quarter": _date_field(lambda d: (d.month - 1) // 3 + 1),
+    "Hour": _time_field("hour"),
+    "Minute": _time_field("minute"),
+    "Second": _time_field("second"),
+    "DateAdd": _binary(lambda d, n: d + n),
+    "DateSub": _binary(lambda d, n: d - n),
+    "DateDiff": _binary(lambda end, start: end - start),
+    "PythonUDF": _udf,
+}
