@@ -499,3 +499,30 @@ def test_source_reconfiguration_restarts_the_tasks_from_committed_offsets(spark,
     # The second run started at the committed offset: no row lost, none written twice.
     assert values == list(range(len(values)))
     assert all(m == 2 * n for n, m in rows)
+
+
+def test_console_sink_prints_each_epoch_and_old_log_entries_are_purged(spark, ls, capsys, tmp_path):
+    stream = MemoryStream(ls, "v INT")
+    spark.conf.set("spark.sql.streaming.minBatchesToRetain", "2")
+    try:
+        q = (
+            stream.toDF()
+            .select((F.col("v") + 100).alias("w"))
+            .writeStream.format("console")
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(continuous=INTERVAL)
+            .start()
+        )
+    finally:
+        spark.conf.unset("spark.sql.streaming.minBatchesToRetain")
+    try:
+        stream.addData([1, 2])
+        q.processAllAvailable()
+        _wait_for_commits(tmp_path / "ck", _latest_commit(tmp_path / "ck") + 3)
+    finally:
+        q.stop()
+    out = capsys.readouterr().out
+    assert "Batch: " in out and "|101|" in out and "|102|" in out
+    latest = _latest_commit(tmp_path / "ck")
+    kept = sorted(int(n) for n in os.listdir(tmp_path / "ck" / "commits") if n.isdigit())
+    assert kept[0] >= latest - 1 and len(kept) <= 3
