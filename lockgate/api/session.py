@@ -31,7 +31,9 @@ class StreamingSession:
 
     def __init__(self, spark: SparkSession) -> None:
         from lockgate.api.manager import StreamingQueryManager
+        from lockgate.api.shipping import ship_code
 
+        ship_code(spark)  # on a cluster, make lockgate importable on the executors
         self._spark = spark
         self._streams = StreamingQueryManager(self)
 
