@@ -17,6 +17,7 @@ _BUILTIN: dict[str, str] = {
     "csv": "lockgate.sinks.file:CsvFileSinkProvider",
     "orc": "lockgate.sinks.file:OrcFileSinkProvider",
     "text": "lockgate.sinks.file:TextFileSinkProvider",
+    "redis": "lockgate.sinks.redis:RedisSinkProvider",
 }
 _registered: dict[str, SinkProvider] = {}
 _lock = threading.Lock()

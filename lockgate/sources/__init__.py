@@ -23,6 +23,7 @@ _BUILTIN: dict[str, str] = {
     "parquet": "lockgate.sources.file:ParquetFileSourceProvider",
     "text": "lockgate.sources.file:TextFileSourceProvider",
     "orc": "lockgate.sources.file:OrcFileSourceProvider",
+    "redis": "lockgate.sources.redis:RedisSourceProvider",
 }
 _registered: dict[str, SourceProvider] = {}
 _lock = threading.Lock()
