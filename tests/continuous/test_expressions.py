@@ -16,6 +16,7 @@ from pyspark.sql.types import (
     DoubleType,
     IntegerType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
@@ -240,3 +241,18 @@ def test_unsupported_expressions_are_refused_at_compile_time(spark, case):
     template = spark.createDataFrame([], SCHEMA).select(UNSUPPORTED[case]().alias("x"))
     with pytest.raises(UnsupportedExpression, match="continuous query"):
         compile_plan(template._jdf.queryExecution().analyzed())
+
+
+def test_map_values_match_spark(spark):
+    schema = StructType(
+        [StructField("k", StringType()), StructField("m", MapType(StringType(), StringType()))]
+    )
+    rows = [("a", {"a": "1", "b": None}), ("b", {"a": "2"}), (None, {}), ("c", None)]
+    df = spark.createDataFrame(rows, schema)
+    cols = [F.col("m")["a"].alias("x"), F.col("m").getItem("b").alias("y"), F.col("m")[F.col("k")]]
+    expected = [tuple(r) for r in df.select(*cols).collect()]
+    template = spark.createDataFrame([], schema).select(*cols)
+    program, _ = compile_plan(template._jdf.queryExecution().analyzed())
+    fn = build_row_function(program)
+    got = [tuple(template.schema.fromInternal(fn(schema.toInternal(r)))) for r in rows]
+    assert got == expected

@@ -99,6 +99,7 @@ _OTHER = {
     "If",
     "CaseWhen",
     "PythonUDF",
+    "GetMapValue",
 }
 SUPPORTED = frozenset(_BINARY_ARITH | _COMPARISONS | _STRING_FUNCS | _DATE_FUNCS | _OTHER)
 """Catalyst expressions continuous tasks evaluate (plus RuntimeReplaceable forms of them,
@@ -1122,4 +1123,5 @@ _FACTORIES: dict[str, Callable[..., Fn]] = {
     "DateSub": _binary(lambda d, n: d - n),
     "DateDiff": _binary(lambda end, start: end - start),
     "PythonUDF": _udf,
+    "GetMapValue": _binary(lambda m, k: m.get(k)),
 }

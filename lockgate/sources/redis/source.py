@@ -423,6 +423,13 @@ class RedisSourceProvider(SourceProvider):
     def createSource(self, context: SourceContext) -> Source:
         return RedisStreamSource(context, RedisSourceOptions.parse(context.options))
 
+    supports_continuous = True
+
+    def createContinuousStream(self, context: SourceContext) -> Any:  # noqa: N802
+        from lockgate.sources.redis.continuous import RedisContinuousStream
+
+        return RedisContinuousStream(context, RedisSourceOptions.parse(context.options))
+
 
 __all__ = [
     "REDIS_SCHEMA",
