@@ -663,26 +663,6 @@ NOT_YET = [
         "complete",
         id="two-aggregations",
     ),
-    pytest.param(
-        lambda r, i: (
-            _src(r, i)
-            .withWatermark("ts", "10 seconds")
-            .groupBy(F.session_window("ts", "5 seconds"), "k")
-            .count()
-        ),
-        "append",
-        id="session-window",
-    ),
-    pytest.param(
-        lambda r, i: (
-            _src(r, i)
-            .withWatermark("ts", "10 seconds")
-            .groupBy(F.session_window("ts", "5 seconds").alias("s"), "k")
-            .count()
-        ),
-        "complete",
-        id="session-window-aliased",
-    ),
 ]
 
 

@@ -11,6 +11,7 @@ from pyspark.sql.types import NumericType, StructType
 from lockgate.errors import NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate, decompose
 from lockgate.plan.nodes import EventTimeWatermark
+from lockgate.plan.session_window import session_key_index, session_window_aggregate
 
 if TYPE_CHECKING:
     from lockgate.api.dataframe import StreamingDataFrame
@@ -26,11 +27,6 @@ class StreamingGroupedData:
     def __init__(self, df: StreamingDataFrame, grouping: tuple[Any, ...]) -> None:
         self._df = df
         self._grouping = grouping
-        if any("session_window" in str(g) for g in grouping):
-            raise NotSupportedYetError(
-                "Streaming aggregation by session_window",
-                "Use window() (tumbling or sliding) for now.",
-            )
         # Spark checks the grouping expressions when groupBy is called.
         self._template_grouped = df._template.groupBy(*grouping)
 
@@ -49,15 +45,32 @@ class StreamingGroupedData:
         specs = tuple(decompose(spark, c) for c in columns)
         key_count = len(template.columns) - len(columns)
         key_names = tuple(template.columns[:key_count])
-        node = Aggregate(
-            child=self._df._plan,
-            grouping=self._grouping,
-            aggregations=tuple(columns),
-            specs=specs,
-            output_schema=template.schema,
-            key_names=key_names,
-            event_time_key=self._event_time_key(template.schema, key_count),
-        )
+        event_time_key = self._event_time_key(template.schema, key_count)
+        session_key = session_key_index(template.schema, key_count)
+        node: Aggregate
+        if session_key is not None:
+            node = session_window_aggregate(
+                spark,
+                child=self._df._plan,
+                grouping=self._grouping,
+                aggregations=tuple(columns),
+                specs=specs,
+                output_schema=template.schema,
+                key_names=key_names,
+                session_key=session_key,
+                watermarked=watermarked_columns(self._df),
+                other_event_time_key=None if event_time_key == session_key else event_time_key,
+            )
+        else:
+            node = Aggregate(
+                child=self._df._plan,
+                grouping=self._grouping,
+                aggregations=tuple(columns),
+                specs=specs,
+                output_schema=template.schema,
+                key_names=key_names,
+                event_time_key=event_time_key,
+            )
         return self._df._derive(node, template)
 
     def _event_time_key(self, schema: StructType, key_count: int) -> int | None:

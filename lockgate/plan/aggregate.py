@@ -273,6 +273,50 @@ def _micros(value: Any) -> int | None:
     return int(value)
 
 
+def check_state_partition(batch: pa.RecordBatch, partition: int) -> None:
+    """Fail the task if a row of ``batch`` belongs to another state partition."""
+    pids = batch.column("__lockgate_pid").to_pylist()
+    if any(p != partition for p in pids):
+        raise RuntimeError(
+            f"lockgate state partitioning is broken: task for partition {partition} "
+            f"received rows of partition {next(p for p in pids if p != partition)}. "
+            "Adaptive query execution must be off for stateful queries."
+        )
+
+
+def report_store_metrics(
+    accumulator: Any,
+    operator_id: int,
+    store: Any,
+    *,
+    total: int,
+    updated: int,
+    removed: int,
+    dropped: int,
+    update_ms: float,
+    remove_ms: float,
+    started: float,
+) -> None:
+    """Add one task's ``stateOperators[]`` metrics to the query's accumulator."""
+    metrics = {
+        "numRowsTotal": total,
+        "numRowsUpdated": updated,
+        "numRowsRemoved": removed,
+        "numRowsDroppedByWatermark": dropped,
+        "allUpdatesTimeMs": int(update_ms),
+        "allRemovalsTimeMs": int(remove_ms),
+        "commitTimeMs": int(store.metrics.commit_ms),
+        "memoryUsedBytes": store.memory_bytes(),
+        "numStateStoreInstances": 1,
+        "loadedFromCache": int(store.metrics.loaded_from_cache),
+        "loadedFromFiles": int(not store.metrics.loaded_from_cache),
+        "stateFilesReplayed": store.metrics.files_replayed,
+        "snapshotsWritten": int(store.metrics.snapshot_written),
+        "taskTimeMs": int((time.perf_counter() - started) * 1000),
+    }
+    accumulator.add({f"{operator_id}.{name}": value for name, value in metrics.items()})
+
+
 def run_aggregate_task(task: AggregateTask, batches: Any) -> Any:
     """The restore-merge-save step for one partition (runs on an executor)."""
     from pyspark import TaskContext
@@ -296,13 +340,7 @@ def run_aggregate_task(task: AggregateTask, batches: Any) -> Any:
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        pids = batch.column("__lockgate_pid").to_pylist()
-        if any(p != partition for p in pids):
-            raise RuntimeError(
-                f"lockgate state partitioning is broken: task for partition {partition} "
-                f"received rows of partition {next(p for p in pids if p != partition)}. "
-                "Adaptive query execution must be off for stateful queries."
-            )
+        check_state_partition(batch, partition)
         keys = (
             list(zip(*[batch.column(n).to_pylist() for n in key_names]))
             if key_names
@@ -337,24 +375,17 @@ def run_aggregate_task(task: AggregateTask, batches: Any) -> Any:
                 removed += 1
     remove_ms = (time.perf_counter() - t_remove) * 1000
     store.commit()
-    total = len(store)
-    task.accumulator.add(
-        {
-            f"{task.operator_id}.numRowsTotal": total,
-            f"{task.operator_id}.numRowsUpdated": len(set(updated_keys)),
-            f"{task.operator_id}.numRowsRemoved": removed,
-            f"{task.operator_id}.numRowsDroppedByWatermark": dropped,
-            f"{task.operator_id}.allUpdatesTimeMs": int(update_ms),
-            f"{task.operator_id}.allRemovalsTimeMs": int(remove_ms),
-            f"{task.operator_id}.commitTimeMs": int(store.metrics.commit_ms),
-            f"{task.operator_id}.memoryUsedBytes": store.memory_bytes(),
-            f"{task.operator_id}.numStateStoreInstances": 1,
-            f"{task.operator_id}.loadedFromCache": int(store.metrics.loaded_from_cache),
-            f"{task.operator_id}.loadedFromFiles": int(not store.metrics.loaded_from_cache),
-            f"{task.operator_id}.stateFilesReplayed": store.metrics.files_replayed,
-            f"{task.operator_id}.snapshotsWritten": int(store.metrics.snapshot_written),
-            f"{task.operator_id}.taskTimeMs": int((time.perf_counter() - t_start) * 1000),
-        }
+    report_store_metrics(
+        task.accumulator,
+        task.operator_id,
+        store,
+        total=len(store),
+        updated=len(set(updated_keys)),
+        removed=removed,
+        dropped=dropped,
+        update_ms=update_ms,
+        remove_ms=remove_ms,
+        started=t_start,
     )
     if not emit:
         return

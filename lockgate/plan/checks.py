@@ -11,6 +11,7 @@ from lockgate.plan.dedup import Deduplicate
 from lockgate.plan.join import StreamJoin, check_stream_join
 from lockgate.plan.limit import StreamingLimit
 from lockgate.plan.nodes import PlanNode, Transform
+from lockgate.plan.session_window import SessionWindowAggregate
 
 _SORTS = ("orderBy", "sort")
 
@@ -63,7 +64,23 @@ def check_for_streaming(plan: PlanNode, output_mode: str) -> None:
             "append. This output mode is not supported for streaming aggregations without "
             "watermark on streaming DataFrames/DataSets."
         )
+    _check_session_windows(aggregates, output_mode)
     _check_sorts(plan, output_mode, under_aggregate=False)
+
+
+def _check_session_windows(aggregates: list[Aggregate], output_mode: str) -> None:
+    sessions = [a for a in aggregates if isinstance(a, SessionWindowAggregate)]
+    if sessions and output_mode == "update":
+        raise AnalysisError(
+            "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: "
+            "update. This output mode is not supported for session window streaming "
+            "aggregations on streaming DataFrames/DataSets."
+        )
+    if any(not s.keys_without_session for s in sessions):
+        # Spark fails the query's first batch with this message.
+        raise AnalysisError(
+            "Global aggregation with session window in streaming query is not supported."
+        )
 
 
 def _check_sorts(node: PlanNode, output_mode: str, under_aggregate: bool) -> None:

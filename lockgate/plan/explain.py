@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.dedup import Deduplicate
 from lockgate.plan.nodes import PlanNode
+from lockgate.plan.session_window import SessionWindowAggregate
 
 if TYPE_CHECKING:
     from lockgate.plan.incremental import IncrementalExecution
@@ -41,6 +42,27 @@ def stateful_tree(
     def visit(node: PlanNode, depth: int) -> None:
         pad = "   " * depth + ("+- " if depth else "")
         sub = "   " * (depth + 1) + "+- "
+        if isinstance(node, SessionWindowAggregate):
+            op_id = operator_ids.get(id(node), 0)
+            keys = ", ".join(node.keys_without_session)
+            session = node.session_name
+            fns = ", ".join(s.kind for s in node.specs)
+            watermarked = watermark_ms is not None and node.event_time_key is not None
+            wm = f", {watermark_ms}" if watermarked else ""
+            mode = output_mode.capitalize()
+            steps = [
+                f"SessionWindowStateStoreSave [{keys}], {session}, {info(op_id)}, {mode}{wm}",
+                f"MergingSessions [{keys}], {session}, [{fns}]",
+                f"SessionWindowStateStoreRestore [{keys}], {session}, {info(op_id)}{wm}",
+                f"Aggregate(partial, per input partition) [{keys}, {session}], [{fns}]",
+                f"Exchange hashpartitioning({keys}, {num_partitions})",
+                f"Project [per-row {session}]",
+            ]
+            for i, step in enumerate(steps):
+                lines.append(("   " * (depth + i) + "+- " if depth + i else "") + step)
+            for child in node.children:
+                visit(child, depth + len(steps))
+            return
         if isinstance(node, Aggregate):
             op_id = operator_ids.get(id(node), 0)
             keys = ", ".join(node.key_names)

@@ -28,6 +28,7 @@ from lockgate.plan.nodes import (
     Transform,
     Union,
 )
+from lockgate.plan.session_window import SessionWindowAggregate, build_session_aggregate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -178,7 +179,12 @@ class IncrementalExecution:
             if self.stateful is None:
                 raise RuntimeError("a stateful plan needs a StatefulContext")
             op_id = self.operator_ids[id(node)]
-            build: Any = {Aggregate: build_aggregate, Deduplicate: build_deduplicate, StreamingLimit: build_limit}[type(node)]
+            build: Any = {
+                Aggregate: build_aggregate,
+                SessionWindowAggregate: build_session_aggregate,
+                Deduplicate: build_deduplicate,
+                StreamingLimit: build_limit,
+            }[type(node)]
             df, schema = build(node, self._build(node.child), self.stateful, op_id, self.batch_id)
             self.state_schemas[op_id] = schema
             return df

@@ -28,7 +28,25 @@ def _arrow_field_to_spark(field: pa.Field) -> Any:
     return StructField(field.name, from_arrow_type(field.type), True)
 
 
-def _read_partition(conf: Any, version: int, out_schema: pa.Schema, batches: Any) -> Any:
+def _explode_sessions(table: pa.Table, key_names: list[str], list_names: list[str]) -> pa.Table:
+    """One row per session: the keys repeated, each list column flattened."""
+    import pyarrow.compute as pc
+
+    parents = pc.list_parent_indices(table.column(list_names[0]).combine_chunks())
+    columns = {n: table.column(n).combine_chunks().take(parents) for n in key_names}
+    for n in list_names:
+        columns[n] = pc.list_flatten(table.column(n).combine_chunks())
+    return pa.table(columns)
+
+
+def _field_types(schema: pa.Schema, struct: str) -> dict[str, pa.DataType]:
+    fields = schema.field(struct).type
+    return {fields.field(i).name: fields.field(i).type for i in range(fields.num_fields)}
+
+
+def _read_partition(
+    conf: Any, version: int, out_schema: pa.Schema, batches: Any, sessions: bool = False
+) -> Any:
     from lockgate.state.store import read_state_table
 
     for batch in batches:
@@ -36,6 +54,13 @@ def _read_partition(conf: Any, version: int, out_schema: pa.Schema, batches: Any
             table = read_state_table(conf, int(pid), version)
             key_names = [f.name for f in conf.key_schema]
             value_names = [f.name for f in conf.value_schema]
+            if sessions:
+                # Session windows keep a list of sessions per key; show one row per
+                # session keyed by (keys, session start), as Spark's state reader does.
+                table = _explode_sessions(table, key_names, value_names)
+                key_names, value_names = key_names + value_names[:1], value_names[1:]
+                types = {**_field_types(out_schema, "key"), **_field_types(out_schema, "value")}
+                table = pa.table({n: table.column(n).cast(types[n]) for n in table.column_names})
             key = pa.StructArray.from_arrays(
                 [table.column(n).combine_chunks() for n in key_names], names=key_names
             ) if key_names else pa.array([{}] * table.num_rows)
@@ -80,8 +105,15 @@ def read_state(
         key_schema=key_schema,
         value_schema=value_schema,
     )
-    key_type = StructType([_arrow_field_to_spark(f) for f in key_schema])
-    value_type = StructType([_arrow_field_to_spark(f) for f in value_schema])
+    key_fields, value_fields = list(key_schema), list(value_schema)
+    from lockgate.plan.session_window import OPERATOR_NAME as SESSION_OPERATOR_NAME
+
+    sessions = meta.get("operatorName") == SESSION_OPERATOR_NAME
+    if sessions:
+        elements = [pa.field(f.name, f.type.value_type) for f in value_fields]
+        key_fields, value_fields = key_fields + elements[:1], elements[1:]
+    key_type = StructType([_arrow_field_to_spark(f) for f in key_fields])
+    value_type = StructType([_arrow_field_to_spark(f) for f in value_fields])
     out = StructType(
         [
             StructField("key", key_type, True),
@@ -94,7 +126,8 @@ def read_state(
     tz = str(spark.conf.get("spark.sql.session.timeZone", "UTC"))
     out_arrow = schema_to_arrow(out, tz)
     ids = spark.range(0, num_partitions, 1, num_partitions).selectExpr("cast(id as int) as id")
-    return ids.mapInArrow(bind(_read_partition, conf, batch_id + 1, out_arrow), out)
+    read = bind(_read_partition, conf, batch_id + 1, out_arrow, sessions=sessions)
+    return ids.mapInArrow(read, out)
 
 
 def _parse_arrow_type(text: str) -> pa.DataType:

@@ -1,0 +1,523 @@
+"""Streaming aggregation over ``session_window``: the plan node and its per-batch steps.
+
+Spark plans ``groupBy(session_window(ts, gap), keys).agg(fns)`` on a stream as::
+
+    partial aggregation over per-row sessions [ts, ts + gap)
+      -> shuffle by keys (without the session) -> sort by keys, session start
+      -> SessionWindowStateStoreRestore   drop late rows, merge-sort in the key's sessions
+      -> MergingSessions                   merge overlapping sessions, merge their buffers
+      -> SessionWindowStateStoreSave       replace the key's sessions; append: emit and
+                                           remove sessions the watermark passed
+      -> final aggregation
+
+lockgate runs the same semantics as three steps:
+
+* **per-row sessions and partial aggregation** (Spark): each row's session window is
+  the user's ``session_window`` expression evaluated in a ``select`` (Spark's own
+  analyzer gives ``[ts, ts + gap)`` and drops rows with a null time or a non-positive
+  gap, as in the streaming plan). Rows are shuffled by the keys without the session,
+  which is the state's partitioning, and aggregated into :class:`AggSpec` buffers per
+  (keys, session, input partition): Spark's partial aggregation is map-side, and the
+  restore step drops and counts late rows per partial row, so keeping the input
+  partition gives the same ``numRowsDroppedByWatermark`` and the same merge order.
+* **restore, merge, save** (:func:`run_session_task`, one ``mapInArrow`` task per state
+  partition): the partition's :class:`~lockgate.state.store.StateStore` maps each key
+  without the session to its open sessions (start, end and buffers, sorted by start).
+  For every key of the batch the task drops late partial rows (session end at or below
+  the previous batch's watermark, in every output mode, as Spark's restore does),
+  merge-sorts the rest with the key's sessions (a stored session before a new row with
+  the same start), merges sessions that overlap or touch (``next.start <= end``) with
+  :func:`~lockgate.plan.aggregate.merge_buffers`, and replaces the key's sessions. In
+  append mode it then emits and removes every session whose end is at or below the
+  batch's watermark; in complete mode it emits every session.
+* **final projection** (Spark SQL): buffers to results with
+  :func:`~lockgate.plan.aggregate.final_column`, sessions back to
+  ``struct<start, end>``.
+
+Metrics follow Spark's operator: ``numRowsTotal`` counts sessions, ``numRowsUpdated``
+every session written for the batch's keys, ``numRowsRemoved`` sessions merged away or
+evicted, ``numRowsDroppedByWatermark`` late partial rows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial as bind
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from lockgate.errors import NotSupportedYetError
+from lockgate.plan.aggregate import (
+    Aggregate,
+    AggSpec,
+    StatefulContext,
+    _micros,
+    _UniqueNames,
+    buffer_names,
+    check_state_partition,
+    final_column,
+    flatten_keys,
+    merge_buffers,
+    report_store_metrics,
+    schema_to_arrow,
+    spark_type_to_arrow,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from lockgate.plan.nodes import PlanNode
+
+OPERATOR_NAME = "sessionWindowStateStoreSaveExec"
+"""Spark's ``shortName`` of SessionWindowStateStoreSaveExec (progress, state schema)."""
+SESSION_MARKER = "spark.sessionWindow"
+"""Metadata Spark puts on a ``session_window`` column."""
+
+_ROW_SESSION = "__lockgate_row_session"
+_SESSION = "__lockgate_session"
+_MAP_PARTITION = "__lockgate_map_partition"
+_PID = "__lockgate_pid"
+
+
+# -- the plan node -----------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class SessionWindowAggregate(Aggregate):
+    """``groupBy(session_window(ts, gap), keys).agg(fns)`` on a stream.
+
+    ``event_time_key`` is ``session_key`` when the session's time column is watermarked
+    (late rows are dropped and, in append mode, sessions evicted by it), else None.
+    """
+
+    session_key: int = 0
+    """Index of the session window among the grouping keys."""
+
+    operator_name = OPERATOR_NAME
+
+    @property
+    def keys_without_session(self) -> tuple[str, ...]:
+        return tuple(n for i, n in enumerate(self.key_names) if i != self.session_key)
+
+    @property
+    def session_name(self) -> str:
+        return self.key_names[self.session_key]
+
+    def describe(self) -> str:
+        keys = ", ".join(self.keys_without_session)
+        fns = ", ".join(str(a) for a in self.aggregations)
+        return f"SessionWindowAggregate [{keys}], {self.session_name}, [{fns}]"
+
+
+def session_key_index(schema: StructType, key_count: int) -> int | None:
+    """Index of the grouping key Spark marks as a session window, if any."""
+    for i, field in enumerate(schema.fields[:key_count]):
+        if field.metadata.get(SESSION_MARKER):
+            return i
+    return None
+
+
+def _session_time_column(spark: SparkSession, item: Any) -> str | None:
+    """The name of the column a ``session_window(...)`` grouping item reads its time
+    from, or None when the time is an expression (Spark then carries no watermark)."""
+    if not isinstance(item, Column):
+        raise NotSupportedYetError(
+            f"Streaming aggregation by the precomputed session window column {item!r}",
+            "Group by F.session_window(timeColumn, gapDuration) itself.",
+        )
+    expr = spark._jsparkSession.expression(item._jc)
+    while expr.getClass().getSimpleName() == "Alias":
+        expr = expr.child()
+    name = ""
+    if expr.getClass().getSimpleName() == "UnresolvedFunction":
+        parts = expr.nameParts()
+        name = str(parts.apply(parts.size() - 1)).lower()
+    if name != "session_window":
+        raise NotSupportedYetError(
+            f"Streaming aggregation by the session window expression {str(item)!r}",
+            "Group by F.session_window(timeColumn, gapDuration) itself.",
+        )
+    time_column = expr.arguments().apply(0)
+    if time_column.getClass().getSimpleName() != "UnresolvedAttribute":
+        return None
+    parts = time_column.nameParts()
+    return str(parts.apply(parts.size() - 1))
+
+
+def session_window_aggregate(
+    spark: SparkSession,
+    *,
+    child: PlanNode,
+    grouping: tuple[Any, ...],
+    aggregations: tuple[Column, ...],
+    specs: tuple[AggSpec, ...],
+    output_schema: StructType,
+    key_names: tuple[str, ...],
+    session_key: int,
+    watermarked: set[str],
+    other_event_time_key: int | None,
+) -> SessionWindowAggregate:
+    """The plan node, once the grouping is known to hold a session window."""
+    time_column = _session_time_column(spark, grouping[session_key])
+    if other_event_time_key is not None:
+        raise NotSupportedYetError(
+            "Streaming aggregation by session_window together with another event-time "
+            f"grouping key ({key_names[other_event_time_key]!r})",
+            "Spark fails such a query with MULTIPLE_EVENT_TIME_COLUMNS when both carry a "
+            "watermark; group by the session window and non-time keys.",
+        )
+    return SessionWindowAggregate(
+        child=child,
+        grouping=grouping,
+        aggregations=aggregations,
+        specs=specs,
+        output_schema=output_schema,
+        key_names=key_names,
+        event_time_key=session_key if time_column in watermarked else None,
+        session_key=session_key,
+    )
+
+
+# -- the state task -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SessionTask:
+    """What each state task needs; pickled into the task closure (not persisted)."""
+
+    store: Any  # StateStoreConf
+    merges: tuple[str, ...]
+    output_mode: str
+    version: int
+    key_columns: tuple[str, ...]
+    start_column: str
+    end_column: str
+    buffer_columns: tuple[str, ...]
+    late_watermark_ms: int | None
+    """Drop partial rows whose session ends at or below it; None: drop nothing."""
+    merge_in_input_partition: bool
+    """``spark.sql.streaming.sessionWindow.merge.sessions.in.local.partition``: merge the
+    sessions of each input partition before dropping late ones."""
+    eviction_watermark_ms: int | None
+    """Append mode: emit and remove sessions ending at or below it; None: keep all."""
+    out_schema: pa.Schema
+    accumulator: Any
+    operator_id: int
+
+
+Session = list[Any]
+"""``[start_us, end_us, buffers]``."""
+
+
+def _decode(value: Any) -> list[Session]:
+    """A key's state value (``[starts], [ends], [buffer 0 per session], ...``) as sessions."""
+    starts, ends, buffers = value[0], value[1], value[2:]
+    return [
+        [_micros(start), _micros(end), [column[i] for column in buffers]]
+        for i, (start, end) in enumerate(zip(starts, ends))
+    ]
+
+
+def _encode(sessions: list[Session], n_buffers: int) -> list[Any]:
+    value: list[Any] = [[s[0] for s in sessions], [s[1] for s in sessions]]
+    value += [[s[2][j] for s in sessions] for j in range(n_buffers)]
+    return value
+
+
+def merge_sessions(
+    merges: tuple[str, ...], stored: list[Session], rows: list[tuple[Any, ...]]
+) -> list[Session]:
+    """The key's sessions after a batch, as Spark's restore + MergingSessions compute them.
+
+    ``rows`` are ``(start, 1, end, input partition, arrival, buffers)``. Spark merge-sorts
+    the batch's rows (sorted by start, end; ties in shuffle order) with the stored sessions
+    (sorted by start), taking the stored one first on equal starts, then folds every
+    session starting at or before the current end into it.
+    """
+    items = [(s[0], 0, s[1], 0, 0, s[2]) for s in stored] + rows
+    items.sort(key=lambda item: item[:5])
+    sessions: list[Session] = []
+    for start, _, end, _, _, buffers in items:
+        if sessions and start <= sessions[-1][1]:
+            current = sessions[-1]
+            current[1] = max(current[1], end)
+            current[2] = merge_buffers(merges, current[2], buffers)
+        else:
+            sessions.append([start, end, list(buffers)])
+    return sessions
+
+
+def merge_within_input_partitions(
+    merges: tuple[str, ...], rows: list[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
+    """Spark's optional map-side MergingSessions: each input partition's sessions of a
+    key merged before the shuffle (rows as in :func:`merge_sessions`)."""
+    by_source: dict[int, list[tuple[Any, ...]]] = {}
+    for row in rows:
+        by_source.setdefault(row[3], []).append(row)
+    merged: list[tuple[Any, ...]] = []
+    for source, items in by_source.items():
+        items.sort(key=lambda item: (item[0], item[2], item[4]))
+        sessions: list[list[Any]] = []
+        for start, _, end, _, seq, buffers in items:
+            if sessions and start <= sessions[-1][2]:
+                current = sessions[-1]
+                current[2] = max(current[2], end)
+                current[5] = merge_buffers(merges, current[5], buffers)
+            else:
+                sessions.append([start, 1, end, source, seq, list(buffers)])
+        merged += [tuple(session) for session in sessions]
+    return merged
+
+
+def run_session_task(task: SessionTask, batches: Any) -> Any:
+    """Restore, merge and save the sessions of one state partition (runs on an executor)."""
+    from pyspark import TaskContext
+
+    from lockgate.state.store import StateStore
+
+    ctx = TaskContext.get()
+    partition = ctx.partitionId() if ctx is not None else 0
+    t_start = time.perf_counter()
+    store = StateStore(task.store, partition, task.version - 1)
+    n_buffers = len(task.buffer_columns)
+    late_us = None if task.late_watermark_ms is None else task.late_watermark_ms * 1000
+    arrivals: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    seq = 0
+    t_update = time.perf_counter()
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        check_state_partition(batch, partition)
+        keys = zip(*[batch.column(n).to_pylist() for n in task.key_columns])
+        starts = batch.column(task.start_column).cast(pa.int64()).to_pylist()
+        ends = batch.column(task.end_column).cast(pa.int64()).to_pylist()
+        inputs = batch.column(_MAP_PARTITION).to_pylist()
+        buffers = zip(*[batch.column(n).to_pylist() for n in task.buffer_columns])
+        for key, start, end, source, values in zip(keys, starts, ends, inputs, buffers):
+            arrivals.setdefault(key, []).append((start, 1, end, source, seq, values))
+            seq += 1
+    updated = removed = dropped = 0
+    for key, rows in arrivals.items():
+        if task.merge_in_input_partition:
+            rows = merge_within_input_partitions(task.merges, rows)
+        if late_us is not None:
+            on_time = [row for row in rows if row[2] > late_us]
+            dropped += len(rows) - len(on_time)
+            rows = on_time
+            if not rows:
+                continue
+        previous = store.get(key)
+        stored = _decode(previous) if previous is not None else []
+        sessions = merge_sessions(task.merges, stored, rows)
+        kept = {s[0] for s in sessions}
+        removed += sum(1 for s in stored if s[0] not in kept)
+        updated += len(sessions)
+        store.put(key, _encode(sessions, n_buffers))
+    update_ms = (time.perf_counter() - t_update) * 1000
+    t_remove = time.perf_counter()
+    emit: list[tuple[tuple[Any, ...], Session]] = []
+    if task.output_mode == "complete":
+        emit = [(key, s) for key, value in store.items() for s in _decode(value)]
+    elif task.eviction_watermark_ms is not None:
+        watermark_us = task.eviction_watermark_ms * 1000
+        for key, value in store.items():
+            if all(_micros(end) > watermark_us for end in value[1]):
+                continue
+            sessions = _decode(value)
+            open_sessions = [s for s in sessions if s[1] > watermark_us]
+            emit += [(key, s) for s in sessions if s[1] <= watermark_us]
+            removed += len(sessions) - len(open_sessions)
+            if open_sessions:
+                store.put(key, _encode(open_sessions, n_buffers))
+            else:
+                store.remove(key)
+    remove_ms = (time.perf_counter() - t_remove) * 1000
+    store.commit()
+    report_store_metrics(
+        task.accumulator,
+        task.operator_id,
+        store,
+        total=sum(len(value[0]) for value in store.map.values()),
+        updated=updated,
+        removed=removed,
+        dropped=dropped,
+        update_ms=update_ms,
+        remove_ms=remove_ms,
+        started=t_start,
+    )
+    if not emit:
+        return
+    n_keys = len(task.key_columns)
+    columns: list[list[Any]] = [[] for _ in range(n_keys + 2 + n_buffers)]
+    for key, (start, end, values) in emit:
+        for i, part in enumerate(key):
+            columns[i].append(part)
+        columns[n_keys].append(start)
+        columns[n_keys + 1].append(end)
+        for j, part in enumerate(values):
+            columns[n_keys + 2 + j].append(part)
+    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, task.out_schema)]
+    yield pa.RecordBatch.from_arrays(arrays, schema=task.out_schema)
+
+
+# -- per-batch physical steps -------------------------------------------------------------
+def _column(item: Any) -> Column:
+    return item if isinstance(item, Column) else F.col(f"`{item}`")
+
+
+def _merges_in_input_partition(df: DataFrame) -> bool:
+    key = "spark.sql.streaming.sessionWindow.merge.sessions.in.local.partition"
+    return str(df.sparkSession.conf.get(key, "false")).strip().lower() == "true"
+
+
+def _utc(data_type: pa.DataType) -> pa.DataType:
+    """State timestamps are UTC instants whatever the session time zone."""
+    if pa.types.is_timestamp(data_type) and data_type.tz is not None:
+        return pa.timestamp(data_type.unit, tz="UTC")
+    return data_type
+
+
+def build_session_aggregate(
+    node: SessionWindowAggregate,
+    child: DataFrame,
+    ctx: StatefulContext,
+    operator_id: int,
+    batch_id: int,
+) -> tuple[DataFrame, Any]:
+    """The batch's session-window aggregation DataFrame and the operator's state schema."""
+    from lockgate.state.schema import OperatorStateSchema
+    from lockgate.state.store import StateStoreConf
+
+    tz = ctx.session_timezone
+    key_count = len(node.key_names)
+    others = [i for i in range(key_count) if i != node.session_key]
+    if not others:  # checked when the query starts; kept for direct callers
+        raise NotSupportedYetError("Streaming session window aggregation without other keys")
+    names = _UniqueNames()
+    for key in node.key_names:
+        names.take(key)
+    agg_fields = node.output_schema.fields[key_count:]
+    buffers = buffer_names(node.specs, [f.name for f in agg_fields], names)
+
+    # Per-row sessions, the grouping keys as plain columns, and the input partition.
+    key_aliases = [f"__lockgate_key_{i}" for i in others]
+    rows = child.select(
+        "*",
+        _column(node.grouping[node.session_key]).alias(_ROW_SESSION),
+        *[_column(node.grouping[i]).alias(a) for i, a in zip(others, key_aliases)],
+        F.spark_partition_id().alias(_MAP_PARTITION),
+    )
+    # A new struct, without the session-window marker Spark would merge sessions by.
+    row_session = F.col(_ROW_SESSION)
+    rows = rows.withColumn(
+        _SESSION,
+        F.struct(
+            row_session.getField("start").alias("start"), row_session.getField("end").alias("end")
+        ),
+    )
+    key_cols = [F.col(a) for a in key_aliases]
+    partials: list[Column] = []
+    position = 0
+    for spec in node.specs:
+        for p in spec.partials:
+            partials.append(p.alias(buffers[position]))
+            position += 1
+    # Shuffled by the keys, so the aggregation below needs no exchange of its own and its
+    # output is in the state's partitioning.
+    partial = (
+        rows.repartition(ctx.num_partitions, *key_cols)
+        .groupBy(*key_cols, F.col(_SESSION), F.col(_MAP_PARTITION))
+        .agg(*partials)
+    )
+    pid = F.pmod(F.hash(*key_cols), F.lit(ctx.num_partitions))
+    partial = partial.select(
+        *[F.col(a).alias(node.key_names[i]) for i, a in zip(others, key_aliases)],
+        F.col(_SESSION),
+        F.col(_MAP_PARTITION),
+        *[F.col(b) for b in buffers],
+        pid.alias(_PID),
+    )
+    flat_names = _UniqueNames()
+    for b in buffers:
+        flat_names.take(b)
+    flat, layouts = flatten_keys(partial, len(others), flat_names)
+    start_name = flat_names.take(f"{node.session_name}_start")
+    end_name = flat_names.take(f"{node.session_name}_end")
+    flat_keys = [n for layout in layouts for n in layout.flat]
+    flat = flat.select(
+        *[F.col(n) for n in flat_keys],
+        F.col(_SESSION).getField("start").alias(start_name),
+        F.col(_SESSION).getField("end").alias(end_name),
+        F.col(_MAP_PARTITION),
+        *[F.col(b) for b in buffers],
+        F.col(_PID),
+    )
+
+    key_fields = [flat.schema[n] for n in flat_keys]
+    session_fields = [flat.schema[start_name], flat.schema[end_name]]
+    value_fields = [flat.schema[n] for n in buffers]
+    key_schema = schema_to_arrow(StructType(key_fields), tz)
+    value_schema = pa.schema(
+        [
+            pa.field(f.name, pa.list_(_utc(spark_type_to_arrow(f.dataType, tz))), True)
+            for f in session_fields + value_fields
+        ]
+    )
+    store = StateStoreConf(
+        root=ctx.state_root,
+        operator_id=operator_id,
+        num_partitions=ctx.num_partitions,
+        key_schema=key_schema,
+        value_schema=value_schema,
+        snapshot_interval=ctx.snapshot_interval,
+        min_versions_to_retain=ctx.min_versions_to_retain,
+        checkpoint_id=ctx.checkpoint_id,
+    )
+    watermarked = node.event_time_key is not None
+    out_struct = StructType(
+        [StructField(f.name, f.dataType, True) for f in key_fields + session_fields + value_fields]
+    )
+    task = SessionTask(
+        store=store,
+        merges=tuple(m for spec in node.specs for m in spec.merges),
+        output_mode=ctx.output_mode,
+        version=batch_id + 1,
+        key_columns=tuple(flat_keys),
+        start_column=start_name,
+        end_column=end_name,
+        buffer_columns=tuple(buffers),
+        late_watermark_ms=ctx.late_events_watermark_ms if watermarked else None,
+        merge_in_input_partition=_merges_in_input_partition(child),
+        eviction_watermark_ms=(
+            ctx.batch_watermark_ms if watermarked and ctx.output_mode == "append" else None
+        ),
+        out_schema=schema_to_arrow(out_struct, tz),
+        accumulator=ctx.accumulator,
+        operator_id=operator_id,
+    )
+    stateful = flat.mapInArrow(bind(run_session_task, task), out_struct)
+
+    out: list[Column] = []
+    other_layouts = iter(layouts)
+    for i, field in enumerate(node.output_schema.fields[:key_count]):
+        if i == node.session_key:
+            value = F.struct(F.col(start_name).alias("start"), F.col(end_name).alias("end"))
+        else:
+            layout = next(other_layouts)
+            if layout.fields is not None:
+                parts = zip(layout.flat, layout.fields)
+                value = F.struct(*[F.col(fl).alias(fn) for fl, fn in parts])
+            else:
+                value = F.col(layout.flat[0])
+        out.append(value.cast(field.dataType).alias(field.name))
+    position = 0
+    for spec, field in zip(node.specs, agg_fields):
+        columns = [F.col(n) for n in buffers[position : position + len(spec.partials)]]
+        position += len(spec.partials)
+        out.append(final_column(spec, columns).cast(field.dataType).alias(field.name))
+    schema = OperatorStateSchema(
+        operator_id, OPERATOR_NAME, key_schema, value_schema, ctx.num_partitions
+    )
+    return stateful.select(*out), schema
