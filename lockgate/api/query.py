@@ -75,6 +75,9 @@ class StreamingQuery:
     def _explain_string(self, extended: bool) -> str:
         from lockgate.plan.explain import explain_execution
 
+        continuous = getattr(self._execution, "explain_string", None)
+        if continuous is not None:
+            return str(continuous())
         execution = self._execution.last_execution
         if execution is None:
             return "No physical plan. Waiting for data."

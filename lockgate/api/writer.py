@@ -236,11 +236,12 @@ class DataStreamWriter:
                 from lockgate.execution.continuous.execution import ContinuousExecution
 
                 assert continuous_sink is not None and isinstance(self._trigger, ContinuousTrigger)
-                relation, program = continuous_plan
+                relation, program, plan_text = continuous_plan
                 return session.streams._start_query(
                     ContinuousExecution(
                         relation=relation,
                         program=program,
+                        plan_text=plan_text,
                         sink=continuous_sink,
                         interval_ms=self._trigger.interval_ms,
                         **common,
@@ -262,7 +263,7 @@ class DataStreamWriter:
             raise
         return session.streams._start_query(execution)
 
-    def _check_continuous(self) -> tuple[Any, Any]:
+    def _check_continuous(self) -> tuple[Any, Any, str]:
         """Spark's checks for continuous processing; the source and the row program."""
         from lockgate.execution.continuous.checks import check_for_continuous
         from lockgate.execution.continuous.expressions import compile_plan
@@ -278,7 +279,7 @@ class DataStreamWriter:
                 f"Data source {relation.source_name} does not support continuous processing."
             )
         program, _ = compile_plan(analyzed)
-        return relation, program
+        return relation, program, str(analyzed.toString()).strip()
 
     def _sink_provider(self) -> tuple[SinkProvider, str]:
         name = self._format

@@ -82,6 +82,8 @@ def test_epochs_checkpoint_progress_and_status(spark, ls, tmp_path):
         stream.addData([4])
         q.processAllAvailable()
         assert sorted(r.w for r in spark.table("cont_epochs").collect()) == [2, 4, 6, 8]
+        plan = q._explain_string(False)
+        assert plan.startswith("WriteToContinuousDataSource MemorySink") and "Project" in plan
         assert q.status["message"] == "Running" or q.status["message"].startswith(
             "Committing epoch"
         )

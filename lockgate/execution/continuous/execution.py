@@ -54,9 +54,11 @@ class ContinuousExecution(StreamExecution):
         program: Program,
         sink: ContinuousSink,
         interval_ms: int,
+        plan_text: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.plan_text = plan_text
         self.relation = relation
         self.program = program
         self.sink = sink
@@ -219,8 +221,7 @@ class ContinuousExecution(StreamExecution):
             self._end_job(coordinator, server)
 
     def _check_slots(self, tasks: int) -> None:
-        sc = self.spark.sparkContext
-        cores = int(sc.defaultParallelism)
+        cores = _task_slots(self.spark)
         if tasks > cores:
             raise AnalysisError(
                 f"This continuous query needs {tasks} task slots (one long-running task per "
@@ -395,11 +396,34 @@ class ContinuousExecution(StreamExecution):
         parsed = self.progress.record(progress)
         self.manager._post_progress(self, parsed)
 
+    def explain_string(self) -> str:
+        """What ``StreamingQuery.explain()`` shows: the continuous write over Spark's
+        analyzed plan of the operators the tasks evaluate."""
+        lines = [
+            f"WriteToContinuousDataSource {self.sink.description()}, epoch interval "
+            f"{self.interval_ms} ms, source {self.relation.source_name}"
+        ]
+        lines += ["+- " + self.plan_text.replace("\n", "\n   ")] if self.plan_text else []
+        return "\n".join(lines)
+
     def last_progress(self) -> Any:
         return self.progress.last()
 
     def recent_progress(self) -> list[Any]:
         return list(self.progress.recent)
+
+
+def _task_slots(spark: Any) -> int:
+    """How many tasks can run at once now (Spark's maxNumConcurrentTasks); defaultParallelism
+    when the scheduler cannot tell (e.g. no executor registered yet)."""
+    sc = spark.sparkContext
+    try:
+        jsc = sc._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        slots = int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # noqa: BLE001 - an internal API; fall back to the public figure
+        slots = 0
+    return slots if slots > 0 else int(sc.defaultParallelism)
 
 
 def _driver_host(spark: Any) -> str:
