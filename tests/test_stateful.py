@@ -646,22 +646,24 @@ def test_unsupported_operation_rejected_like_spark(spark, ls, tmp_path, build, m
 
 
 NOT_YET = [
+    # Chains of stateful operators Spark accepts and lockgate does not run yet; the ones it
+    # runs are in test_multiple_stateful.py.
     pytest.param(
-        lambda r, i: _src(r, i).dropDuplicates(["k"]).groupBy("k").count(),
-        "update",
-        id="two-stateful-operators",
+        lambda r, i: _src(r, i).withWatermark("ts", "10 seconds").limit(3).dropDuplicates(["k"]),
+        "append",
+        id="limit-then-dedup",
     ),
     pytest.param(
         lambda r, i: (
             _src(r, i)
             .withWatermark("ts", "10 seconds")
-            .groupBy(F.window("ts", "10 seconds"))
+            .groupBy(F.session_window("ts", "5 seconds"), "k")
             .count()
-            .groupBy("count")
+            .groupBy(F.window(F.window_time("session_window"), "10 seconds"))
             .count()
         ),
-        "complete",
-        id="two-aggregations",
+        "append",
+        id="session-window-then-window",
     ),
 ]
 

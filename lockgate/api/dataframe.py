@@ -386,11 +386,12 @@ class StreamingDataFrame:
         return self._dedup(subset, within_watermark=True)
 
     def _dedup(self, subset: Any, within_watermark: bool) -> StreamingDataFrame:
+        from lockgate.api.grouped import event_time_columns
         from lockgate.plan.dedup import make_deduplicate
 
         if subset is not None and not isinstance(subset, (list, tuple)):
             raise TypeError(f"subset should be a list or tuple of column names, got {subset!r}")
-        watermarks = {n.column: n.delay_ms for n in self._plan.walk() if isinstance(n, EventTimeWatermark)}
+        watermarks = event_time_columns(self._plan)
         node = make_deduplicate(
             self._plan, self._template.schema, list(subset) if subset else None, watermarks, within_watermark
         )

@@ -10,15 +10,39 @@ from pyspark.sql.types import NumericType, StructType
 
 from lockgate.errors import NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate, decompose
-from lockgate.plan.nodes import EventTimeWatermark
+from lockgate.plan.nodes import EventTimeWatermark, PlanNode
 from lockgate.plan.session_window import session_key_index, session_window_aggregate
 
 if TYPE_CHECKING:
     from lockgate.api.dataframe import StreamingDataFrame
 
 
+def event_time_columns(plan: PlanNode) -> dict[str, int]:
+    """The output columns of ``plan`` that carry event time (those Spark marks with
+    watermark metadata), by name, with the delay of the watermark they derive from.
+
+    A ``withWatermark`` column passes through row-by-row operations, deduplication and
+    joins; an aggregation's output carries event time only in its event-time grouping
+    key (a watermarked column, or a window over one), so a second stateful operator
+    can use it as its own event time.
+    """
+    if isinstance(plan, EventTimeWatermark):
+        return {**event_time_columns(plan.child), plan.column: plan.delay_ms}
+    if isinstance(plan, Aggregate):
+        if plan.event_time_key is None:
+            return {}
+        below = event_time_columns(plan.child)
+        keys = {name: below[name] for name in plan.key_names if name in below}
+        keys[plan.key_names[plan.event_time_key]] = max(below.values(), default=0)
+        return keys
+    found: dict[str, int] = {}
+    for child in plan.children:
+        found.update(event_time_columns(child))
+    return found
+
+
 def watermarked_columns(df: StreamingDataFrame) -> set[str]:
-    return {n.column for n in df._plan.walk() if isinstance(n, EventTimeWatermark)}
+    return set(event_time_columns(df._plan))
 
 
 class StreamingGroupedData:

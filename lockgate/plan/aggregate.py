@@ -586,7 +586,9 @@ def build_aggregate(
             value = F.struct(*[F.col(fl).alias(fn) for fl, fn in zip(layout.flat, layout.fields)])
         else:
             value = F.col(layout.flat[0])
-        out.append(value.cast(field.dataType).alias(field.name))
+        # Keep the key's metadata (a window's spark.timeWindow), so an operator after
+        # this one can use it as a window (window_time) as in Spark.
+        out.append(value.cast(field.dataType).alias(field.name, metadata=field.metadata))
     position = 0
     agg_fields = node.output_schema.fields[len(layouts) :]
     for spec, field in zip(node.specs, agg_fields):

@@ -10,7 +10,7 @@ from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.dedup import Deduplicate
 from lockgate.plan.join import StreamJoin, check_stream_join
 from lockgate.plan.limit import StreamingLimit
-from lockgate.plan.nodes import PlanNode, Transform
+from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
 from lockgate.plan.session_window import SessionWindowAggregate
 
 _SORTS = ("orderBy", "sort")
@@ -20,29 +20,38 @@ StatefulNode = Aggregate | Deduplicate | StreamingLimit | StreamJoin
 
 
 def stateful_operators(plan: PlanNode) -> list[StatefulNode]:
-    """Stateful operators in operator-id order (bottom-up, as Spark numbers them)."""
+    """Stateful operators in operator-id order: top-down (pre-order), left to right, as
+    Spark's IncrementalExecution numbers them (the last operator of a chain is 0)."""
     found: list[StatefulNode] = []
     seen: set[int] = set()
-
-    def visit(node: PlanNode) -> None:
-        for child in node.children:
-            visit(child)
+    for node in plan.walk():
         if isinstance(node, (Aggregate, Deduplicate, StreamingLimit, StreamJoin)) and id(node) not in seen:
             seen.add(id(node))
             found.append(node)
-
-    visit(plan)
     return found
+
+
+CORRECTNESS_ERROR = (
+    "Detected pattern of possible 'correctness' issue due to global watermark. The query "
+    "contains stateful operation which can emit rows older than the current watermark plus "
+    "allowed late record delay, which are \"late rows\" in downstream stateful operations and "
+    "these rows can be discarded. Please refer the programming guide doc for more details. If "
+    "you understand the possible risk of correctness issue and still need to run the query, "
+    "you can disable this check by setting the config "
+    "`spark.sql.streaming.statefulOperator.checkCorrectness.enabled` to false."
+)
+REDEFINED_WATERMARK_ERROR = (
+    "Redefining watermark is disallowed. You can set the config "
+    "'spark.sql.streaming.statefulOperator.allowMultiple' to 'false' to restore the previous "
+    "behavior. Note that multiple stateful operators will be disallowed."
+)
 
 
 def check_for_streaming(plan: PlanNode, output_mode: str) -> None:
     operators = stateful_operators(plan)
     aggregates = [op for op in operators if isinstance(op, Aggregate)]
     if len(operators) > 1:
-        raise NotSupportedYetError(
-            "More than one stateful operator (aggregation, deduplication) in one query",
-            "Chain them through a second query reading the first one's output.",
-        )
+        _check_chain(operators, output_mode)
     for op in operators:
         if isinstance(op, StreamJoin):
             check_stream_join(op, output_mode)
@@ -66,6 +75,91 @@ def check_for_streaming(plan: PlanNode, output_mode: str) -> None:
         )
     _check_session_windows(aggregates, output_mode)
     _check_sorts(plan, output_mode, under_aggregate=False)
+    if operators:
+        _check_redefined_watermark(plan)
+
+
+def _is_correctness_checked(op: StatefulNode) -> bool:
+    """Spark's isStatefulOperation of the global-watermark check: deduplication counts
+    only when its keys carry event time."""
+    if isinstance(op, Deduplicate):
+        return op.event_time_key is not None
+    return isinstance(op, (Aggregate, StreamJoin))
+
+
+def _may_emit_late_rows(op: StatefulNode, output_mode: str) -> bool:
+    """Spark 4's isStatefulOperationPossiblyEmitLateRows: with watermark propagation only
+    an aggregation outside Append mode (outer joins are accepted)."""
+    return isinstance(op, Aggregate) and output_mode != "append"
+
+
+def _stateful_below(node: PlanNode) -> list[StatefulNode]:
+    return [n for child in node.children for n in stateful_operators(child)]
+
+
+def _check_chain(operators: list[StatefulNode], output_mode: str) -> None:
+    """Several stateful operators in one query (Spark's
+    ``spark.sql.streaming.statefulOperator.allowMultiple``): Spark's global-watermark
+    correctness check, then the combinations lockgate runs."""
+    for op in operators:
+        if _is_correctness_checked(op) and any(
+            _may_emit_late_rows(below, output_mode) for below in _stateful_below(op)
+        ):
+            raise AnalysisError(CORRECTNESS_ERROR)
+    for op in operators:
+        below = _stateful_below(op)
+        if isinstance(op, SessionWindowAggregate):
+            raise NotSupportedYetError(
+                "A session_window aggregation together with another stateful operator in "
+                "one query",
+                "Chain them through a second query reading the first one's output.",
+            )
+        if isinstance(op, StreamingLimit):
+            raise NotSupportedYetError(
+                "A streaming limit() together with another stateful operator in one query",
+                "Chain them through a second query reading the first one's output.",
+            )
+        if isinstance(op, StreamJoin) and below:
+            raise NotSupportedYetError(
+                f"A stream-stream join of the output of another stateful operator "
+                f"({below[0].describe()})",
+                "Join the streams first, or chain the queries through a sink.",
+            )
+        feeds_another = any(
+            any(b is op for b in _stateful_below(other)) for other in operators if other is not op
+        )
+        if isinstance(op, StreamJoin) and feeds_another and _propagates_lower_watermark(op):
+            raise NotSupportedYetError(
+                f"A stateful operator after a {op.describe()} with an event-time range "
+                "condition or outer join type",
+                "Spark gives the operators after such a join a watermark delayed by the "
+                "join's range; lockgate runs every operator by the global watermark. Chain "
+                "them through a second query.",
+            )
+
+
+def _propagates_lower_watermark(join: StreamJoin) -> bool:
+    """Whether Spark's watermark propagation gives the operators after ``join`` an
+    earlier watermark than the global one (a state watermark from a range condition)."""
+    if join.join_type != "inner":
+        return True
+    return join.key_watermark_ordinal is None and any(
+        join.watermark_columns[side] is not None and bool(join.state_watermark_forms[side])
+        for side in (0, 1)
+    )
+
+
+def _check_redefined_watermark(plan: PlanNode) -> None:
+    """Spark's watermark propagation refuses a ``withWatermark`` above another one."""
+
+    def visit(node: PlanNode, above_watermark: bool) -> None:
+        here = isinstance(node, EventTimeWatermark)
+        if here and above_watermark:
+            raise AnalysisError(REDEFINED_WATERMARK_ERROR)
+        for child in node.children:
+            visit(child, above_watermark or here)
+
+    visit(plan, False)
 
 
 def _check_session_windows(aggregates: list[Aggregate], output_mode: str) -> None:

@@ -96,6 +96,14 @@ def make_deduplicate(
     return Deduplicate(child, tuple(keys), event_key, False, late_column)
 
 
+def _event_micros(value: Any) -> int | None:
+    """Event time of a value: a timestamp, or a time window (an aggregation's output,
+    compared by its end as Spark does for window structs)."""
+    if isinstance(value, dict):
+        value = value.get("end")
+    return _micros(value)
+
+
 @dataclass(frozen=True)
 class DedupTask:
     store: Any
@@ -142,7 +150,7 @@ def run_dedup_task(task: DedupTask, batches: Any) -> Any:
         for i, key in enumerate(keys):
             if late_us is not None:
                 if event_times:
-                    t = _micros(event_times[i])
+                    t = _event_micros(event_times[i])
                 elif task.event_time_key is not None:
                     t = _micros(key[task.event_time_key])
                 else:
@@ -154,7 +162,7 @@ def run_dedup_task(task: DedupTask, batches: Any) -> Any:
                 dropped_dup += 1
                 continue
             if task.within_watermark:
-                expires = (_micros(event_times[i]) or 0) + task.delay_ms * 1000
+                expires = (_event_micros(event_times[i]) or 0) + task.delay_ms * 1000
                 store.put(key, [expires])
             else:
                 store.put(key, [True])

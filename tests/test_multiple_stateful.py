@@ -1,0 +1,323 @@
+"""Several stateful operators in one query (``statefulOperator.allowMultiple``).
+
+Differential tests against native Spark Structured Streaming, as in test_stateful.py:
+after every step both sides agree on the sink's rows, the batch ids (no-data batches
+included), each batch's input rows and watermark, and every operator's
+``numRowsTotal``, ``numRowsDroppedByWatermark``, ``numRowsUpdated``, ``numRowsRemoved``
+in operator-id order (Spark numbers operators top-down: the last one of a chain is 0).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from differential import write_json
+from pyspark.errors import AnalysisException
+from pyspark.sql import functions as F
+from test_stateful import SCHEMA, Bench, _headline, ev
+
+import lockgate
+from lockgate import NotSupportedYetError
+from lockgate.plan.checks import REDEFINED_WATERMARK_ERROR
+
+
+@pytest.fixture
+def bench(spark, ls, tmp_path):
+    b = Bench(spark, ls, tmp_path)
+    yield b
+    b.stop()
+
+
+def _src(reader: Any, inp: Path | str, delay: str | None = "10 seconds") -> Any:
+    df = reader.schema(SCHEMA).json(str(inp))
+    return df.withWatermark("ts", delay) if delay else df
+
+
+def _right(reader: Any, inp: Path | str) -> Any:
+    return (
+        _src(reader, inp, None)
+        .withColumnRenamed("ts", "ts2")
+        .withColumnRenamed("v", "v2")
+        .withWatermark("ts2", "5 seconds")
+    )
+
+
+def window_then_window(inp: Path) -> Any:
+    def build(reader: Any) -> Any:
+        w1 = _src(reader, inp).groupBy(F.window("ts", "5 seconds").alias("window"), "k").count()
+        return w1.groupBy(F.window(F.window_time("window"), "10 seconds"), "k").agg(
+            F.sum("count").alias("total")
+        )
+
+    return build
+
+
+# Left input: watermark delay 10 s. Right input (joins): 5 s. The global watermark is
+# the minimum of both for queries reading both.
+LEFT_STEPS = [
+    [ev(1, "a", 1.0), ev(2, "a", 2.0), ev(6, "b", 1.0), ev(2, "a", 2.0)],
+    [ev(12, "a", 1.0), ev(3, "a", 5.0), ev(13, "x", 1.0)],
+    [ev(22, "a", 1.0), ev(8, "b", 2.0), ev(14, "a", 1.0), ev(40, "y", 1.0)],
+    [ev(41, "b", 1.0), ev(19, "a", 3.0), ev(21, "a", 1.0), ev(21, "a", 1.0)],
+    [ev(60, "a", 1.0), ev(44, "b", 4.0), ev(33, "c", 1.0)],
+]
+RIGHT_STEPS = [
+    [ev(2, "a", 9.0)],
+    [ev(30, "y", 1.0)],
+    [ev(45, "x", 2.0), ev(46, "a", 1.0)],
+    [ev(50, "b", 1.0)],
+    [ev(61, "y", 3.0)],
+]
+RESTART_BEFORE_STEP = 2
+
+
+def test_chained_operators_match_native(bench, tmp_path):
+    """window agg -> window agg (append, restarted mid-stream), key-with-time agg ->
+    window agg, dedup with watermark -> window agg, window agg -> dropDuplicates, and a
+    stream-stream inner join -> window agg whose old join state produces rows the
+    aggregation drops as late."""
+    left, right = tmp_path / "left", tmp_path / "right"
+    left.mkdir()
+    right.mkdir()
+    bench.add("window_window", window_then_window(left), sink="foreachBatch")
+
+    def time_key_then_window(reader: Any) -> Any:
+        per_ts = _src(reader, left).groupBy("ts", "k").agg(F.sum("v").alias("s"))
+        return per_ts.groupBy(F.window("ts", "10 seconds")).agg(
+            F.count("*").alias("n"), F.sum("s").alias("s")
+        )
+
+    bench.add("timekey_window", time_key_then_window)
+
+    def dedup_then_window(reader: Any) -> Any:
+        unique = _src(reader, left).dropDuplicates(["k", "ts"])
+        return unique.groupBy(F.window("ts", "10 seconds"), "k").agg(
+            F.count("*").alias("n"), F.sum("v").alias("s")
+        )
+
+    bench.add("dedup_window", dedup_then_window, sink="foreachBatch")
+
+    def window_then_dedup(reader: Any) -> Any:
+        counts = _src(reader, left).groupBy(F.window("ts", "5 seconds"), "k").count()
+        return counts.dropDuplicates(["k"]).select("k", "window", "count")
+
+    bench.add("window_dedup", window_then_dedup)
+
+    def join_then_window(reader: Any) -> Any:
+        joined = _src(reader, left).join(_right(reader, right), "k")
+        return joined.groupBy(F.window("ts", "10 seconds")).agg(
+            F.count("*").alias("n"), F.sum("v2").alias("s")
+        )
+
+    bench.add("join_window", join_then_window, sink="foreachBatch")
+
+    bench.start()
+    for i, (lrows, rrows) in enumerate(zip(LEFT_STEPS, RIGHT_STEPS)):
+        if i == RESTART_BEFORE_STEP:
+            again = [p for p in bench.pairs if p.sink == "foreachBatch"]
+            for pair in again:
+                pair.stop()
+            bench.start(again)
+        bench.step(f"step {i}", {left: lrows, right: rrows})
+
+    progress = {p.name: p.native.progress() for p in bench.pairs}
+    # Two operators reported, no-data batches ran, state was evicted by the outer one.
+    for name in ("window_window", "timekey_window", "dedup_window", "window_dedup"):
+        assert all(len(batch[3]) == 2 for batch in progress[name]), name
+    assert len(progress["window_window"]) > len(LEFT_STEPS)
+    assert sum(b[3][0][5] for b in progress["window_window"]) > 0
+    # The join's old state produced rows the aggregation (operator 0) dropped as late.
+    assert sum(b[3][0][2] for b in progress["join_window"]) > 0
+    assert sum(b[3][1][2] for b in progress["dedup_window"]) > 0
+    assert [op[0] for op in progress["join_window"][0][3]] == ["stateStoreSave", "symmetricHashJoin"]
+
+
+def test_dedup_without_watermark_then_aggregation_in_update_mode(bench, tmp_path):
+    """Spark accepts a deduplication without event time below an aggregation in update
+    mode (no operator below can emit late rows)."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+
+    def build(reader: Any) -> Any:
+        return _src(reader, inp, None).dropDuplicates(["k", "v"]).groupBy("k").agg(
+            F.count("*").alias("n"), F.sum("v").alias("s")
+        )
+
+    bench.add("update", build, "update")
+    bench.start()
+    for i, rows in enumerate(LEFT_STEPS[:3]):
+        bench.step(f"step {i}", {inp: rows})
+
+
+def test_operator_ids_are_top_down(spark, ls, tmp_path):
+    """State of a chain lives under state/0 (the outer aggregation) and state/1 (the inner
+    one), as Spark lays it out; ls.read.state and explain() follow the same ids."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+    cp = str(tmp_path / "cp")
+    sdf = window_then_window(inp)(ls.readStream)
+    text = sdf._explain_string(False)
+    assert text.index("opId = 0") < text.index("opId = 1")
+    q = (
+        sdf.writeStream.format("memory")
+        .queryName(f"ids_{uuid.uuid4().hex[:8]}")
+        .option("checkpointLocation", cp)
+        .start()
+    )
+    try:
+        write_json(inp, [ev(1, "a", 1.0), ev(7, "a", 1.0), ev(30, "b", 1.0)])
+        q.processAllAvailable()
+        write_json(inp, [ev(31, "b", 1.0)])
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    outer = ls.read.state(cp, operatorId=0).collect()
+    inner = ls.read.state(cp, operatorId=1).collect()
+    # wm 20 s: the inner windows [0, 5) and [5, 10) of a went to the outer [0, 10),
+    # which was emitted and evicted; the inner keeps [30, 35) of b, the outer nothing.
+    assert [tuple(r["key"])[2] for r in inner] == ["b"]
+    assert outer == []
+    ops = q.lastProgress["stateOperators"]
+    assert [op["numRowsTotal"] for op in ops] == [0, 1]
+    with pytest.raises(lockgate.CheckpointError, match="operator 2"):
+        ls.read.state(cp, operatorId=2)
+
+
+# -- refused like Spark -------------------------------------------------------------------
+REFUSED = [
+    pytest.param(
+        lambda r, i: window_then_window(i)(r), "update", id="two-aggregations-update"
+    ),
+    pytest.param(
+        lambda r, i: window_then_window(i)(r), "complete", id="two-aggregations-complete"
+    ),
+    pytest.param(
+        lambda r, i: _src(r, i, None).groupBy("k").count().groupBy("count").count(),
+        "append",
+        id="two-aggregations-without-watermark",
+    ),
+    pytest.param(
+        lambda r, i: _src(r, i).groupBy("ts", "k").count().dropDuplicates(["ts"]),
+        "update",
+        id="aggregation-update-then-dedup-on-event-time",
+    ),
+    pytest.param(
+        lambda r, i: _src(r, i).groupBy(F.window("ts", "5 seconds"), "k").count().groupBy("k").count(),
+        "append",
+        id="window-aggregation-then-key-aggregation",
+    ),
+]
+
+
+@pytest.mark.parametrize(("build", "mode"), REFUSED)
+def test_refused_like_spark(spark, ls, tmp_path, build, mode):
+    inp = str(tmp_path / "in")
+    os.makedirs(inp)
+    with pytest.raises(AnalysisException) as native:
+        build(spark.readStream, inp).writeStream.format("memory").queryName(
+            f"refused_{uuid.uuid4().hex[:8]}"
+        ).outputMode(mode).option("checkpointLocation", str(tmp_path / "native")).start()
+    expected = _headline(native.value)
+    with pytest.raises(AnalysisException) as lg:
+        build(ls.readStream, inp).writeStream.format("memory").queryName("refused_lg").outputMode(
+            mode
+        ).option("checkpointLocation", str(tmp_path / "lockgate")).start()
+    assert expected in str(lg.value)
+    assert not ls.streams.active
+
+
+def test_redefined_watermark_refused(spark, ls, tmp_path):
+    """Spark fails the query once its watermark propagation sees a withWatermark above
+    another one; lockgate refuses it when the query starts, with Spark's message."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+    write_json(inp, [ev(1, "a", 1.0), ev(30, "b", 1.0)])
+
+    def build(reader: Any) -> Any:
+        unique = _src(reader, inp).dropDuplicates(["k", "ts"])
+        again = unique.withColumn("t", F.col("ts")).withWatermark("t", "5 seconds")
+        return again.groupBy(F.window("t", "10 seconds")).count()
+
+    native = (
+        build(spark.readStream)
+        .writeStream.format("memory")
+        .queryName(f"redef_{uuid.uuid4().hex[:8]}")
+        .option("checkpointLocation", str(tmp_path / "native"))
+        .start()
+    )
+    with pytest.raises(Exception) as failed:
+        native.processAllAvailable()
+    assert REDEFINED_WATERMARK_ERROR in str(failed.value)
+    with pytest.raises(AnalysisException, match="Redefining watermark is disallowed") as lg:
+        build(ls.readStream).writeStream.format("memory").queryName("redef_lg").option(
+            "checkpointLocation", str(tmp_path / "lockgate")
+        ).start()
+    assert REDEFINED_WATERMARK_ERROR in str(lg.value)
+
+
+NOT_YET = [
+    pytest.param(
+        lambda r, i: _src(r, i)
+        .groupBy(F.session_window("ts", "5 seconds"), "k")
+        .count()
+        .groupBy(F.window(F.window_time("session_window"), "10 seconds"))
+        .count(),
+        id="session-window-then-window",
+    ),
+    pytest.param(
+        lambda r, i: _src(r, i).limit(3).groupBy(F.window("ts", "5 seconds")).count(),
+        id="limit-then-aggregation",
+    ),
+    pytest.param(
+        lambda r, i: _src(r, i)
+        .join(
+            _right(r, i).withColumnRenamed("k", "k2"),
+            F.expr("k = k2 AND ts2 BETWEEN ts AND ts + interval 5 seconds"),
+        )
+        .groupBy(F.window("ts", "10 seconds"))
+        .count(),
+        id="range-join-then-aggregation",
+    ),
+    pytest.param(
+        lambda r, i: _src(r, i)
+        .join(
+            _right(r, i).withColumnRenamed("k", "k2"),
+            F.expr("k = k2 AND ts2 BETWEEN ts AND ts + interval 5 seconds"),
+            "left",
+        )
+        .groupBy(F.window("ts", "10 seconds"))
+        .count(),
+        id="outer-join-then-aggregation",
+    ),
+    pytest.param(
+        lambda r, i: _src(r, i)
+        .dropDuplicates(["k", "ts"])
+        .join(_right(r, i), "k"),
+        id="dedup-then-join",
+    ),
+]
+
+
+@pytest.mark.parametrize("build", NOT_YET)
+def test_not_supported_yet_combinations(spark, ls, tmp_path, build):
+    """Chains Spark accepts (append mode) that lockgate refuses before running, naming
+    the combination."""
+    inp = str(tmp_path / "in")
+    os.makedirs(inp)
+    native = (
+        build(spark.readStream, inp)
+        .writeStream.format("memory")
+        .queryName(f"nyet_{uuid.uuid4().hex[:8]}")
+        .option("checkpointLocation", str(tmp_path / "native"))
+        .start()
+    )
+    native.stop()
+    with pytest.raises(NotSupportedYetError):
+        build(ls.readStream, inp).writeStream.format("memory").queryName("nyet_lg").option(
+            "checkpointLocation", str(tmp_path / "lockgate")
+        ).start()
+    assert not ls.streams.active
