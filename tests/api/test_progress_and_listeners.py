@@ -9,13 +9,12 @@ import logging
 import os
 import re
 import threading
-import time
-import uuid
 from datetime import datetime, timezone
 
 import pytest
 from pyspark.sql.streaming import StreamingQueryListener as PySparkStreamingQueryListener
 from pyspark.sql.streaming.listener import StreamingQueryProgress
+from streaming_helpers import batch_progress, feed, last_batch, unique, wait_until
 
 import lockgate
 from lockgate import ManualClock, MemoryStream
@@ -33,50 +32,6 @@ DURATION_KEYS = {
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def wait_until(predicate, timeout: float = 60.0, interval: float = 0.02, message: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    assert predicate(), message or "condition not reached in time"
-
-def batch_progress(query) -> list:
-    """Progress of triggers that ran a batch (idle triggers also report progress, as in
-    Spark 4, but have no addBatch duration)."""
-    return [p for p in query.recentProgress if "addBatch" in p.durationMs]
-
-
-def last_batch(query):
-    batches = batch_progress(query)
-    return batches[-1] if batches else None
-
-
-
-def end_offset(query, source: int = 0):
-    progress = last_batch(query)
-    if progress is None:
-        return None
-    return json.loads(progress.sources[source].endOffset)
-
-
-def feed(query, stream: MemoryStream, data) -> int:
-    offset = stream.addData(data)
-
-    def done() -> bool:
-        if query.exception() is not None:
-            raise query.exception()
-        current = end_offset(query)
-        return current is not None and current >= offset
-
-    wait_until(done)
-    return offset
-
-
-def unique(prefix: str = "q") -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
 @contextlib.contextmanager

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -14,6 +13,15 @@ import uuid
 import pytest
 from pyspark.errors import AnalysisException
 from pyspark.errors import StreamingQueryException as PySparkStreamingQueryException
+from streaming_helpers import (
+    batch_progress,
+    end_offset,
+    feed,
+    last_batch,
+    spark_conf,
+    unique,
+    wait_until,
+)
 
 import lockgate
 from lockgate import ManualClock, MemoryStream
@@ -24,66 +32,8 @@ UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]
 # -- helpers -------------------------------------------------------------------------------
 
 
-def wait_until(predicate, timeout: float = 60.0, interval: float = 0.02, message: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    assert predicate(), message or "condition not reached in time"
-
-def batch_progress(query) -> list:
-    """Progress of triggers that ran a batch (idle triggers also report progress, as in
-    Spark 4, but have no addBatch duration)."""
-    return [p for p in query.recentProgress if "addBatch" in p.durationMs]
-
-
-def last_batch(query):
-    batches = batch_progress(query)
-    return batches[-1] if batches else None
-
-
-
-def end_offset(query, source: int = 0):
-    progress = last_batch(query)
-    if progress is None:
-        return None
-    return json.loads(progress.sources[source].endOffset)
-
-
-def feed(query, stream: MemoryStream, data) -> int:
-    """Add data and wait until the query has committed it (one batch per call)."""
-    offset = stream.addData(data)
-
-    def done() -> bool:
-        if query.exception() is not None:
-            raise query.exception()
-        current = end_offset(query)
-        return current is not None and current >= offset
-
-    wait_until(done)
-    return offset
-
-
-def unique(prefix: str = "q") -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:10]}"
-
-
 def table_values(spark, name: str) -> list:
     return sorted(r[0] for r in spark.sql(f"select * from {name}").collect())
-
-
-@contextlib.contextmanager
-def spark_conf(spark, key: str, value: str):
-    previous = spark.conf.get(key, None)
-    spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        if previous is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, previous)
 
 
 def _batch_recorder():

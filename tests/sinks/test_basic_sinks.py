@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-import time
 import uuid
 
 import pytest
 from pyspark.errors import AnalysisException
+from streaming_helpers import feed, last_batch
 
 import lockgate
 from lockgate import MemoryStream
@@ -19,40 +18,6 @@ SCHEMA = "value INT, s STRING"
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def wait_until(predicate, timeout: float = 60.0, interval: float = 0.02, message: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    assert predicate(), message or "condition not reached in time"
-
-def batch_progress(query) -> list:
-    """Progress of triggers that ran a batch (idle triggers also report progress, as in
-    Spark 4, but have no addBatch duration)."""
-    return [p for p in query.recentProgress if "addBatch" in p.durationMs]
-
-
-def last_batch(query):
-    batches = batch_progress(query)
-    return batches[-1] if batches else None
-
-
-
-def feed(query, stream: MemoryStream, data) -> int:
-    """Add data and wait until the query has committed it (one batch per call)."""
-    offset = stream.addData(data)
-
-    def done() -> bool:
-        if query.exception() is not None:
-            raise query.exception()
-        p = last_batch(query)
-        return p is not None and json.loads(p.sources[0].endOffset) >= offset
-
-    wait_until(done)
-    return offset
 
 
 def unique(prefix: str = "t") -> str:

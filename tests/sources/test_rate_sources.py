@@ -10,33 +10,13 @@ import uuid
 
 import pytest
 from pyspark.errors import AnalysisException
+from streaming_helpers import batch_progress, last_batch, wait_until
 
 import lockgate
 from lockgate import ManualClock
 from lockgate.sources.rate import value_at_second
 
-
 # -- helpers -------------------------------------------------------------------------------
-
-
-def wait_until(predicate, timeout: float = 60.0, interval: float = 0.02, message: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    assert predicate(), message or "condition not reached in time"
-
-def batch_progress(query) -> list:
-    """Progress of triggers that ran a batch (idle triggers also report progress, as in
-    Spark 4, but have no addBatch duration)."""
-    return [p for p in query.recentProgress if "addBatch" in p.durationMs]
-
-
-def last_batch(query):
-    batches = batch_progress(query)
-    return batches[-1] if batches else None
-
 
 
 def _recorder():
