@@ -73,6 +73,12 @@ class StreamingGroupedData:
         session_key = session_key_index(template.schema, key_count)
         node: Aggregate
         if session_key is not None:
+            if any(spec.kind == "approx_count_distinct" for spec in specs):
+                raise NotSupportedYetError(
+                    "approx_count_distinct over session windows",
+                    "Use it with window() or plain grouping keys, or count distinct values "
+                    "per session in a second query.",
+                )
             node = session_window_aggregate(
                 spark,
                 child=self._df._plan,

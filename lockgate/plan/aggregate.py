@@ -46,6 +46,7 @@ _ALIASES = {
     "any_value": "first",
 }
 _SUPPORTED = {
+    "approx_count_distinct",
     "count",
     "sum",
     "avg",
@@ -74,6 +75,8 @@ class AggSpec:
     """How each buffer merges with the state's: sum, count, min, max, first, last,
     concat, union, moments (three buffers n, mean, m2 merged together)."""
     ignore_nulls: bool = False
+    relative_sd: float | None = None
+    """approx_count_distinct's maximum relative standard deviation."""
 
 
 def _function_parts(spark: SparkSession, col: Column) -> tuple[str, list[Any], bool]:
@@ -120,6 +123,8 @@ def decompose(spark: SparkSession, col: Column) -> AggSpec:
         merge = {"count": "count", "min": "min", "max": "max", "collect_list": "concat", "collect_set": "union"}
         return AggSpec(name, (col,), (merge[name],))
     arg = _as_column(spark, args[0])
+    if name == "approx_count_distinct":
+        return _approx_count_distinct(arg, args)
     if name == "sum":
         return AggSpec(name, (F.sum(arg),), ("sum",))
     if name == "avg":
@@ -139,9 +144,61 @@ def decompose(spark: SparkSession, col: Column) -> AggSpec:
     return AggSpec(name, (n, mean, m2), ("moments", "moments", "moments"))
 
 
+def _approx_count_distinct(arg: Column, args: list[Any]) -> AggSpec:
+    """HyperLogLog++ answers depend only on the set of distinct values seen, so the state
+    keeps that set (merged by union) and the result is Spark's own approx_count_distinct
+    over it (:func:`estimate_distinct_counts`): exactly native Spark's estimate. The state
+    grows with the distinct values of a group, not with Spark's 2^p registers."""
+    rsd = 0.05
+    if len(args) > 1:
+        text = str(args[1].toString()).strip().rstrip("BDLbdl")
+        try:
+            rsd = float(text)
+        except ValueError as exc:
+            raise AnalysisError(
+                f"approx_count_distinct's relative standard deviation must be a number, "
+                f"got {text!r}."
+            ) from exc
+    return AggSpec("approx_count_distinct", (F.collect_set(arg),), ("union",), relative_sd=rsd)
+
+
+def estimate_distinct_counts(
+    df: DataFrame, key_columns: list[str], buffer_columns: list[str], specs: tuple[AggSpec, ...]
+) -> DataFrame:
+    """Replace each approx_count_distinct buffer (an array of distinct values) of the
+    state task's output by Spark's estimate over it.
+
+    One row per group comes out of the state task; exploding a buffer and grouping by
+    the group's keys again gives Spark's approx_count_distinct over exactly that set,
+    while the other columns pass through ``first`` unchanged. The state task's output is
+    read once (a correlated subquery would make Spark join it with itself and run the
+    state task twice).
+    """
+    position = 0
+    for spec in specs:
+        names = buffer_columns[position : position + len(spec.partials)]
+        position += len(spec.partials)
+        if spec.kind != "approx_count_distinct":
+            continue
+        target = names[0]
+        others = [c for c in df.columns if c != target and c not in key_columns]
+        value = "__lg_distinct_value"
+        exploded = df.select(
+            *[F.col(f"`{c}`") for c in key_columns + others],
+            F.explode_outer(F.col(f"`{target}`")).alias(value),
+        )
+        df = exploded.groupBy(*[F.col(f"`{c}`") for c in key_columns]).agg(
+            *[F.first(F.col(f"`{c}`")).alias(c) for c in others],
+            F.approx_count_distinct(value, spec.relative_sd).alias(target),
+        )
+    return df
+
+
 def final_column(spec: AggSpec, buffers: list[Column]) -> Column:
     """Spark SQL computing the function's result from its merged buffers."""
     kind = spec.kind
+    if kind == "approx_count_distinct":
+        return buffers[0]  # already Spark's estimate (estimate_distinct_counts)
     if kind in ("count", "min", "max", "collect_list", "collect_set", "sum", "first", "last"):
         return buffers[0]
     if kind == "avg":
@@ -422,6 +479,7 @@ _BUFFER_ROLES = {
     "last": ("value", "isSet"),
     "collect_list": ("values",),
     "collect_set": ("values",),
+    "approx_count_distinct": ("distinctValues",),
 }
 
 
@@ -580,6 +638,8 @@ def build_aggregate(
         operator_id=operator_id,
     )
     stateful = flat.mapInArrow(bind(run_aggregate_task, task), out_struct)
+    if any(spec.kind == "approx_count_distinct" for spec in node.specs):
+        stateful = estimate_distinct_counts(stateful, flat_key_names, buffer_cols, node.specs)
     out: list[Column] = []
     for layout, field in zip(layouts, node.output_schema.fields):
         if layout.fields is not None:
