@@ -237,9 +237,10 @@ class ContinuousExecution(StreamExecution):
                 self.run_id, f"continuous query {self.pretty_id_string}", interruptOnCancel=True
             )
             sc.setLocalProperty("sql.streaming.queryId", self.id)
+            # The tasks run until told to stop; nothing comes back but their end.
             sc.parallelize(range(tasks), tasks).mapPartitionsWithIndex(
                 lambda index, _rows: [run_partition(spec, index)]
-            ).collect()
+            ).count()
         except BaseException as exc:  # noqa: BLE001 - reported to the stream thread
             self._job_error = exc
         finally:

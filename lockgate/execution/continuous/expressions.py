@@ -581,34 +581,24 @@ def _comparison(dtype: str, meta: Any, args: list[Fn], arg_types: list[str], op:
     return _strict(cmp, args)
 
 
-def _and(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
-    a, b = args
+def _short_circuit(decisive: bool) -> Callable[..., Fn]:
+    """AND (decisive False) and OR (decisive True) in three-valued logic."""
 
-    def f(row: tuple[Any, ...]) -> Any:
-        x = a(row)
-        if x is False:
-            return False
-        y = b(row)
-        if y is False:
-            return False
-        return None if x is None or y is None else True
+    def factory(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+        a, b = args
 
-    return f
+        def f(row: tuple[Any, ...]) -> Any:
+            x = a(row)
+            if x is decisive:
+                return decisive
+            y = b(row)
+            if y is decisive:
+                return decisive
+            return None if x is None or y is None else not decisive
 
+        return f
 
-def _or(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
-    a, b = args
-
-    def f(row: tuple[Any, ...]) -> Any:
-        x = a(row)
-        if x is True:
-            return True
-        y = b(row)
-        if y is True:
-            return True
-        return None if x is None or y is None else False
-
-    return f
+    return factory
 
 
 def _in(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
@@ -1084,8 +1074,8 @@ _FACTORIES: dict[str, Callable[..., Fn]] = {
     "UnaryPositive": lambda d, m, a, t: a[0],
     "Abs": _abs,
     **{op: (lambda o: lambda d, m, a, t: _comparison(d, m, a, t, o))(op) for op in _COMPARISONS},
-    "And": _and,
-    "Or": _or,
+    "And": _short_circuit(False),
+    "Or": _short_circuit(True),
     "Not": _binary(lambda x: not x),
     "In": _in,
     "InSet": _in_set,
