@@ -488,20 +488,29 @@ def _integral_divide(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]
     return _strict(div, args)
 
 
-def _remainder(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
-    mode = meta
-    integral = dtype in _INTEGRAL
-    fix = _f32 if dtype == "float" else float
+def _modulo(positive: bool) -> Callable[..., Fn]:
+    """``%`` (the dividend's sign, as Java) and ``pmod`` (never negative)."""
 
-    def rem(x: Any, y: Any) -> Any:
-        if y == 0:
-            _divide_by_zero(mode)
-            return None
-        if integral:
-            return x - y * _trunc_div(x, y)
-        return fix(_java_fmod(x, y))
+    def factory(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+        mode = meta
+        integral = dtype in _INTEGRAL
+        fix = _f32 if dtype == "float" else float
 
-    return _strict(rem, args)
+        def rem(x: Any, y: Any) -> Any:
+            return x - y * _trunc_div(x, y) if integral else _java_fmod(x, y)
+
+        def mod(x: Any, y: Any) -> Any:
+            if y == 0:
+                _divide_by_zero(mode)
+                return None
+            r = rem(x, y)
+            if positive and r < 0:
+                r = rem(r + y, y)
+            return r if integral else fix(r)
+
+        return _strict(mod, args)
+
+    return factory
 
 
 def _java_fmod(x: float, y: float) -> float:
@@ -511,28 +520,6 @@ def _java_fmod(x: float, y: float) -> float:
     if math.isinf(y):
         return float(x)
     return math.fmod(x, y)
-
-
-def _pmod(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
-    mode = meta
-    integral = dtype in _INTEGRAL
-    fix = _f32 if dtype == "float" else float
-
-    def pmod(x: Any, y: Any) -> Any:
-        if y == 0:
-            _divide_by_zero(mode)
-            return None
-        if integral:
-            r = x - y * _trunc_div(x, y)
-            if r < 0:
-                r = (r + y) - y * _trunc_div(r + y, y)
-            return r
-        r = _java_fmod(x, y)
-        if r < 0:
-            r = _java_fmod(r + y, y)
-        return fix(r)
-
-    return _strict(pmod, args)
 
 
 def _unary_minus(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
@@ -1068,8 +1055,8 @@ _FACTORIES: dict[str, Callable[..., Fn]] = {
     "Multiply": lambda d, m, a, t: _arith(d, m, a, t, "Multiply"),
     "Divide": _divide,
     "IntegralDivide": _integral_divide,
-    "Remainder": _remainder,
-    "Pmod": _pmod,
+    "Remainder": _modulo(positive=False),
+    "Pmod": _modulo(positive=True),
     "UnaryMinus": _unary_minus,
     "UnaryPositive": lambda d, m, a, t: a[0],
     "Abs": _abs,
