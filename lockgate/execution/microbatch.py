@@ -15,9 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Observation
-from pyspark.sql import functions as F
 
-from lockgate.checkpoint import CommitLog, CommitMetadata, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
+from lockgate.checkpoint import (
+    CommitLog,
+    CommitMetadata,
+    OffsetSeq,
+    OffsetSeqLog,
+    OffsetSeqMetadata,
+)
 from lockgate.errors import CheckpointError, ConcurrentWriteError
 from lockgate.execution.faults import crash_point
 from lockgate.execution.progress import ProgressTracker, format_timestamp, rate
@@ -31,9 +36,11 @@ from lockgate.execution.triggers import (
 from lockgate.execution.watermark import WatermarkTracker
 from lockgate.options import Options, parse_duration_ms
 from lockgate.plan.aggregate import StatefulContext
+from lockgate.plan.cache import PlanCache
 from lockgate.plan.checks import stateful_operators
-from lockgate.plan.incremental import IncrementalExecution, observation_value
+from lockgate.plan.incremental import IncrementalExecution, observation_value, row_count
 from lockgate.plan.nodes import PlanNode, source_relations, watermark_nodes
+from lockgate.plan.state_udf import encode_params, property_key
 from lockgate.sources.base import READ_ALL_AVAILABLE, ReadLimit, Source, SourceContext
 
 if TYPE_CHECKING:
@@ -104,6 +111,7 @@ class MicroBatchExecution(StreamExecution):
         self._last_batch: dict[str, Any] | None = None
         self._available_now_caps: dict[int, Any] | None = None
         self.last_execution: IncrementalExecution | None = None
+        self.plan_cache = PlanCache()
         self._stateful_ops = stateful_operators(plan)
         self._op_ids = {id(node): i for i, node in enumerate(self._stateful_ops)}
         self._state_checked = False
@@ -376,7 +384,7 @@ class MicroBatchExecution(StreamExecution):
             return False
         return self.watermark_tracker.current_watermark_ms > self.offset_metadata.batchWatermarkMs
 
-    def _stateful_context(self) -> StatefulContext | None:
+    def _stateful_context(self, empty_sources: frozenset[int]) -> StatefulContext | None:
         if not self._stateful_ops:
             return None
         conf = self.spark.conf
@@ -396,6 +404,8 @@ class MicroBatchExecution(StreamExecution):
             min_versions_to_retain=self.min_batches_to_retain,
             late_events_watermark_ms=self._previous_batch_watermark() if self._watermark_nodes else None,
             checkpoint_id=self.id,
+            cache=self.plan_cache,
+            shape=empty_sources,
         )
 
     def _previous_batch_watermark(self) -> int:
@@ -455,6 +465,22 @@ class MicroBatchExecution(StreamExecution):
         return progress
 
     # -- running a batch ---------------------------------------------------------------
+    def _on_stream_session(self, frame: DataFrame) -> DataFrame:
+        """``frame`` on the query's own session (adaptive execution off).
+
+        A source may build its batch on another session (a MemoryStream made with the
+        user's session); a batch DataFrame keeps the session it was made on, and with
+        adaptive execution on, Spark may drop the repartition state relies on.
+        """
+        from pyspark.sql import DataFrame as PySparkDataFrame
+
+        own = self.spark._jsparkSession
+        if frame._jdf.sparkSession().equals(own):
+            return frame
+        jvm = self.spark.sparkContext._jvm
+        rehomed = jvm.org.apache.spark.sql.classic.Dataset.ofRows(own, frame._jdf.logicalPlan())
+        return PySparkDataFrame(rehomed, self.spark)
+
     def _run_batch(self) -> None:
         spark = self.spark
         batch_id = self.current_batch_id
@@ -474,12 +500,15 @@ class MicroBatchExecution(StreamExecution):
                     continue
                 start = self._start_offset(slot, start_json)
                 end = slot.source.deserializeOffset(end_json)
-                frames[slot.relation_id] = slot.source.getBatch(start, end)
+                frames[slot.relation_id] = self._on_stream_session(slot.source.getBatch(start, end))
                 counts[slot.index] = slot.source.numRowsBetween(start, end)
                 if counts[slot.index] is None:
                     count_sources.add(slot.index)
         with self.progress.time("queryPlanning"):
-            stateful = self._stateful_context()
+            empty_sources = frozenset(
+                slot.relation_id for slot in self._slots if counts.get(slot.index) == 0
+            )
+            stateful = self._stateful_context(empty_sources)
             execution = IncrementalExecution(
                 self.plan,
                 frames,
@@ -490,15 +519,24 @@ class MicroBatchExecution(StreamExecution):
                 count_sources=count_sources,
                 stateful=stateful,
                 operator_ids=self._op_ids,
+                cache=self.plan_cache,
+                empty_sources=empty_sources,
             )
             result = execution.build()
             if stateful is not None:
                 self._check_state_schemas(execution)
             output_obs = Observation(f"lockgate_output_rows_b{batch_id}")
-            result = result.observe(output_obs, F.count(F.lit(1)).alias("rows"))
+            result = result.observe(output_obs, self.plan_cache.get(self, "output_rows", row_count))
         self.last_execution = execution
-        with self.progress.time("addBatch"):
-            self.sink.addBatch(batch_id, result)
+        params_key = property_key(self.id)
+        if stateful is not None:
+            sc.setLocalProperty(params_key, encode_params(stateful.batch_params))
+        try:
+            with self.progress.time("addBatch"):
+                self.sink.addBatch(batch_id, result)
+        finally:
+            if stateful is not None:
+                sc.setLocalProperty(params_key, None)  # type: ignore[arg-type]
         for index, obs in execution.observations.source_rows.items():
             value = observation_value(obs)
             counts[index] = int(value["rows"]) if value else 0

@@ -20,7 +20,8 @@ One batch of ``groupBy(keys).agg(fns)`` runs as, in Spark's words::
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -29,6 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.plan.cache import PlanCache
 from lockgate.plan.nodes import PlanNode
 
 if TYPE_CHECKING:
@@ -253,6 +255,28 @@ def merge_buffers(merges: tuple[str, ...], state: list[Any], batch: list[Any]) -
     return out
 
 
+def _merge_sums(state: list[Any], batch: Any) -> list[Any]:
+    return [b if a is None else (a if b is None else a + b) for a, b in zip(state, batch)]
+
+
+def buffer_merger(merges: tuple[str, ...]) -> Any:
+    """``merge(state, batch) -> merged`` for one key's buffers: :func:`merge_buffers`,
+    or a faster equivalent when every buffer is a sum or a count (count, sum, avg)."""
+    if merges and all(m in ("sum", "count") for m in merges):
+        return _merge_sums
+    return lambda state, batch: merge_buffers(merges, state, list(batch))
+
+
+def _buffer_values(column: Any) -> list[Any]:
+    """Python values of a buffer column as the state holds them (timestamps as int
+    microseconds, as ``StateStoreConf.timestamps_as_micros`` loads them)."""
+    if pa.types.is_timestamp(column.type):
+        from lockgate.state.store import column_values
+
+        return column_values(column, micros=True)
+    return column.to_pylist()
+
+
 # -- the plan node ----------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class Aggregate(PlanNode):
@@ -332,11 +356,16 @@ def _micros(value: Any) -> int | None:
 
 def check_state_partition(batch: pa.RecordBatch, partition: int) -> None:
     """Fail the task if a row of ``batch`` belongs to another state partition."""
-    pids = batch.column("__lockgate_pid").to_pylist()
-    if any(p != partition for p in pids):
+    import pyarrow.compute as pc
+
+    if batch.num_rows == 0:
+        return
+    bounds = pc.min_max(batch.column("__lockgate_pid")).as_py()
+    if bounds["min"] != partition or bounds["max"] != partition:
+        other = bounds["min"] if bounds["min"] != partition else bounds["max"]
         raise RuntimeError(
             f"lockgate state partitioning is broken: task for partition {partition} "
-            f"received rows of partition {next(p for p in pids if p != partition)}. "
+            f"received rows of partition {other}. "
             "Adaptive query execution must be off for stateful queries."
         )
 
@@ -374,11 +403,24 @@ def report_store_metrics(
     accumulator.add({f"{operator_id}.{name}": value for name, value in metrics.items()})
 
 
+def with_batch_params(task: Any) -> Any:
+    """``task`` with this batch's version and watermarks, when it was built without them
+    (``version == 0``: the UDF serves every batch of the run)."""
+    if task.version:
+        return task
+    import dataclasses
+
+    from lockgate.plan.state_udf import batch_params
+
+    return dataclasses.replace(task, **batch_params(task.store.checkpoint_id, task.operator_id))
+
+
 def run_aggregate_task(task: AggregateTask, batches: Any) -> Any:
     """The restore-merge-save step for one partition (runs on an executor)."""
     from pyspark import TaskContext
 
-    from lockgate.state.store import StateStore
+    task = with_batch_params(task)
+    from lockgate.state.store import StateStore, column_values
 
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx is not None else 0
@@ -393,26 +435,27 @@ def run_aggregate_task(task: AggregateTask, batches: Any) -> Any:
     et = task.event_time_flat_index
     dropped = 0
     updated_keys: list[tuple[Any, ...]] = []
+    merge = buffer_merger(task.merges)
+    get, put = store.map.get, store.put
     t_update = time.perf_counter()
     for batch in batches:
         if batch.num_rows == 0:
             continue
         check_state_partition(batch, partition)
         keys = (
-            list(zip(*[batch.column(n).to_pylist() for n in key_names]))
+            list(zip(*[column_values(batch.column(n), micros=True) for n in key_names]))
             if key_names
             else [()] * batch.num_rows
         )
-        values = list(zip(*[batch.column(n).to_pylist() for n in value_names]))
+        values = list(zip(*[_buffer_values(batch.column(n)) for n in value_names]))
         for key, value in zip(keys, values):
             if drop_late and et is not None:
-                t = _micros(key[et])
+                t = key[et]
                 if t is not None and t <= late_us:  # type: ignore[operator]
                     dropped += 1
                     continue
-            previous = store.get(key)
-            merged = list(value) if previous is None else merge_buffers(task.merges, previous, list(value))
-            store.put(key, merged)
+            previous = get(key)
+            put(key, list(value) if previous is None else merge(previous, value))
             updated_keys.append(key)
     update_ms = (time.perf_counter() - t_update) * 1000
     t_remove = time.perf_counter()
@@ -424,7 +467,7 @@ def run_aggregate_task(task: AggregateTask, batches: Any) -> Any:
         emit = [(k, store.get(k)) for k in dict.fromkeys(updated_keys)]  # type: ignore[misc]
     if watermark_us is not None and et is not None and task.output_mode in ("append", "update"):
         for key, value in store.items():
-            t = _micros(key[et])
+            t = key[et]
             if t is not None and t <= watermark_us:
                 if task.output_mode == "append":
                     emit.append((key, value))
@@ -518,22 +561,30 @@ def flatten_keys(
     df: DataFrame, key_count: int, names: _UniqueNames | None = None
 ) -> tuple[DataFrame, list[KeyLayout]]:
     """Give the first ``key_count`` columns readable unique names and flatten struct keys."""
+    selected, layouts = flatten_columns(df.schema, key_count, names)
+    return df.select(*selected), layouts
+
+
+def flatten_columns(
+    schema: StructType, key_count: int, names: _UniqueNames | None = None
+) -> tuple[list[Column], list[KeyLayout]]:
+    """The columns of :func:`flatten_keys` for a DataFrame of ``schema``."""
     names = names or _UniqueNames()
     layouts: list[KeyLayout] = []
     selected: list[Column] = []
-    for field in df.schema.fields[:key_count]:
-        src = F.col(f"`{field.name}`")
-        if isinstance(field.dataType, StructType):
-            parts = tuple(f.name for f in field.dataType.fields)
-            flat = tuple(names.take(f"{field.name}_{p}") for p in parts)
+    for key_field in schema.fields[:key_count]:
+        src = F.col(f"`{key_field.name}`")
+        if isinstance(key_field.dataType, StructType):
+            parts = tuple(f.name for f in key_field.dataType.fields)
+            flat = tuple(names.take(f"{key_field.name}_{p}") for p in parts)
             selected += [src.getField(n).alias(fl) for n, fl in zip(parts, flat)]
-            layouts.append(KeyLayout(field.name, flat, parts))
+            layouts.append(KeyLayout(key_field.name, flat, parts))
         else:
-            flat = (names.take(field.name),)
+            flat = (names.take(key_field.name),)
             selected.append(src.alias(flat[0]))
-            layouts.append(KeyLayout(field.name, flat, None))
-    rest = [F.col(f"`{f.name}`") for f in df.schema.fields[key_count:]]
-    return df.select(*selected, *rest), layouts
+            layouts.append(KeyLayout(key_field.name, flat, None))
+    rest = [F.col(f"`{f.name}`") for f in schema.fields[key_count:]]
+    return selected + rest, layouts
 
 
 @dataclass(frozen=True)
@@ -550,43 +601,73 @@ class StatefulContext:
     snapshot_interval: int = 10
     min_versions_to_retain: int = 100
     late_events_watermark_ms: int | None = None
+    """The previous batch's watermark: Spark drops late input rows by it, and evicts
+    state by the current one (0 on the first batch)."""
     checkpoint_id: str = ""
     """The query id of the checkpoint: worker caches of state are keyed by it, so a
     deleted and recreated checkpoint never sees another query's cached state."""
-    """The previous batch's watermark: Spark drops late input rows by it, and evicts
-    state by the current one (0 on the first batch)."""
+    cache: PlanCache = field(default_factory=PlanCache)
+    """Expressions and schemas shared by the run's batches (:mod:`lockgate.plan.cache`)."""
+    shape: Hashable = frozenset()
+    """Which sources have an empty batch: the key of cached schemas."""
+    batch_params: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Operator id -> this batch's values for its state step, which the engine hands to
+    the tasks as a local property (:mod:`lockgate.plan.state_udf`)."""
+
+    def schema_of(self, owner: object, df: DataFrame, part: str) -> StructType:
+        """``df.schema``, from an earlier batch of the same shape when there was one."""
+        self.cache.prime_schema(owner, self.shape, df, part)
+        return self.cache.remember_schema(owner, self.shape, df, part)
 
 
 def aggregate_state_layout(
     node: Aggregate, child: DataFrame, ctx: StatefulContext
 ) -> tuple[DataFrame, list[KeyLayout], list[str]]:
     """Partial aggregation, partitioning check column and flat key layout."""
-    names = _UniqueNames()
     key_count = len(node.key_names)
-    # Keys first, so buffers never take a name a key column needs.
-    for key in node.key_names:
-        names.take(key)
-    agg_names = [f.name for f in node.output_schema.fields[key_count:]]
-    buffers = buffer_names(node.specs, agg_names, names)
-    partials: list[Column] = []
-    position = 0
-    for spec in node.specs:
-        for p in spec.partials:
-            partials.append(p.alias(buffers[position]))
-            position += 1
+
+    def partial_columns() -> tuple[list[str], list[Column]]:
+        names = _UniqueNames()
+        # Keys first, so buffers never take a name a key column needs.
+        for key in node.key_names:
+            names.take(key)
+        agg_names = [f.name for f in node.output_schema.fields[key_count:]]
+        buffers = buffer_names(node.specs, agg_names, names)
+        partials: list[Column] = []
+        position = 0
+        for spec in node.specs:
+            for p in spec.partials:
+                partials.append(p.alias(buffers[position]))
+                position += 1
+        return buffers, partials
+
+    buffers, partials = ctx.cache.get(node, "partials", partial_columns)
     partial = child.groupBy(*node.grouping).agg(*partials)
-    key_cols = [F.col(f"`{c}`") for c in partial.columns[:key_count]]
+    partial_schema = ctx.schema_of(node, partial, "partial")
+
+    def partitioning() -> tuple[list[Column], Column]:
+        key_cols = [F.col(f"`{f.name}`") for f in partial_schema.fields[:key_count]]
+        if key_cols:
+            return key_cols, F.pmod(F.hash(*key_cols), F.lit(ctx.num_partitions))
+        return key_cols, F.lit(0)
+
+    key_cols, pid = ctx.cache.get(node, f"partitioning/{ctx.num_partitions}", partitioning)
     if key_cols:
         partial = partial.repartition(ctx.num_partitions, *key_cols)
-        pid = F.pmod(F.hash(*key_cols), F.lit(ctx.num_partitions))
     else:
         partial = partial.repartition(1)
-        pid = F.lit(0)
     partial = partial.withColumn("__lockgate_pid", pid)
-    key_names = _UniqueNames()
-    for b in buffers:
-        key_names.take(b)
-    flat, layouts = flatten_keys(partial, key_count, key_names)
+    ctx.schema_of(node, partial, "partitioned")
+
+    def flat_columns() -> tuple[list[Column], list[KeyLayout]]:
+        key_names = _UniqueNames()
+        for b in buffers:
+            key_names.take(b)
+        return flatten_columns(partial.schema, key_count, key_names)
+
+    selected, layouts = ctx.cache.get(node, "flat", flat_columns)
+    flat = partial.select(*selected)
+    ctx.schema_of(node, flat, "flat")
     return flat, layouts, buffers
 
 
@@ -596,6 +677,7 @@ def build_aggregate(
     """The batch's aggregated DataFrame and the operator's state schema."""
     from functools import partial as bind
 
+    from lockgate.plan.state_udf import map_with_state
     from lockgate.state.schema import OperatorStateSchema
     from lockgate.state.store import StateStoreConf
 
@@ -616,6 +698,7 @@ def build_aggregate(
         snapshot_interval=ctx.snapshot_interval,
         min_versions_to_retain=ctx.min_versions_to_retain,
         checkpoint_id=ctx.checkpoint_id,
+        timestamps_as_micros=True,
     )
     et_flat: int | None = None
     if node.event_time_key is not None:
@@ -629,31 +712,43 @@ def build_aggregate(
         store=store,
         merges=merges,
         output_mode=ctx.output_mode,
-        version=batch_id + 1,
-        watermark_ms=watermark,
-        late_watermark_ms=ctx.late_events_watermark_ms if watermark is not None else None,
+        version=0,  # this batch's values come with the tasks (with_batch_params)
+        watermark_ms=None,
+        late_watermark_ms=None,
         event_time_flat_index=et_flat,
         out_schema=schema_to_arrow(out_struct, tz),
         accumulator=ctx.accumulator,
         operator_id=operator_id,
     )
-    stateful = flat.mapInArrow(bind(run_aggregate_task, task), out_struct)
+    params = {
+        "version": batch_id + 1,
+        "watermark_ms": watermark,
+        "late_watermark_ms": ctx.late_events_watermark_ms if watermark is not None else None,
+    }
+    stateful = map_with_state(
+        flat, ctx, node, lambda: bind(run_aggregate_task, task), out_struct, operator_id, params
+    )
     if any(spec.kind == "approx_count_distinct" for spec in node.specs):
         stateful = estimate_distinct_counts(stateful, flat_key_names, buffer_cols, node.specs)
-    out: list[Column] = []
-    for layout, field in zip(layouts, node.output_schema.fields):
-        if layout.fields is not None:
-            value = F.struct(*[F.col(fl).alias(fn) for fl, fn in zip(layout.flat, layout.fields)])
-        else:
-            value = F.col(layout.flat[0])
-        # Keep the key's metadata (a window's spark.timeWindow), so an operator after
-        # this one can use it as a window (window_time) as in Spark.
-        out.append(value.cast(field.dataType).alias(field.name, metadata=field.metadata))
-    position = 0
-    agg_fields = node.output_schema.fields[len(layouts) :]
-    for spec, field in zip(node.specs, agg_fields):
-        buffers = [F.col(n) for n in buffer_cols[position : position + len(spec.partials)]]
-        position += len(spec.partials)
-        out.append(final_column(spec, buffers).cast(field.dataType).alias(field.name))
+
+    def final_columns() -> list[Column]:
+        out: list[Column] = []
+        for layout, out_field in zip(layouts, node.output_schema.fields):
+            if layout.fields is not None:
+                value = F.struct(*[F.col(fl).alias(fn) for fl, fn in zip(layout.flat, layout.fields)])
+            else:
+                value = F.col(layout.flat[0])
+            # Keep the key's metadata (a window's spark.timeWindow), so an operator after
+            # this one can use it as a window (window_time) as in Spark.
+            out.append(value.cast(out_field.dataType).alias(out_field.name, metadata=out_field.metadata))
+        position = 0
+        agg_fields = node.output_schema.fields[len(layouts) :]
+        for spec, out_field in zip(node.specs, agg_fields):
+            buffers = [F.col(n) for n in buffer_cols[position : position + len(spec.partials)]]
+            position += len(spec.partials)
+            out.append(final_column(spec, buffers).cast(out_field.dataType).alias(out_field.name))
+        return out
+
+    out = ctx.cache.get(node, "final", final_columns)
     schema = OperatorStateSchema(operator_id, "stateStoreSave", key_schema, value_schema, num_partitions)
     return stateful.select(*out), schema

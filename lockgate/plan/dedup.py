@@ -13,21 +13,27 @@ emits a row only the first time its key appears (Spark's StreamingDeduplicateExe
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial as bind
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, LongType, MapType, StructField, StructType
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
-from lockgate.plan.aggregate import StatefulContext, _micros, schema_to_arrow
+from lockgate.plan.aggregate import StatefulContext, schema_to_arrow
 from lockgate.plan.nodes import PlanNode
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+Key = tuple[Any, ...]
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,14 +102,6 @@ def make_deduplicate(
     return Deduplicate(child, tuple(keys), event_key, False, late_column)
 
 
-def _event_micros(value: Any) -> int | None:
-    """Event time of a value: a timestamp, or a time window (an aggregation's output,
-    compared by its end as Spark does for window structs)."""
-    if isinstance(value, dict):
-        value = value.get("end")
-    return _micros(value)
-
-
 @dataclass(frozen=True)
 class DedupTask:
     store: Any
@@ -120,52 +118,121 @@ class DedupTask:
     operator_id: int
 
 
+def _event_micros_array(column: Any) -> Any:
+    """Event times of a column as an int64 Arrow array of microseconds: a timestamp, or a
+    time window (an aggregation's output, compared by its end as Spark does)."""
+    import pyarrow.compute as pc
+
+    if pa.types.is_struct(column.type):
+        column = pc.struct_field(column, "end")
+    if pa.types.is_timestamp(column.type):
+        column = column.cast(pa.timestamp("us", tz=column.type.tz))
+    return column.cast(pa.int64())
+
+
+def _late_rows(batch: pa.RecordBatch, column: str, watermark_us: int) -> Any:
+    """A numpy bool mask of the rows whose event time is at or below the watermark."""
+    import pyarrow.compute as pc
+
+    late = pc.less_equal(_event_micros_array(batch.column(column)), watermark_us)
+    return pc.fill_null(late, False).to_numpy(zero_copy_only=False)
+
+
+class _ExpiryIndex:
+    """A min-heap of (event time, key) over the store's keys, kept with the map in the
+    worker cache, so eviction pops the expired keys instead of scanning the whole state.
+
+    An entry is checked against the map when popped: a key removed and put again has a
+    newer entry, and the older one is skipped."""
+
+    def __init__(self, entries: list[tuple[int, int, Key]]) -> None:
+        heapq.heapify(entries)
+        self.heap = entries
+
+    def push(self, t: int, key: Key) -> None:
+        heapq.heappush(self.heap, (t, next(_SEQUENCE), key))
+
+    def pop_expired(self, watermark_us: int) -> Iterator[tuple[int, Key]]:
+        heap = self.heap
+        while heap and heap[0][0] <= watermark_us:
+            t, _, key = heapq.heappop(heap)
+            yield t, key
+
+
+_SEQUENCE = itertools.count()
+
+
+def _expiry_time(task: DedupTask, key: Key, value: Any) -> int | None:
+    if task.within_watermark:
+        return value[0]
+    return key[task.event_time_key]  # type: ignore[index]
+
+
+def _expiry_index(task: DedupTask, store: Any) -> _ExpiryIndex:
+    if isinstance(store.aux, _ExpiryIndex):
+        return store.aux
+    entries = []
+    for key, value in store.map.items():
+        t = _expiry_time(task, key, value)
+        if t is not None:
+            entries.append((t, next(_SEQUENCE), key))
+    index = _ExpiryIndex(entries)
+    store.aux = index
+    return index
+
+
 def run_dedup_task(task: DedupTask, batches: Any) -> Any:
+    """Keep the first row of each key not seen before (runs on an executor).
+
+    Late rows are found with Arrow compute; keys are tuples of plain Python values
+    (timestamps as int microseconds) looked up in the partition's map; expired keys are
+    popped from an event-time heap rather than found by scanning the state."""
     from pyspark import TaskContext
 
-    from lockgate.state.store import StateStore
+    from lockgate.plan.aggregate import check_state_partition, with_batch_params
+    from lockgate.state.store import StateStore, column_values
 
+    task = with_batch_params(task)
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx is not None else 0
     store = StateStore(task.store, partition, task.version - 1)
+    evicts = task.within_watermark or task.event_time_key is not None
+    index = _expiry_index(task, store) if evicts else None
     watermark_us = task.watermark_ms * 1000 if task.watermark_ms is not None else None
     late_us = task.late_watermark_ms * 1000 if task.late_watermark_ms is not None else None
+    late_column = task.event_time_column
+    if late_column is None and task.event_time_key is not None:
+        late_column = task.key_columns[task.event_time_key]
     dropped_late = dropped_dup = updated = 0
     t0 = time.perf_counter()
     names = task.out_schema.names
+    state = store.map
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        pids = batch.column("__lockgate_pid").to_pylist()
-        if any(p != partition for p in pids):
-            raise RuntimeError(
-                f"lockgate state partitioning is broken: task for partition {partition} got "
-                "rows of another partition. Adaptive query execution must be off."
-            )
-        keys = list(zip(*[batch.column(k).to_pylist() for k in task.key_columns]))
-        event_times: list[Any] = []
-        if task.event_time_column is not None:
-            event_times = batch.column(task.event_time_column).to_pylist()
+        check_state_partition(batch, partition)
+        keys = list(zip(*[column_values(batch.column(k), micros=True) for k in task.key_columns]))
+        late = _late_rows(batch, late_column, late_us) if late_us is not None and late_column else None
+        expires: list[Any] = []
+        if task.within_watermark and task.event_time_column is not None:
+            event = _event_micros_array(batch.column(task.event_time_column))
+            expires = column_values(event)
         keep: list[int] = []
         for i, key in enumerate(keys):
-            if late_us is not None:
-                if event_times:
-                    t = _event_micros(event_times[i])
-                elif task.event_time_key is not None:
-                    t = _micros(key[task.event_time_key])
-                else:
-                    t = None
-                if t is not None and t <= late_us:
-                    dropped_late += 1
-                    continue
-            if store.get(key) is not None:
+            if late is not None and late[i]:
+                dropped_late += 1
+                continue
+            if key in state:
                 dropped_dup += 1
                 continue
             if task.within_watermark:
-                expires = (_event_micros(event_times[i]) or 0) + task.delay_ms * 1000
-                store.put(key, [expires])
+                t = (expires[i] or 0) + task.delay_ms * 1000
+                store.put(key, [t])
             else:
+                t = key[task.event_time_key] if task.event_time_key is not None else None
                 store.put(key, [True])
+            if index is not None and t is not None:
+                index.push(t, key)
             updated += 1
             keep.append(i)
         if keep:
@@ -174,10 +241,10 @@ def run_dedup_task(task: DedupTask, batches: Any) -> Any:
     update_ms = (time.perf_counter() - t0) * 1000
     t1 = time.perf_counter()
     removed = 0
-    if watermark_us is not None and (task.within_watermark or task.event_time_key is not None):
-        for key, value in store.items():
-            t = value[0] if task.within_watermark else _micros(key[task.event_time_key])  # type: ignore[index]
-            if t is not None and t <= watermark_us:
+    if watermark_us is not None and index is not None:
+        for t, key in index.pop_expired(watermark_us):
+            value = state.get(key)
+            if value is not None and _expiry_time(task, key, value) == t:
                 store.remove(key)
                 removed += 1
     remove_ms = (time.perf_counter() - t1) * 1000
@@ -206,14 +273,19 @@ def run_dedup_task(task: DedupTask, batches: Any) -> Any:
 def build_deduplicate(
     node: Deduplicate, child: DataFrame, ctx: StatefulContext, operator_id: int, batch_id: int
 ) -> tuple[DataFrame, Any]:
+    from lockgate.plan.state_udf import map_with_state
     from lockgate.state.schema import OperatorStateSchema
     from lockgate.state.store import StateStoreConf
 
     n = ctx.num_partitions
-    key_cols = [F.col(f"`{k}`") for k in node.keys]
-    staged = child.repartition(n, *key_cols).withColumn(
-        "__lockgate_pid", F.pmod(F.hash(*key_cols), F.lit(n))
-    )
+
+    def partitioning() -> tuple[list[Column], Column]:
+        key_cols = [F.col(f"`{k}`") for k in node.keys]
+        return key_cols, F.pmod(F.hash(*key_cols), F.lit(n))
+
+    key_cols, pid = ctx.cache.get(node, f"partitioning/{n}", partitioning)
+    staged = child.repartition(n, *key_cols).withColumn("__lockgate_pid", pid)
+    ctx.schema_of(node, staged, "staged")
     tz = ctx.session_timezone
     key_schema = schema_to_arrow(StructType([child.schema[k] for k in node.keys]), tz)
     value_field = (
@@ -231,6 +303,7 @@ def build_deduplicate(
         snapshot_interval=ctx.snapshot_interval,
         min_versions_to_retain=ctx.min_versions_to_retain,
         checkpoint_id=ctx.checkpoint_id,
+        timestamps_as_micros=True,
     )
     watermark = ctx.batch_watermark_ms if node.evicts_by_watermark else None
     drops_late = ctx.batch_watermark_ms is not None and (
@@ -239,10 +312,10 @@ def build_deduplicate(
     late = (ctx.late_events_watermark_ms or 0) if drops_late else None
     task = DedupTask(
         store=store,
-        version=batch_id + 1,
+        version=0,  # this batch's values come with the tasks (with_batch_params)
         key_columns=node.keys,
-        watermark_ms=watermark,
-        late_watermark_ms=late,
+        watermark_ms=None,
+        late_watermark_ms=None,
         event_time_key=node.event_time_key,
         within_watermark=node.within_watermark,
         event_time_column=node.event_time_column,
@@ -251,7 +324,10 @@ def build_deduplicate(
         accumulator=ctx.accumulator,
         operator_id=operator_id,
     )
-    result = staged.mapInArrow(bind(run_dedup_task, task), child.schema)
+    params = {"version": batch_id + 1, "watermark_ms": watermark, "late_watermark_ms": late}
+    result = map_with_state(
+        staged, ctx, node, lambda: bind(run_dedup_task, task), child.schema, operator_id, params
+    )
     schema = OperatorStateSchema(operator_id, node.operator_name, key_schema, value_schema, n)
     return result, schema
 

@@ -17,6 +17,7 @@ from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
 from lockgate.plan.aggregate import Aggregate, StatefulContext, build_aggregate
+from lockgate.plan.cache import PlanCache
 from lockgate.plan.dedup import Deduplicate, build_deduplicate
 from lockgate.plan.join import StreamJoin, build_stream_join
 from lockgate.plan.limit import StreamingLimit, build_limit
@@ -32,6 +33,11 @@ from lockgate.plan.session_window import SessionWindowAggregate, build_session_a
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+
+def row_count() -> Any:
+    """``count(1) AS rows``: the observed row count of a source or of the output."""
+    return F.count(F.lit(1)).alias("rows")
 
 
 def observation_value(observation: Observation) -> dict[str, Any] | None:
@@ -86,6 +92,8 @@ class IncrementalExecution:
         count_sources: set[int] | None = None,
         stateful: StatefulContext | None = None,
         operator_ids: dict[int, int] | None = None,
+        cache: PlanCache | None = None,
+        empty_sources: frozenset[int] = frozenset(),
     ) -> None:
         self.plan = plan
         self.batch_id = batch_id
@@ -98,23 +106,30 @@ class IncrementalExecution:
         self.stateful = stateful
         self.operator_ids = operator_ids or {}
         self.state_schemas: dict[int, Any] = {}
-        self._memo: dict[int, DataFrame] = {}
+        self._memo: dict[int, tuple[PlanNode, DataFrame]] = {}
+        self.cache = cache if cache is not None else PlanCache()
+        self._shape = empty_sources
+        """Which sources have an empty batch: their DataFrames (and so the schemas above
+        them) may differ in nullability from a non-empty batch's."""
 
     def _observe_event_time(self, node: EventTimeWatermark, df: DataFrame) -> DataFrame:
         index = self._watermark_index.get(id(node))
         if index is None:
             return df
         obs = Observation(f"lockgate_event_time_{index}_b{self.batch_id}")
-        col = F.col(node.column)
-        micros = F.unix_micros(col)
+
+        def stats() -> list[Any]:
+            col = F.col(node.column)
+            micros = F.unix_micros(col)
+            return [
+                F.max(micros).alias("max"),
+                F.min(micros).alias("min"),
+                F.avg(micros).alias("avg"),
+                F.count(col).alias("count"),
+            ]
+
         self.observations.event_time[index] = obs
-        return df.observe(
-            obs,
-            F.max(micros).alias("max"),
-            F.min(micros).alias("min"),
-            F.avg(micros).alias("avg"),
-            F.count(col).alias("count"),
-        )
+        return df.observe(obs, *self.cache.get(node, "event_time_stats", stats))
 
     def _filters_below_watermark(self, node: Transform) -> DataFrame | None:
         """Filters right above ``withWatermark`` that do not use the event-time column
@@ -134,13 +149,19 @@ class IncrementalExecution:
         return self._observe_event_time(current, df)
 
     def build(self) -> DataFrame:
-        return self._build(self.plan)
+        df = self._build(self.plan)
+        for node, built in self._memo.values():
+            if "schema" in built.__dict__:  # computed (or primed) in this batch
+                self.cache.remember_schema(node, self._shape, built)
+        return df
 
     def _build(self, node: PlanNode) -> DataFrame:
         key = id(node)
         if key not in self._memo:
-            self._memo[key] = self._build_node(node)
-        return self._memo[key]
+            df = self._build_node(node)
+            self.cache.prime_schema(node, self._shape, df)
+            self._memo[key] = (node, df)
+        return self._memo[key][1]
 
     def _build_node(self, node: PlanNode) -> DataFrame:
         if isinstance(node, StreamingRelation):
@@ -148,7 +169,7 @@ class IncrementalExecution:
             index = self._source_index.get(id(node))
             if index is not None and index in self._count_sources:
                 obs = Observation(f"lockgate_source_{index}_rows_b{self.batch_id}")
-                df = df.observe(obs, F.count(F.lit(1)).alias("rows"))
+                df = df.observe(obs, self.cache.get(node, "row_count", row_count))
                 self.observations.source_rows[index] = obs
             return df
         if isinstance(node, Transform):

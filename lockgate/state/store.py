@@ -65,6 +65,12 @@ class StateStoreConf:
     """Identity of the checkpoint (its query id) for the worker cache."""
     """Operators with several stores (a stream-stream join's two sides) name each;
     their files live in ``<root>/<operatorId>/<partition>/<store_name>/``."""
+    timestamps_as_micros: bool = False
+    """Hold top-level timestamp columns of keys and values in memory as ``int``
+    microseconds since the epoch instead of ``datetime`` objects (the files keep their
+    Arrow timestamp types). Operators that opt in must build their keys with
+    :func:`column_values` and ``micros=True`` too; ints hash, compare and convert many
+    times faster than datetimes."""
 
 
 @dataclass
@@ -82,15 +88,15 @@ def _partition_dir(conf: StateStoreConf, partition: int) -> str:
 
 
 # -- worker-level cache ----------------------------------------------------------------
-_cache: collections.OrderedDict[tuple[str, str, int, int, str | None], tuple[int, dict[Key, Value]]] = (
+_CacheEntry = tuple[int, dict[Key, Value], Any]
+"""(version, map, auxiliary index of the operator or None)."""
+_cache: collections.OrderedDict[tuple[str, str, int, int, str | None], _CacheEntry] = (
     collections.OrderedDict()
 )
 _cache_lock = threading.Lock()
 
 
-def _cache_take(
-    conf: StateStoreConf, partition: int, version: int
-) -> tuple[int, dict[Key, Value]] | None:
+def _cache_take(conf: StateStoreConf, partition: int, version: int) -> _CacheEntry | None:
     """Remove and return the cached ``(version, map)`` if it is at most ``version``.
 
     Taken out while the task mutates it, so a failed task never leaves a half-updated
@@ -105,10 +111,12 @@ def _cache_take(
     return None
 
 
-def _cache_put(conf: StateStoreConf, partition: int, version: int, state: dict[Key, Value]) -> None:
+def _cache_put(
+    conf: StateStoreConf, partition: int, version: int, state: dict[Key, Value], aux: Any = None
+) -> None:
     key = (conf.checkpoint_id, conf.root, conf.operator_id, partition, conf.store_name)
     with _cache_lock:
-        _cache[key] = (version, state)
+        _cache[key] = (version, state, aux)
         _cache.move_to_end(key)
         while len(_cache) > conf.cache_partitions:
             _cache.popitem(last=False)
@@ -168,9 +176,15 @@ def _read_table(fs: CheckpointFileSystem, path: str, expected: pa.Schema) -> pa.
     return table
 
 
-def _column_values(column: pa.ChunkedArray) -> list[Any]:
-    """Python values of a column; numbers without nulls go through numpy (much faster)."""
+def column_values(column: pa.ChunkedArray | pa.Array, micros: bool = False) -> list[Any]:
+    """Python values of a column; numbers without nulls go through numpy (much faster).
+
+    With ``micros``, a timestamp column gives ``int`` microseconds since the epoch (the
+    in-memory form of :attr:`StateStoreConf.timestamps_as_micros`)."""
     t = column.type
+    if micros and pa.types.is_timestamp(t):
+        column = column.cast(pa.timestamp("us", tz=t.tz)).cast(pa.int64())
+        t = column.type
     if column.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
         return column.to_numpy().tolist()
     values = column.to_pylist()
@@ -179,8 +193,8 @@ def _column_values(column: pa.ChunkedArray) -> list[Any]:
     return values
 
 
-def _rows(table: pa.Table, names: list[str]) -> list[list[Any]]:
-    return [_column_values(table.column(n)) for n in names]
+def _rows(table: pa.Table, names: list[str], micros: bool = False) -> list[list[Any]]:
+    return [column_values(table.column(n), micros) for n in names]
 
 
 def _latest_per_key_with_ops(table: pa.Table, key_names: list[str]) -> pa.Table:
@@ -227,11 +241,21 @@ class StateStore:
         self.metrics = StoreMetrics()
         self._key_names = [f.name for f in conf.key_schema]
         self._value_names = [f.name for f in conf.value_schema]
+        self._micros = conf.timestamps_as_micros
         self.updated: dict[Key, Value] = {}
         self.removed: set[Key] = set()
+        self.aux: Any = None
+        """An operator's own index over the map (e.g. keys by event time), kept with
+        the map in the worker cache; None when the map was (re)built from files or
+        caught up from deltas, so the operator rebuilds it."""
         t0 = time.perf_counter()
         cached = _cache_take(conf, partition, version)
-        state = self._catch_up(*cached, version) if cached is not None else None
+        state = None
+        if cached is not None:
+            cached_version, cached_map, cached_aux = cached
+            state = self._catch_up(cached_version, cached_map, version)
+            if cached_version == version:
+                self.aux = cached_aux
         if state is not None:
             self.map = state
             self.metrics.loaded_from_cache = True
@@ -285,7 +309,7 @@ class StateStore:
         changes = pa.concat_tables(tables)
         latest = _latest_per_key_with_ops(changes, self._key_names)
         removed = latest.filter(pa.compute.equal(latest.column(_OP_COLUMN), _OP_REMOVE))
-        for key in zip(*_rows(removed, self._key_names)):
+        for key in zip(*_rows(removed, self._key_names, self._micros)):
             state.pop(key, None)
         upserts = latest.filter(pa.compute.equal(latest.column(_OP_COLUMN), _OP_UPSERT))
         self._apply(state, upserts)
@@ -295,16 +319,20 @@ class StateStore:
         """Load the live (upserted) rows of a table with one row per key."""
         if table.num_rows == 0:
             return
-        keys: Any = zip(*_rows(table, self._key_names)) if self._key_names else [()] * table.num_rows
+        micros = self._micros
+        keys: Any = zip(*_rows(table, self._key_names, micros)) if self._key_names else [()] * table.num_rows
         if self._value_names:
             # values stay tuples until a batch replaces them (put() stores lists)
-            state.update(zip(keys, zip(*_rows(table, self._value_names))))  # type: ignore[arg-type]
+            state.update(zip(keys, zip(*_rows(table, self._value_names, micros))))  # type: ignore[arg-type]
         else:
             state.update((k, []) for k in keys)
 
     # -- updates ---------------------------------------------------------------------
     def get(self, key: Key) -> Value | None:
         return self.map.get(key)
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self.map
 
     def put(self, key: Key, value: Value) -> None:
         self.map[key] = value
@@ -354,7 +382,7 @@ class StateStore:
             _write_table(self.fs, f"{self.dir}/{new_version}.snapshot", self._snapshot_table(new_version), "snapshot")
             self.metrics.snapshot_written = True
             self._cleanup(new_version)
-        _cache_put(self.conf, self.partition, new_version, self.map)
+        _cache_put(self.conf, self.partition, new_version, self.map, self.aux)
         self.metrics.commit_ms = (time.perf_counter() - t0) * 1000
         return new_version
 
@@ -409,7 +437,7 @@ def read_state_table(conf: StateStoreConf, partition: int, version: int) -> pa.T
     store = StateStore(conf, partition, version)
     # put the taken cache entry back untouched
     if store.metrics.loaded_from_cache:
-        _cache_put(conf, partition, version, store.map)
+        _cache_put(conf, partition, version, store.map, store.aux)
     return store._table(((k, v, _OP_UPSERT) for k, v in store.map.items()), False)
 
 
@@ -419,5 +447,6 @@ __all__ = [
     "StateStoreError",
     "StoreMetrics",
     "clear_cache",
+    "column_values",
     "read_state_table",
 ]
