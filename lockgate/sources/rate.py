@@ -55,13 +55,37 @@ def _num_partitions(spark: SparkSession, options: Options) -> int:
 
 
 def _generate(
-    spark: SparkSession, start: int, end: int, num_partitions: int, timestamp_sql: str
+    spark: SparkSession, start: int, end: int, num_partitions: int, timestamp_sql: str, **constants: float
 ) -> DataFrame:
-    """Rows ``start <= value < end`` spread over partitions as Spark's reader does;
-    ``timestamp_sql`` computes each row's timestamp from ``id``. (One SQL projection
-    costs a few py4j round trips; the same built from Column functions costs ~20.)"""
-    df = spark.range(start, end, 1, max(1, min(num_partitions, max(end - start, 1))))
-    return df.selectExpr(f"{timestamp_sql} AS timestamp", "id AS value")
+    """Rows ``start <= value < end`` spread over partitions as Spark's reader does.
+
+    ``timestamp_sql`` computes each row's timestamp from ``i``, the row's index in the
+    batch (``value - start``), and from ``constants`` written as ``{name}``.
+
+    Every number that changes from batch to batch reaches Spark as an element of an
+    array literal picked by an index Spark cannot fold (``least(id, 0) + k``), and the
+    range always starts at 0: Spark's code generation inlines numeric literals and range
+    bounds into the generated Java, so a batch with new numbers would compile new code
+    (~10-20 ms per class, twice per batch), while array literals are passed as
+    references and the same code serves every batch of the same size.
+    """
+    values = {"start": start, **constants}
+    names = list(values)
+    longs = [n for n in names if isinstance(values[n], int)]
+    doubles = [n for n in names if not isinstance(values[n], int)]
+    sql: dict[str, str] = {}
+    if longs:
+        array = "array(" + ", ".join(f"{int(values[n])}L" for n in longs) + ")"
+        for k, n in enumerate(longs):
+            sql[n] = f"element_at({array}, CAST(least(id, 0) + {k + 1} AS INT))"
+    if doubles:
+        array = "array(" + ", ".join(f"{float(values[n])!r}D" for n in doubles) + ")"
+        for k, n in enumerate(doubles):
+            sql[n] = f"element_at({array}, CAST(least(id, 0) + {k + 1} AS INT))"
+    count = end - start
+    df = spark.range(0, count, 1, max(1, min(num_partitions, max(count, 1))))
+    timestamp = timestamp_sql.format(i="id", **sql)
+    return df.selectExpr(f"{timestamp} AS timestamp", f"id + {sql['start']} AS value")
 
 
 class _StartTimeLog(MetadataLog[int]):
@@ -138,9 +162,16 @@ class RateSource(Source):
         local_start_ms = self.creation_time_ms + start_s * 1000
         ms_per_value = (end_s - start_s) * 1000.0 / (range_end - range_start)
         # Spark rounds half away from zero (math.round); values here are >= 0 so floor(x+0.5).
-        relative = f"floor((id - {int(range_start)}) * {float(ms_per_value)!r}D + 0.5D)"
-        ts = f"timestamp_millis({relative} + {int(local_start_ms)}L)"
-        return _generate(self._spark, range_start, range_end, self.num_partitions, ts)
+        ts = "timestamp_millis(floor({i} * {ms_per_value} + 0.5D) + {local_start_ms})"
+        return _generate(
+            self._spark,
+            range_start,
+            range_end,
+            self.num_partitions,
+            ts,
+            ms_per_value=float(ms_per_value),
+            local_start_ms=int(local_start_ms),
+        )
 
     def numRowsBetween(self, start: int | None, end: int) -> int:  # noqa: N802
         s = value_at_second(0 if start is None else int(start), self.rows_per_second, self.ramp_up_seconds)
@@ -247,8 +278,8 @@ class RatePerMicroBatchSource(Source):
         s, e = int(start["offset"]), int(end["offset"])
         if s == e:
             return self._spark.createDataFrame([], RATE_SCHEMA)
-        ts = f"timestamp_millis({int(start['timestamp'])}L)"
-        return _generate(self._spark, s, e, self.num_partitions, ts)
+        ts = "timestamp_millis({batch_ms})"
+        return _generate(self._spark, s, e, self.num_partitions, ts, batch_ms=int(start["timestamp"]))
 
     def numRowsBetween(self, start: Any, end: Any) -> int:  # noqa: N802
         s = 0 if start is None else int(start["offset"])
