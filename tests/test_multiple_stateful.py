@@ -321,3 +321,98 @@ def test_not_supported_yet_combinations(spark, ls, tmp_path, build):
             "checkpointLocation", str(tmp_path / "lockgate")
         ).start()
     assert not ls.streams.active
+
+
+# -- operators after a join that delays the watermark (Spark's watermark propagation) ----
+# Left: watermark delay 10 s on ts; right: 5 s on ts2. The range condition
+# ts2 BETWEEN ts - 5 s AND ts + 5 s keeps join state down to (watermark - 5 s), so the
+# operators after the join run by a watermark 5 s (and 1 ms) behind the global one:
+# windows are emitted later, and join output older than the global watermark but within
+# the join's range is not dropped as late, as it would be by the global watermark.
+PROPAGATION_LEFT = [
+    [ev(1, "a", 1.0), ev(3, "b", 2.0), ev(8, "a", 3.0)],
+    [ev(19, "a", 1.0), ev(14, "b", 1.0)],
+    [ev(27, "a", 2.0), ev(23, "b", 5.0), ev(36, "c", 1.0)],
+    [ev(44, "a", 1.0), ev(31, "c", 1.0), ev(33, "b", 7.0)],
+    [ev(61, "a", 1.0), ev(52, "b", 1.0)],
+    [ev(90, "c", 1.0)],
+]
+PROPAGATION_RIGHT = [
+    [ev(4, "a", 10.0), ev(6, "b", 20.0)],
+    [ev(22, "a", 10.0), ev(12, "b", 20.0), ev(9, "a", 30.0)],
+    [ev(30, "a", 10.0), ev(24, "a", 40.0), ev(18, "b", 50.0), ev(33, "c", 1.0)],
+    [ev(47, "a", 10.0), ev(29, "b", 60.0), ev(35, "c", 2.0), ev(38, "b", 70.0)],
+    [ev(58, "a", 10.0), ev(64, "a", 20.0), ev(49, "b", 80.0), ev(50, "b", 1.0)],
+    [ev(95, "c", 1.0)],
+]
+RANGE = "k = k2 AND ts2 BETWEEN ts - interval 5 seconds AND ts + interval 5 seconds"
+
+
+def _range_join(reader: Any, left: Path, right: Path, how: str) -> Any:
+    return _src(reader, left).join(
+        _right(reader, right).withColumnRenamed("k", "k2"), F.expr(RANGE), how
+    )
+
+
+def _without_outer_join_removals(pair: Any) -> None:
+    """Compare an outer join's metrics except ``numRowsRemoved``: Spark 4.3 also counts
+    state rows it removes from the other side while joining
+    (``numRemovedFromOtherSideDuringJoin``), which lockgate's join does not report yet
+    (docs/stream-joins.md, known differences)."""
+    for side in (pair.native, pair.lockgate):
+        progress = side.progress
+
+        def masked(progress: Any = progress) -> list[Any]:
+            return [
+                (b, n, w, tuple(op[:5] + (None,) if op[0] == "symmetricHashJoin" else op for op in ops))
+                for b, n, w, ops in progress()
+            ]
+
+        side.progress = masked
+
+
+def test_operators_after_range_and_outer_joins_match_native(bench, tmp_path):
+    """An inner join with an event-time range condition -> windowed count, and a left
+    outer join -> windowed aggregation and -> deduplication, append mode, compared with
+    native Spark batch by batch (rows of every batch, batch ids incl. no-data batches,
+    watermark and every operator's metrics), with a restart from the checkpoints."""
+    left, right = tmp_path / "left", tmp_path / "right"
+    left.mkdir()
+    right.mkdir()
+
+    def inner_then_window(reader: Any) -> Any:
+        joined = _range_join(reader, left, right, "inner")
+        return joined.groupBy(F.window("ts", "10 seconds"), "k").agg(
+            F.count("*").alias("n"), F.sum("v2").alias("s")
+        )
+
+    def outer_then_window(reader: Any) -> Any:
+        joined = _range_join(reader, left, right, "left_outer")
+        return joined.groupBy(F.window("ts", "10 seconds")).agg(
+            F.count("*").alias("n"), F.count("v2").alias("matched"), F.sum("v2").alias("s")
+        )
+
+    def outer_then_dedup(reader: Any) -> Any:
+        joined = _range_join(reader, left, right, "left_outer")
+        return joined.dropDuplicates(["k", "ts"]).select("k", "ts", "v")
+
+    bench.add("inner_range_window", inner_then_window, sink="foreachBatch")
+    for pair in (
+        bench.add("outer_range_window", outer_then_window, sink="foreachBatch"),
+        bench.add("outer_range_dedup", outer_then_dedup, sink="foreachBatch"),
+    ):
+        _without_outer_join_removals(pair)
+    bench.start()
+    for i, (lrows, rrows) in enumerate(zip(PROPAGATION_LEFT, PROPAGATION_RIGHT)):
+        if i == 3:
+            for pair in bench.pairs:
+                pair.stop()
+            bench.start()
+        # one file per step, so that batch boundaries are the same on both engines
+        bench.step(f"step {i} (left)", {left: lrows})
+        bench.step(f"step {i} (right)", {right: rrows})
+    progress = {p.name: p.native.progress() for p in bench.pairs}
+    for name, batches in progress.items():
+        assert [op[0] for op in batches[0][3]][1] == "symmetricHashJoin", name
+        # rows reached the sink
+        assert any(rows for _, rows in next(p for p in bench.pairs if p.name == name).native.batches), name

@@ -20,7 +20,7 @@ One batch of ``groupBy(keys).agg(fns)`` runs as, in Spark's words::
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -550,11 +550,24 @@ class StatefulContext:
     snapshot_interval: int = 10
     min_versions_to_retain: int = 100
     late_events_watermark_ms: int | None = None
+    """The previous batch's watermark: Spark drops late input rows by it, and evicts
+    state by the current one (0 on the first batch)."""
     checkpoint_id: str = ""
     """The query id of the checkpoint: worker caches of state are keyed by it, so a
     deleted and recreated checkpoint never sees another query's cached state."""
-    """The previous batch's watermark: Spark drops late input rows by it, and evicts
-    state by the current one (0 on the first batch)."""
+    operator_watermarks: dict[int, tuple[int, int]] | None = None
+    """Operator id -> (eviction, late-row) input watermark from Spark's watermark
+    propagation (``lockgate.execution.watermark.propagate_watermark``); None: every
+    operator uses the global pair above."""
+
+    def for_operator(self, operator_id: int) -> StatefulContext:
+        """This context with ``operator_id``'s own input watermarks (Spark's
+        ``getInputWatermarkForEviction`` / ``getInputWatermarkForLateEvents``)."""
+        marks = self.operator_watermarks
+        if self.batch_watermark_ms is None or not marks or operator_id not in marks:
+            return self
+        evict, late = marks[operator_id]
+        return replace(self, batch_watermark_ms=evict, late_events_watermark_ms=late)
 
 
 def aggregate_state_layout(

@@ -125,28 +125,6 @@ def _check_chain(operators: list[StatefulNode], output_mode: str) -> None:
                 f"({below[0].describe()})",
                 "Join the streams first, or chain the queries through a sink.",
             )
-        feeds_another = any(
-            any(b is op for b in _stateful_below(other)) for other in operators if other is not op
-        )
-        if isinstance(op, StreamJoin) and feeds_another and _propagates_lower_watermark(op):
-            raise NotSupportedYetError(
-                f"A stateful operator after a {op.describe()} with an event-time range "
-                "condition or outer join type",
-                "Spark gives the operators after such a join a watermark delayed by the "
-                "join's range; lockgate runs every operator by the global watermark. Chain "
-                "them through a second query.",
-            )
-
-
-def _propagates_lower_watermark(join: StreamJoin) -> bool:
-    """Whether Spark's watermark propagation gives the operators after ``join`` an
-    earlier watermark than the global one (a state watermark from a range condition)."""
-    if join.join_type != "inner":
-        return True
-    return join.key_watermark_ordinal is None and any(
-        join.watermark_columns[side] is not None and bool(join.state_watermark_forms[side])
-        for side in (0, 1)
-    )
 
 
 def _check_redefined_watermark(plan: PlanNode) -> None:

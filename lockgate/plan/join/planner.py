@@ -109,6 +109,25 @@ class StreamJoin(PlanNode):
     def needs_no_data_batch(self, output_mode: str, has_watermark: bool) -> bool:
         return has_watermark and self.evicts_by_watermark
 
+    def state_watermarks_ms(self, input_ms: int) -> tuple[int | None, int | None]:
+        """Each side's state watermark for the join's input watermark (Spark's
+        ``StreamingSymmetricHashJoinHelper.getStateWatermark``): the input watermark for
+        both sides when a join key carries event time, else per watermarked side the
+        bound its range conditions give (None without one)."""
+        if self.key_watermark_ordinal is not None:
+            return (input_ms, input_ms)
+        marks: list[int | None] = [None, None]
+        for side in (LEFT, RIGHT):
+            forms = self.state_watermark_forms[side]
+            if self.watermark_columns[side] is not None and forms:
+                marks[side] = state_watermark_ms(forms, input_ms)
+        return (marks[LEFT], marks[RIGHT])
+
+    def output_watermark_ms(self, input_ms: int) -> int:
+        """Spark's ``produceOutputWatermark``: the minimum of the input watermark and both
+        sides' state watermarks (the join may still emit rows down to them)."""
+        return min([w for w in self.state_watermarks_ms(input_ms) if w is not None] + [input_ms])
+
     def describe(self) -> str:
         return f"StreamingSymmetricHashJoin {_SPARK_JOIN_NAMES.get(self.join_type, self.join_type)}"
 
