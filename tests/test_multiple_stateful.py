@@ -274,30 +274,15 @@ NOT_YET = [
     ),
     pytest.param(
         lambda r, i: _src(r, i)
+        .groupBy(F.window("ts", "5 seconds"), "k")
+        .count()
         .join(
-            _right(r, i).withColumnRenamed("k", "k2"),
-            F.expr("k = k2 AND ts2 BETWEEN ts AND ts + interval 5 seconds"),
-        )
-        .groupBy(F.window("ts", "10 seconds"))
-        .count(),
-        id="range-join-then-aggregation",
-    ),
-    pytest.param(
-        lambda r, i: _src(r, i)
-        .join(
-            _right(r, i).withColumnRenamed("k", "k2"),
-            F.expr("k = k2 AND ts2 BETWEEN ts AND ts + interval 5 seconds"),
-            "left",
-        )
-        .groupBy(F.window("ts", "10 seconds"))
-        .count(),
-        id="outer-join-then-aggregation",
-    ),
-    pytest.param(
-        lambda r, i: _src(r, i)
-        .dropDuplicates(["k", "ts"])
-        .join(_right(r, i), "k"),
-        id="dedup-then-join",
+            _right(r, i).groupBy(F.window("ts2", "5 seconds").alias("window"), "k").agg(
+                F.sum("v2").alias("s")
+            ),
+            ["window", "k"],
+        ),
+        id="window-aggregations-joined",
     ),
 ]
 
@@ -416,3 +401,37 @@ def test_operators_after_range_and_outer_joins_match_native(bench, tmp_path):
         assert [op[0] for op in batches[0][3]][1] == "symmetricHashJoin", name
         # rows reached the sink
         assert any(rows for _, rows in next(p for p in bench.pairs if p.name == name).native.batches), name
+
+
+def test_join_of_deduplicated_streams_matches_native(bench, tmp_path):
+    """dropDuplicates (with watermark) on each side -> inner join, and on the left side
+    -> left outer join with a range condition -> windowed count: Spark accepts a
+    stream-stream join reading a deduplication's output; compared batch by batch."""
+    left, right = tmp_path / "left", tmp_path / "right"
+    left.mkdir()
+    right.mkdir()
+
+    def dedup_inner(reader: Any) -> Any:
+        lhs = _src(reader, left).dropDuplicates(["k", "ts"])
+        rhs = _right(reader, right).dropDuplicates(["k", "ts2"])
+        return lhs.join(rhs, "k")
+
+    def dedup_outer_window(reader: Any) -> Any:
+        lhs = _src(reader, left).dropDuplicates(["k", "ts"])
+        rhs = _right(reader, right).withColumnRenamed("k", "k2")
+        joined = lhs.join(rhs, F.expr(RANGE), "left_outer")
+        return joined.groupBy(F.window("ts", "10 seconds")).agg(
+            F.count("*").alias("n"), F.count("v2").alias("matched")
+        )
+
+    bench.add("dedup_inner", dedup_inner, sink="foreachBatch")
+    _without_outer_join_removals(bench.add("dedup_outer_window", dedup_outer_window, sink="foreachBatch"))
+    bench.start()
+    for i, (lrows, rrows) in enumerate(zip(PROPAGATION_LEFT[:5], PROPAGATION_RIGHT[:5])):
+        # duplicates of rows already seen, within and across batches
+        bench.step(f"step {i} (left)", {left: lrows + lrows[:1]})
+        bench.step(f"step {i} (right)", {right: rrows + rrows[-1:]})
+    progress = {p.name: p.native.progress() for p in bench.pairs}
+    assert [op[0] for op in progress["dedup_inner"][0][3]] == ["symmetricHashJoin", "dedupe", "dedupe"]
+    assert sum(b[3][1][3] for b in progress["dedup_inner"]) > 0  # duplicates dropped
+    assert any(rows for _, rows in bench.pairs[1].native.batches)

@@ -119,11 +119,14 @@ def _check_chain(operators: list[StatefulNode], output_mode: str) -> None:
                 "A streaming limit() together with another stateful operator in one query",
                 "Chain them through a second query reading the first one's output.",
             )
-        if isinstance(op, StreamJoin) and below:
+        not_dedup = [b for b in below if not isinstance(b, Deduplicate)]
+        if isinstance(op, StreamJoin) and not_dedup:
+            # Spark accepts e.g. two windowed aggregations joined on the window (Append).
             raise NotSupportedYetError(
                 f"A stream-stream join of the output of another stateful operator "
-                f"({below[0].describe()})",
-                "Join the streams first, or chain the queries through a sink.",
+                f"({not_dedup[0].describe()})",
+                "Join the streams first, or chain the queries through a sink; a "
+                "deduplication before the join is supported.",
             )
 
 

@@ -166,8 +166,10 @@ _KEEPS = ("filter", "where", "dropna", "repartition", "coalesce", "hint", "sampl
 
 
 def _keeps_column(node: PlanNode, column: str) -> bool:
-    if isinstance(node, EventTimeWatermark):
-        return True
+    from lockgate.plan.dedup import Deduplicate
+
+    if isinstance(node, (EventTimeWatermark, Deduplicate)):
+        return True  # a deduplication passes its rows through unchanged
     if not isinstance(node, Transform):
         return False
     if node.method in _KEEPS:
@@ -443,6 +445,12 @@ def _late_events_watermark_ms(ctx: StatefulContext, batch_id: int) -> int:
     return int(ctx.late_events_watermark_ms or 0)
 
 
+def _reads_stateful(plan: PlanNode) -> bool:
+    from lockgate.plan.checks import stateful_operators
+
+    return bool(stateful_operators(plan))
+
+
 def build_stream_join(
     node: StreamJoin,
     left: DataFrame,
@@ -474,6 +482,13 @@ def build_stream_join(
         *[F.col(f"`{f.name}`").alias(f"__r{i}") for i, f in enumerate(rf)],
     )
     key_cols = [F.col(f"__k{j}") for j in range(nkeys)]
+    # A side reading another stateful operator (a deduplication) ends with that
+    # operator's state task, which must run in a stage of its own: under the union its
+    # task would see the union's partition index, not its state partition.
+    if _reads_stateful(node.left):
+        lpart = lpart.repartition(n, *key_cols)
+    if _reads_stateful(node.right):
+        rpart = rpart.repartition(n, *key_cols)
     staged = (
         lpart.unionByName(rpart)
         .repartition(n, *key_cols)
