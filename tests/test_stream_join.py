@@ -203,3 +203,24 @@ def test_start_time_refusals_and_unsupported_conditions(spark: Any, ls: Any, tmp
             right,
             F.expr("leftId = rightId AND leftTime + interval 1 second BETWEEN rightTime AND rightTime + interval 5 seconds"),
         )
+
+
+def test_left_anti_refused_like_spark(spark: Any, ls: Any, tmp_path: Path) -> None:
+    """Spark 4.3 refuses a left anti stream-stream join (at start()); lockgate refuses it
+    with Spark's message, as an AnalysisException, when the join is defined."""
+    ldir, rdir = tmp_path / "left", tmp_path / "right"
+    ldir.mkdir()
+    rdir.mkdir()
+    left, right = sides(spark.readStream, ldir, rdir)
+    with pytest.raises(AnalysisException) as native:
+        left.join(right, F.expr(RANGE), "left_anti").writeStream.format("memory").queryName(
+            f"anti_{uuid.uuid4().hex[:8]}"
+        ).option("checkpointLocation", str(tmp_path / "native")).start()
+    expected = str(native.value).split("\n")[0].split(";")[0].strip()
+    assert "LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported" in expected
+    left, right = sides(ls.readStream, ldir, rdir)
+    for how in ("left_anti", "anti", "leftanti"):
+        with pytest.raises(AnalysisException) as mine:
+            left.join(right, F.expr(RANGE), how)
+        assert not isinstance(mine.value, NotSupportedYetError)
+        assert expected in str(mine.value)
