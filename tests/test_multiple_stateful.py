@@ -262,18 +262,6 @@ def test_redefined_watermark_refused(spark, ls, tmp_path):
 NOT_YET = [
     pytest.param(
         lambda r, i: _src(r, i)
-        .groupBy(F.session_window("ts", "5 seconds"), "k")
-        .count()
-        .groupBy(F.window(F.window_time("session_window"), "10 seconds"))
-        .count(),
-        id="session-window-then-window",
-    ),
-    pytest.param(
-        lambda r, i: _src(r, i).limit(3).groupBy(F.window("ts", "5 seconds")).count(),
-        id="limit-then-aggregation",
-    ),
-    pytest.param(
-        lambda r, i: _src(r, i)
         .groupBy(F.window("ts", "5 seconds"), "k")
         .count()
         .join(
@@ -435,3 +423,75 @@ def test_join_of_deduplicated_streams_matches_native(bench, tmp_path):
     assert [op[0] for op in progress["dedup_inner"][0][3]] == ["symmetricHashJoin", "dedupe", "dedupe"]
     assert sum(b[3][1][3] for b in progress["dedup_inner"]) > 0  # duplicates dropped
     assert any(rows for _, rows in bench.pairs[1].native.batches)
+
+
+# -- limit and session windows inside a chain ----------------------------------------------
+# One row per step for the limits, so which rows a limit keeps does not depend on the
+# order of rows inside a batch (in neither engine).
+LIMIT_STEPS = [
+    [ev(1, "a", 1.0)],
+    [ev(4, "b", 2.0)],
+    [ev(12, "a", 3.0)],
+    [ev(27, "b", 4.0)],
+    [ev(41, "a", 5.0)],
+    [ev(58, "c", 6.0)],
+    [ev(75, "a", 7.0)],
+]
+SESSION_STEPS = [
+    [ev(1, "a", 1.0), ev(3, "a", 2.0), ev(2, "b", 1.0), ev(3, "a", 2.0)],
+    [ev(6, "a", 1.0), ev(14, "b", 3.0), ev(15, "a", 1.0)],
+    [ev(31, "a", 1.0), ev(2, "a", 9.0), ev(18, "b", 1.0), ev(33, "c", 1.0)],
+    [ev(52, "a", 1.0), ev(36, "c", 2.0), ev(28, "b", 1.0)],
+    [ev(80, "b", 1.0), ev(55, "a", 1.0)],
+    [ev(120, "a", 1.0)],
+]
+
+
+def test_limit_and_session_window_in_chains_match_native(bench, tmp_path):
+    """limit -> windowed count, windowed count -> limit, session_window -> windowed
+    aggregation over the sessions, and dropDuplicates -> session_window, append mode,
+    compared with native Spark batch by batch, with a restart from the checkpoints."""
+    lim, ses = tmp_path / "limit", tmp_path / "session"
+    lim.mkdir()
+    ses.mkdir()
+
+    def limit_then_window(reader: Any) -> Any:
+        return _src(reader, lim).limit(4).groupBy(F.window("ts", "10 seconds")).agg(
+            F.count("*").alias("n"), F.sum("v").alias("s")
+        )
+
+    def window_then_limit(reader: Any) -> Any:
+        return _src(reader, lim).groupBy(F.window("ts", "10 seconds"), "k").count().limit(2)
+
+    def session_then_window(reader: Any) -> Any:
+        sessions = _src(reader, ses).groupBy(F.session_window("ts", "5 seconds"), "k").agg(
+            F.count("*").alias("n")
+        )
+        return sessions.groupBy(F.window(F.window_time("session_window"), "20 seconds")).agg(
+            F.count("*").alias("sessions"), F.sum("n").alias("events")
+        )
+
+    def dedup_then_session(reader: Any) -> Any:
+        unique = _src(reader, ses).dropDuplicates(["k", "ts"])
+        return unique.groupBy(F.session_window("ts", "5 seconds"), "k").agg(
+            F.count("*").alias("n"), F.sum("v").alias("s")
+        )
+
+    bench.add("limit_window", limit_then_window, sink="foreachBatch")
+    bench.add("window_limit", window_then_limit, sink="foreachBatch")
+    bench.add("session_window_then_window", session_then_window, sink="foreachBatch")
+    bench.add("dedup_session", dedup_then_session, sink="foreachBatch")
+    bench.start()
+    for i, rows in enumerate(LIMIT_STEPS):
+        if i == 3:
+            for pair in bench.pairs:
+                pair.stop()
+            bench.start()
+        files = {lim: rows}
+        if i < len(SESSION_STEPS):
+            bench.step(f"step {i} (session)", {ses: SESSION_STEPS[i]})
+        bench.step(f"step {i} (limit)", files)
+    for pair in bench.pairs:
+        assert any(rows for _, rows in pair.native.batches), pair.name
+    limited = [r for _, rows in bench.pairs[0].native.batches for r in rows]
+    assert sum(r["n"] for r in limited) == 4  # the limit cut the stream

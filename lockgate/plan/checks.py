@@ -108,17 +108,6 @@ def _check_chain(operators: list[StatefulNode], output_mode: str) -> None:
             raise AnalysisError(CORRECTNESS_ERROR)
     for op in operators:
         below = _stateful_below(op)
-        if isinstance(op, SessionWindowAggregate):
-            raise NotSupportedYetError(
-                "A session_window aggregation together with another stateful operator in "
-                "one query",
-                "Chain them through a second query reading the first one's output.",
-            )
-        if isinstance(op, StreamingLimit):
-            raise NotSupportedYetError(
-                "A streaming limit() together with another stateful operator in one query",
-                "Chain them through a second query reading the first one's output.",
-            )
         not_dedup = [b for b in below if not isinstance(b, Deduplicate)]
         if isinstance(op, StreamJoin) and not_dedup:
             # Spark accepts e.g. two windowed aggregations joined on the window (Append).
