@@ -448,7 +448,8 @@ SESSION_STEPS = [
 
 
 def test_limit_and_session_window_in_chains_match_native(bench, tmp_path):
-    """limit -> windowed count, windowed count -> limit, session_window -> windowed
+    """limit -> windowed count, limit -> dropDuplicates, windowed count -> limit,
+    session_window -> windowed
     aggregation over the sessions, and dropDuplicates -> session_window, append mode,
     compared with native Spark batch by batch, with a restart from the checkpoints."""
     lim, ses = tmp_path / "limit", tmp_path / "session"
@@ -477,7 +478,11 @@ def test_limit_and_session_window_in_chains_match_native(bench, tmp_path):
             F.count("*").alias("n"), F.sum("v").alias("s")
         )
 
+    def limit_then_dedup(reader: Any) -> Any:
+        return _src(reader, lim).limit(5).dropDuplicates(["k"])
+
     bench.add("limit_window", limit_then_window, sink="foreachBatch")
+    bench.add("limit_dedup", limit_then_dedup, sink="foreachBatch")
     bench.add("window_limit", window_then_limit, sink="foreachBatch")
     bench.add("session_window_then_window", session_then_window, sink="foreachBatch")
     bench.add("dedup_session", dedup_then_session, sink="foreachBatch")
