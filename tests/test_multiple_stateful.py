@@ -262,42 +262,15 @@ def test_redefined_watermark_refused(spark, ls, tmp_path):
 NOT_YET = [
     pytest.param(
         lambda r, i: _src(r, i)
-        .groupBy(F.session_window("ts", "5 seconds"), "k")
+        .groupBy(F.window("ts", "5 seconds"), "k")
         .count()
-        .groupBy(F.window(F.window_time("session_window"), "10 seconds"))
-        .count(),
-        id="session-window-then-window",
-    ),
-    pytest.param(
-        lambda r, i: _src(r, i).limit(3).groupBy(F.window("ts", "5 seconds")).count(),
-        id="limit-then-aggregation",
-    ),
-    pytest.param(
-        lambda r, i: _src(r, i)
         .join(
-            _right(r, i).withColumnRenamed("k", "k2"),
-            F.expr("k = k2 AND ts2 BETWEEN ts AND ts + interval 5 seconds"),
-        )
-        .groupBy(F.window("ts", "10 seconds"))
-        .count(),
-        id="range-join-then-aggregation",
-    ),
-    pytest.param(
-        lambda r, i: _src(r, i)
-        .join(
-            _right(r, i).withColumnRenamed("k", "k2"),
-            F.expr("k = k2 AND ts2 BETWEEN ts AND ts + interval 5 seconds"),
-            "left",
-        )
-        .groupBy(F.window("ts", "10 seconds"))
-        .count(),
-        id="outer-join-then-aggregation",
-    ),
-    pytest.param(
-        lambda r, i: _src(r, i)
-        .dropDuplicates(["k", "ts"])
-        .join(_right(r, i), "k"),
-        id="dedup-then-join",
+            _right(r, i).groupBy(F.window("ts2", "5 seconds").alias("window"), "k").agg(
+                F.sum("v2").alias("s")
+            ),
+            ["window", "k"],
+        ),
+        id="window-aggregations-joined",
     ),
 ]
 
@@ -321,3 +294,209 @@ def test_not_supported_yet_combinations(spark, ls, tmp_path, build):
             "checkpointLocation", str(tmp_path / "lockgate")
         ).start()
     assert not ls.streams.active
+
+
+# -- operators after a join that delays the watermark (Spark's watermark propagation) ----
+# Left: watermark delay 10 s on ts; right: 5 s on ts2. The range condition
+# ts2 BETWEEN ts - 5 s AND ts + 5 s keeps join state down to (watermark - 5 s), so the
+# operators after the join run by a watermark 5 s (and 1 ms) behind the global one:
+# windows are emitted later, and join output older than the global watermark but within
+# the join's range is not dropped as late, as it would be by the global watermark.
+PROPAGATION_LEFT = [
+    [ev(1, "a", 1.0), ev(3, "b", 2.0), ev(8, "a", 3.0)],
+    [ev(19, "a", 1.0), ev(14, "b", 1.0)],
+    [ev(27, "a", 2.0), ev(23, "b", 5.0), ev(36, "c", 1.0)],
+    [ev(44, "a", 1.0), ev(31, "c", 1.0), ev(33, "b", 7.0)],
+    [ev(61, "a", 1.0), ev(52, "b", 1.0)],
+    [ev(90, "c", 1.0)],
+]
+PROPAGATION_RIGHT = [
+    [ev(4, "a", 10.0), ev(6, "b", 20.0)],
+    [ev(22, "a", 10.0), ev(12, "b", 20.0), ev(9, "a", 30.0)],
+    [ev(30, "a", 10.0), ev(24, "a", 40.0), ev(18, "b", 50.0), ev(33, "c", 1.0)],
+    [ev(47, "a", 10.0), ev(29, "b", 60.0), ev(35, "c", 2.0), ev(38, "b", 70.0)],
+    [ev(58, "a", 10.0), ev(64, "a", 20.0), ev(49, "b", 80.0), ev(50, "b", 1.0)],
+    [ev(95, "c", 1.0)],
+]
+RANGE = "k = k2 AND ts2 BETWEEN ts - interval 5 seconds AND ts + interval 5 seconds"
+
+
+def _range_join(reader: Any, left: Path, right: Path, how: str) -> Any:
+    return _src(reader, left).join(
+        _right(reader, right).withColumnRenamed("k", "k2"), F.expr(RANGE), how
+    )
+
+
+def _without_outer_join_removals(pair: Any) -> None:
+    """Compare an outer join's metrics except ``numRowsRemoved``: Spark 4.3 also counts
+    state rows it removes from the other side while joining
+    (``numRemovedFromOtherSideDuringJoin``), which lockgate's join does not report yet
+    (docs/stream-joins.md, known differences)."""
+    for side in (pair.native, pair.lockgate):
+        progress = side.progress
+
+        def masked(progress: Any = progress) -> list[Any]:
+            return [
+                (b, n, w, tuple(op[:5] + (None,) if op[0] == "symmetricHashJoin" else op for op in ops))
+                for b, n, w, ops in progress()
+            ]
+
+        side.progress = masked
+
+
+def test_operators_after_range_and_outer_joins_match_native(bench, tmp_path):
+    """An inner join with an event-time range condition -> windowed count, and a left
+    outer join -> windowed aggregation and -> deduplication, append mode, compared with
+    native Spark batch by batch (rows of every batch, batch ids incl. no-data batches,
+    watermark and every operator's metrics), with a restart from the checkpoints."""
+    left, right = tmp_path / "left", tmp_path / "right"
+    left.mkdir()
+    right.mkdir()
+
+    def inner_then_window(reader: Any) -> Any:
+        joined = _range_join(reader, left, right, "inner")
+        return joined.groupBy(F.window("ts", "10 seconds"), "k").agg(
+            F.count("*").alias("n"), F.sum("v2").alias("s")
+        )
+
+    def outer_then_window(reader: Any) -> Any:
+        joined = _range_join(reader, left, right, "left_outer")
+        return joined.groupBy(F.window("ts", "10 seconds")).agg(
+            F.count("*").alias("n"), F.count("v2").alias("matched"), F.sum("v2").alias("s")
+        )
+
+    def outer_then_dedup(reader: Any) -> Any:
+        joined = _range_join(reader, left, right, "left_outer")
+        return joined.dropDuplicates(["k", "ts"]).select("k", "ts", "v")
+
+    bench.add("inner_range_window", inner_then_window, sink="foreachBatch")
+    for pair in (
+        bench.add("outer_range_window", outer_then_window, sink="foreachBatch"),
+        bench.add("outer_range_dedup", outer_then_dedup, sink="foreachBatch"),
+    ):
+        _without_outer_join_removals(pair)
+    bench.start()
+    for i, (lrows, rrows) in enumerate(zip(PROPAGATION_LEFT, PROPAGATION_RIGHT)):
+        if i == 3:
+            for pair in bench.pairs:
+                pair.stop()
+            bench.start()
+        # one file per step, so that batch boundaries are the same on both engines
+        bench.step(f"step {i} (left)", {left: lrows})
+        bench.step(f"step {i} (right)", {right: rrows})
+    progress = {p.name: p.native.progress() for p in bench.pairs}
+    for name, batches in progress.items():
+        assert [op[0] for op in batches[0][3]][1] == "symmetricHashJoin", name
+        # rows reached the sink
+        assert any(rows for _, rows in next(p for p in bench.pairs if p.name == name).native.batches), name
+
+
+def test_join_of_deduplicated_streams_matches_native(bench, tmp_path):
+    """dropDuplicates (with watermark) on each side -> inner join, and on the left side
+    -> left outer join with a range condition -> windowed count: Spark accepts a
+    stream-stream join reading a deduplication's output; compared batch by batch."""
+    left, right = tmp_path / "left", tmp_path / "right"
+    left.mkdir()
+    right.mkdir()
+
+    def dedup_inner(reader: Any) -> Any:
+        lhs = _src(reader, left).dropDuplicates(["k", "ts"])
+        rhs = _right(reader, right).dropDuplicates(["k", "ts2"])
+        return lhs.join(rhs, "k")
+
+    def dedup_outer_window(reader: Any) -> Any:
+        lhs = _src(reader, left).dropDuplicates(["k", "ts"])
+        rhs = _right(reader, right).withColumnRenamed("k", "k2")
+        joined = lhs.join(rhs, F.expr(RANGE), "left_outer")
+        return joined.groupBy(F.window("ts", "10 seconds")).agg(
+            F.count("*").alias("n"), F.count("v2").alias("matched")
+        )
+
+    bench.add("dedup_inner", dedup_inner, sink="foreachBatch")
+    _without_outer_join_removals(bench.add("dedup_outer_window", dedup_outer_window, sink="foreachBatch"))
+    bench.start()
+    for i, (lrows, rrows) in enumerate(zip(PROPAGATION_LEFT[:5], PROPAGATION_RIGHT[:5])):
+        # duplicates of rows already seen, within and across batches
+        bench.step(f"step {i} (left)", {left: lrows + lrows[:1]})
+        bench.step(f"step {i} (right)", {right: rrows + rrows[-1:]})
+    progress = {p.name: p.native.progress() for p in bench.pairs}
+    assert [op[0] for op in progress["dedup_inner"][0][3]] == ["symmetricHashJoin", "dedupe", "dedupe"]
+    assert sum(b[3][1][3] for b in progress["dedup_inner"]) > 0  # duplicates dropped
+    assert any(rows for _, rows in bench.pairs[1].native.batches)
+
+
+# -- limit and session windows inside a chain ----------------------------------------------
+# One row per step for the limits, so which rows a limit keeps does not depend on the
+# order of rows inside a batch (in neither engine).
+LIMIT_STEPS = [
+    [ev(1, "a", 1.0)],
+    [ev(4, "b", 2.0)],
+    [ev(12, "a", 3.0)],
+    [ev(27, "b", 4.0)],
+    [ev(41, "a", 5.0)],
+    [ev(58, "c", 6.0)],
+    [ev(75, "a", 7.0)],
+]
+SESSION_STEPS = [
+    [ev(1, "a", 1.0), ev(3, "a", 2.0), ev(2, "b", 1.0), ev(3, "a", 2.0)],
+    [ev(6, "a", 1.0), ev(14, "b", 3.0), ev(15, "a", 1.0)],
+    [ev(31, "a", 1.0), ev(2, "a", 9.0), ev(18, "b", 1.0), ev(33, "c", 1.0)],
+    [ev(52, "a", 1.0), ev(36, "c", 2.0), ev(28, "b", 1.0)],
+    [ev(80, "b", 1.0), ev(55, "a", 1.0)],
+    [ev(120, "a", 1.0)],
+]
+
+
+def test_limit_and_session_window_in_chains_match_native(bench, tmp_path):
+    """limit -> windowed count, limit -> dropDuplicates, windowed count -> limit,
+    session_window -> windowed
+    aggregation over the sessions, and dropDuplicates -> session_window, append mode,
+    compared with native Spark batch by batch, with a restart from the checkpoints."""
+    lim, ses = tmp_path / "limit", tmp_path / "session"
+    lim.mkdir()
+    ses.mkdir()
+
+    def limit_then_window(reader: Any) -> Any:
+        return _src(reader, lim).limit(4).groupBy(F.window("ts", "10 seconds")).agg(
+            F.count("*").alias("n"), F.sum("v").alias("s")
+        )
+
+    def window_then_limit(reader: Any) -> Any:
+        return _src(reader, lim).groupBy(F.window("ts", "10 seconds"), "k").count().limit(2)
+
+    def session_then_window(reader: Any) -> Any:
+        sessions = _src(reader, ses).groupBy(F.session_window("ts", "5 seconds"), "k").agg(
+            F.count("*").alias("n")
+        )
+        return sessions.groupBy(F.window(F.window_time("session_window"), "20 seconds")).agg(
+            F.count("*").alias("sessions"), F.sum("n").alias("events")
+        )
+
+    def dedup_then_session(reader: Any) -> Any:
+        unique = _src(reader, ses).dropDuplicates(["k", "ts"])
+        return unique.groupBy(F.session_window("ts", "5 seconds"), "k").agg(
+            F.count("*").alias("n"), F.sum("v").alias("s")
+        )
+
+    def limit_then_dedup(reader: Any) -> Any:
+        return _src(reader, lim).limit(5).dropDuplicates(["k"])
+
+    bench.add("limit_window", limit_then_window, sink="foreachBatch")
+    bench.add("limit_dedup", limit_then_dedup, sink="foreachBatch")
+    bench.add("window_limit", window_then_limit, sink="foreachBatch")
+    bench.add("session_window_then_window", session_then_window, sink="foreachBatch")
+    bench.add("dedup_session", dedup_then_session, sink="foreachBatch")
+    bench.start()
+    for i, rows in enumerate(LIMIT_STEPS):
+        if i == 3:
+            for pair in bench.pairs:
+                pair.stop()
+            bench.start()
+        files = {lim: rows}
+        if i < len(SESSION_STEPS):
+            bench.step(f"step {i} (session)", {ses: SESSION_STEPS[i]})
+        bench.step(f"step {i} (limit)", files)
+    for pair in bench.pairs:
+        assert any(rows for _, rows in pair.native.batches), pair.name
+    limited = [r for _, rows in bench.pairs[0].native.batches for r in rows]
+    assert sum(r["n"] for r in limited) == 4  # the limit cut the stream

@@ -649,21 +649,21 @@ NOT_YET = [
     # Chains of stateful operators Spark accepts and lockgate does not run yet; the ones it
     # runs are in test_multiple_stateful.py.
     pytest.param(
-        lambda r, i: _src(r, i).withWatermark("ts", "10 seconds").limit(3).dropDuplicates(["k"]),
-        "append",
-        id="limit-then-dedup",
-    ),
-    pytest.param(
         lambda r, i: (
             _src(r, i)
             .withWatermark("ts", "10 seconds")
-            .groupBy(F.session_window("ts", "5 seconds"), "k")
+            .groupBy(F.window("ts", "5 seconds"), "k")
             .count()
-            .groupBy(F.window(F.window_time("session_window"), "10 seconds"))
-            .count()
+            .join(
+                _src(r, i)
+                .withWatermark("ts", "10 seconds")
+                .groupBy(F.window("ts", "5 seconds"), "k")
+                .agg(F.sum("v").alias("s")),
+                ["window", "k"],
+            )
         ),
         "append",
-        id="session-window-then-window",
+        id="window-aggregations-joined",
     ),
 ]
 

@@ -33,7 +33,7 @@ from lockgate.execution.triggers import (
     ProcessingTimeTrigger,
     Trigger,
 )
-from lockgate.execution.watermark import WatermarkTracker
+from lockgate.execution.watermark import WatermarkTracker, propagate_watermark
 from lockgate.options import Options, parse_duration_ms
 from lockgate.plan.aggregate import StatefulContext
 from lockgate.plan.cache import PlanCache
@@ -380,9 +380,13 @@ class MicroBatchExecution(StreamExecution):
         if enabled != "true":
             return False
         has_watermark = bool(self._watermark_nodes)
-        if not any(op.needs_no_data_batch(self.output_mode, has_watermark) for op in self._stateful_ops):
-            return False
-        return self.watermark_tracker.current_watermark_ms > self.offset_metadata.batchWatermarkMs
+        # Each operator by its own input watermark (Spark's watermark propagation).
+        new = propagate_watermark(self.plan, self.watermark_tracker.current_watermark_ms)
+        current = propagate_watermark(self.plan, self.offset_metadata.batchWatermarkMs)
+        return any(
+            op.needs_no_data_batch(self.output_mode, has_watermark) and new[id(op)] > current[id(op)]
+            for op in self._stateful_ops
+        )
 
     def _stateful_context(self, empty_sources: frozenset[int]) -> StatefulContext | None:
         if not self._stateful_ops:
@@ -406,7 +410,14 @@ class MicroBatchExecution(StreamExecution):
             checkpoint_id=self.id,
             cache=self.plan_cache,
             shape=empty_sources,
+            operator_watermarks=self._operator_watermarks() if self._watermark_nodes else None,
         )
+
+    def _operator_watermarks(self) -> dict[int, tuple[int, int]]:
+        """Operator id -> (eviction, late-row) input watermark of this batch."""
+        evict = propagate_watermark(self.plan, self.offset_metadata.batchWatermarkMs)
+        late = propagate_watermark(self.plan, self._previous_batch_watermark())
+        return {self._op_ids[key]: (evict[key], late[key]) for key in evict}
 
     def _previous_batch_watermark(self) -> int:
         if self.current_batch_id <= 0:

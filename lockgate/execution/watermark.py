@@ -1,9 +1,15 @@
-"""WatermarkTracker: the global event-time watermark across ``withWatermark`` operators."""
+"""The global event-time watermark across ``withWatermark`` operators
+(:class:`WatermarkTracker`), and its propagation to each stateful operator
+(:func:`propagate_watermark`, Spark's ``PropagateWatermarkSimulator``)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lockgate.plan.nodes import PlanNode
 
 logger = logging.getLogger(__name__)
 
@@ -60,3 +66,54 @@ class WatermarkTracker:
         if new > self.current_watermark_ms:
             logger.info("Updating event-time watermark from %s to %s ms", self.current_watermark_ms, new)
             self.current_watermark_ms = new
+
+
+def propagate_watermark(plan: PlanNode, global_ms: int) -> dict[int, int]:
+    """Each stateful operator's input watermark (keyed by ``id(node)``) for the global
+    watermark ``global_ms``, as Spark's ``PropagateWatermarkSimulator`` computes it (on by
+    default: ``spark.sql.streaming.statefulOperator.allowMultiple``).
+
+    Bottom-up: a ``withWatermark`` outputs the global watermark; a stateless node the
+    minimum of its children's outputs (children without event time are left out); a
+    stateful operator's input is that minimum (0 when there is none, never negative),
+    and its output is ``produceOutputWatermark(input)``: the input itself for
+    aggregations, deduplications and limits, and for a stream-stream join the minimum of
+    the input and both sides' state watermarks (a range condition's bound, so an
+    operator after such a join sees a delayed watermark). A global watermark of 0 is not
+    propagated: every operator gets 0. The eviction watermark of a batch is the
+    propagation of its own global watermark, the late-row watermark that of the previous
+    batch's.
+    """
+    from lockgate.plan.aggregate import Aggregate
+    from lockgate.plan.dedup import Deduplicate
+    from lockgate.plan.join import StreamJoin
+    from lockgate.plan.limit import StreamingLimit
+    from lockgate.plan.nodes import EventTimeWatermark
+
+    inputs: dict[int, int] = {}
+    outputs: dict[int, int | None] = {}
+
+    def visit(node: PlanNode) -> int | None:
+        key = id(node)
+        if key in outputs:
+            return outputs[key]
+        known = [w for w in (visit(child) for child in node.children) if w is not None]
+        incoming = min(known) if known else None
+        result: int | None
+        if isinstance(node, EventTimeWatermark):
+            result = global_ms
+        elif isinstance(node, (Aggregate, Deduplicate, StreamingLimit, StreamJoin)):
+            inputs[key] = 0 if global_ms == 0 else max(incoming or 0, 0)
+            if incoming is None:
+                result = None
+            elif isinstance(node, StreamJoin):
+                result = node.output_watermark_ms(incoming)
+            else:
+                result = incoming
+        else:
+            result = incoming
+        outputs[key] = result
+        return result
+
+    visit(plan)
+    return inputs

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -614,10 +614,24 @@ class StatefulContext:
     """Operator id -> this batch's values for its state step, which the engine hands to
     the tasks as a local property (:mod:`lockgate.plan.state_udf`)."""
 
+    operator_watermarks: dict[int, tuple[int, int]] | None = None
+    """Operator id -> (eviction, late-row) input watermark from Spark's watermark
+    propagation (``lockgate.execution.watermark.propagate_watermark``); None: every
+    operator uses the global pair above."""
+
     def schema_of(self, owner: object, df: DataFrame, part: str) -> StructType:
         """``df.schema``, from an earlier batch of the same shape when there was one."""
         self.cache.prime_schema(owner, self.shape, df, part)
         return self.cache.remember_schema(owner, self.shape, df, part)
+
+    def for_operator(self, operator_id: int) -> StatefulContext:
+        """This context with ``operator_id``'s own input watermarks (Spark's
+        ``getInputWatermarkForEviction`` / ``getInputWatermarkForLateEvents``)."""
+        marks = self.operator_watermarks
+        if self.batch_watermark_ms is None or not marks or operator_id not in marks:
+            return self
+        evict, late = marks[operator_id]
+        return replace(self, batch_watermark_ms=evict, late_events_watermark_ms=late)
 
 
 def aggregate_state_layout(

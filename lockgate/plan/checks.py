@@ -108,45 +108,15 @@ def _check_chain(operators: list[StatefulNode], output_mode: str) -> None:
             raise AnalysisError(CORRECTNESS_ERROR)
     for op in operators:
         below = _stateful_below(op)
-        if isinstance(op, SessionWindowAggregate):
-            raise NotSupportedYetError(
-                "A session_window aggregation together with another stateful operator in "
-                "one query",
-                "Chain them through a second query reading the first one's output.",
-            )
-        if isinstance(op, StreamingLimit):
-            raise NotSupportedYetError(
-                "A streaming limit() together with another stateful operator in one query",
-                "Chain them through a second query reading the first one's output.",
-            )
-        if isinstance(op, StreamJoin) and below:
+        not_dedup = [b for b in below if not isinstance(b, Deduplicate)]
+        if isinstance(op, StreamJoin) and not_dedup:
+            # Spark accepts e.g. two windowed aggregations joined on the window (Append).
             raise NotSupportedYetError(
                 f"A stream-stream join of the output of another stateful operator "
-                f"({below[0].describe()})",
-                "Join the streams first, or chain the queries through a sink.",
+                f"({not_dedup[0].describe()})",
+                "Join the streams first, or chain the queries through a sink; a "
+                "deduplication before the join is supported.",
             )
-        feeds_another = any(
-            any(b is op for b in _stateful_below(other)) for other in operators if other is not op
-        )
-        if isinstance(op, StreamJoin) and feeds_another and _propagates_lower_watermark(op):
-            raise NotSupportedYetError(
-                f"A stateful operator after a {op.describe()} with an event-time range "
-                "condition or outer join type",
-                "Spark gives the operators after such a join a watermark delayed by the "
-                "join's range; lockgate runs every operator by the global watermark. Chain "
-                "them through a second query.",
-            )
-
-
-def _propagates_lower_watermark(join: StreamJoin) -> bool:
-    """Whether Spark's watermark propagation gives the operators after ``join`` an
-    earlier watermark than the global one (a state watermark from a range condition)."""
-    if join.join_type != "inner":
-        return True
-    return join.key_watermark_ordinal is None and any(
-        join.watermark_columns[side] is not None and bool(join.state_watermark_forms[side])
-        for side in (0, 1)
-    )
 
 
 def _check_redefined_watermark(plan: PlanNode) -> None:

@@ -29,8 +29,15 @@ def stateful_tree(
     num_partitions: int,
     output_mode: str,
     watermark_ms: int | None,
+    operator_watermarks: dict[int, tuple[int, int]] | None = None,
 ) -> str:
     lines: list[str] = []
+
+    def eviction_watermark(op_id: int) -> int | None:
+        """The operator's own eviction watermark (Spark's watermark propagation)."""
+        if watermark_ms is not None and operator_watermarks and op_id in operator_watermarks:
+            return operator_watermarks[op_id][0]
+        return watermark_ms
 
     def info(op_id: int) -> str:
         ver = "?" if version is None else str(version)
@@ -48,7 +55,7 @@ def stateful_tree(
             session = node.session_name
             fns = ", ".join(s.kind for s in node.specs)
             watermarked = watermark_ms is not None and node.event_time_key is not None
-            wm = f", {watermark_ms}" if watermarked else ""
+            wm = f", {eviction_watermark(op_id)}" if watermarked else ""
             mode = output_mode.capitalize()
             steps = [
                 f"SessionWindowStateStoreSave [{keys}], {session}, {info(op_id)}, {mode}{wm}",
@@ -67,7 +74,7 @@ def stateful_tree(
             op_id = operator_ids.get(id(node), 0)
             keys = ", ".join(node.key_names)
             fns = ", ".join(s.kind for s in node.specs)
-            wm = "" if watermark_ms is None or node.event_time_key is None else f", {watermark_ms}"
+            wm = "" if watermark_ms is None or node.event_time_key is None else f", {eviction_watermark(op_id)}"
             lines.append(f"{pad}StateStoreSave [{keys}], {info(op_id)}, {output_mode.capitalize()}{wm}")
             lines.append(f"{sub}Aggregate(merge buffers) [{keys}], [{fns}]")
             lines.append("   " * (depth + 2) + f"+- StateStoreRestore [{keys}], {info(op_id)}")
@@ -111,6 +118,7 @@ def explain_execution(execution: IncrementalExecution, extended: bool) -> str:
                 num_partitions=ctx.num_partitions,
                 output_mode=ctx.output_mode,
                 watermark_ms=ctx.batch_watermark_ms,
+                operator_watermarks=ctx.operator_watermarks,
             ),
             "",
         ]

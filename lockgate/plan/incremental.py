@@ -192,7 +192,8 @@ class IncrementalExecution:
                 raise RuntimeError("a stateful plan needs a StatefulContext")
             op_id = self.operator_ids[id(node)]
             df, schema = build_stream_join(
-                node, self._build(node.left), self._build(node.right), self.stateful, op_id, self.batch_id
+                node, self._build(node.left), self._build(node.right),
+                self.stateful.for_operator(op_id), op_id, self.batch_id,
             )
             self.state_schemas[op_id] = schema
             return df
@@ -206,7 +207,8 @@ class IncrementalExecution:
                 Deduplicate: build_deduplicate,
                 StreamingLimit: build_limit,
             }[type(node)]
-            df, schema = build(node, self._build(node.child), self.stateful, op_id, self.batch_id)
+            ctx = self.stateful.for_operator(op_id)
+            df, schema = build(node, self._build(node.child), ctx, op_id, self.batch_id)
             self.state_schemas[op_id] = schema
             return df
         raise TypeError(f"Unknown plan node {type(node).__name__}")

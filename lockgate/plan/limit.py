@@ -63,13 +63,15 @@ def run_limit_task(task: LimitTask, batches: Any) -> Any:
         count += take
         sliced = batch.select(task.out_schema.names).slice(0, take)
         yield pa.RecordBatch.from_arrays(sliced.columns, schema=task.out_schema)
-    if count != start or current is None:
-        store.put((), [count])
+    # Spark writes the count only when rows passed (and no state row before the first
+    # one). lockgate writes its single row in every version (the store cannot replay an
+    # empty version of an empty key schema) and reports the metrics as Spark does.
+    store.put((), [count])
     store.commit()
     op = task.operator_id
     task.accumulator.add(
         {
-            f"{op}.numRowsTotal": len(store),
+            f"{op}.numRowsTotal": len(store) if count > 0 else 0,
             f"{op}.numRowsUpdated": int(count != start),
             f"{op}.commitTimeMs": int(store.metrics.commit_ms),
             f"{op}.memoryUsedBytes": store.memory_bytes(),
@@ -107,7 +109,13 @@ def build_limit(
         accumulator=ctx.accumulator,
         operator_id=operator_id,
     )
-    # A local limit per partition first, then one task holds the global count.
-    staged = child.limit(node.limit).repartition(1).withColumn("__lockgate_pid", F.lit(0))
+    # A local limit per partition first, then one task holds the global count. Over
+    # another stateful operator's output there is no local limit: it would stop reading
+    # that operator's task before its state is committed (Spark's StreamingLocalLimitExec
+    # drains its input for the same reason).
+    from lockgate.plan.checks import stateful_operators
+
+    local = child if stateful_operators(node.child) else child.limit(node.limit)
+    staged = local.repartition(1).withColumn("__lockgate_pid", F.lit(0))
     result = staged.mapInArrow(bind(run_limit_task, task), child.schema)
     return result, OperatorStateSchema(operator_id, node.operator_name, key_schema, value_schema, 1)

@@ -511,7 +511,7 @@ def build_session_aggregate(
                 value = F.struct(*[F.col(fl).alias(fn) for fl, fn in parts])
             else:
                 value = F.col(layout.flat[0])
-        out.append(value.cast(field.dataType).alias(field.name))
+        out.append(value.cast(field.dataType).alias(field.name, metadata=field.metadata))
     position = 0
     for spec, field in zip(node.specs, agg_fields):
         columns = [F.col(n) for n in buffers[position : position + len(spec.partials)]]

@@ -62,8 +62,8 @@ class _Converter:
         return NotSupportedYetError(
             f"The stream-stream join condition term {str(e.toString())!r} (in {self.whole!r})",
             "lockgate evaluates join conditions made of column references, literals, "
-            "comparisons (=, <>, <, <=, >, >=), AND, OR, NOT, IS [NOT] NULL and timestamp +/- "
-            "day-time interval literals.",
+            "comparisons (=, <>, <, <=, >, >=), column BETWEEN ... AND ..., AND, OR, NOT, "
+            "IS [NOT] NULL and timestamp +/- day-time interval literals.",
         )
 
     def convert(self, e: Any) -> tuple[Any, ...]:
@@ -99,6 +99,11 @@ class _Converter:
             return ("tadd", self.convert(start), self.convert(interval))
         if name == "DatetimeSub":
             return self.convert(e.replacement())
+        if name == "Between":
+            parts = between_parts(e)
+            if parts is None:
+                raise self.refuse(e)
+            return ("and", self.convert(parts[0]), self.convert(parts[1]))
         if name == "UnaryMinus":
             child = self.convert(e.child())
             if child[0] == "lit" and child[2] == "interval":
@@ -408,7 +413,34 @@ def _null_intolerant_refs(e: Any, attrs: dict[int, tuple[int, int, Any]]) -> set
     return set()
 
 
+def between_parts(e: Any) -> tuple[Any, Any] | None:
+    """``x BETWEEN lo AND hi`` (SQL's ``Between``, a runtime-replaceable expression) as
+    Spark's optimizer sees it: ``x >= lo`` and ``x <= hi``. Only for a column ``x``: Spark
+    inlines a column into both comparisons, but computes any other ``x`` in a projection
+    below the join (a column lockgate cannot name), so those are refused."""
+    if e.getClass().getSimpleName() != "Between":
+        return None
+    value = e.input()
+    if value.getClass().getSimpleName() != "AttributeReference":
+        return None
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    if jvm is None:
+        return None
+    expressions = jvm.org.apache.spark.sql.catalyst.expressions
+    return (
+        expressions.GreaterThanOrEqual(value, e.lower()),
+        expressions.LessThanOrEqual(value, e.upper()),
+    )
+
+
 def _split_and(e: Any) -> list[Any]:
+    """Spark's splitConjunctivePredicates of the optimized condition (BETWEEN on a column
+    is already ``>= AND <=`` there)."""
     if e.getClass().getSimpleName() == "And":
         return _split_and(e.left()) + _split_and(e.right())
+    parts = between_parts(e)
+    if parts is not None:
+        return _split_and(parts[0]) + _split_and(parts[1])
     return [e]

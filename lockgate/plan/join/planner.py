@@ -109,6 +109,25 @@ class StreamJoin(PlanNode):
     def needs_no_data_batch(self, output_mode: str, has_watermark: bool) -> bool:
         return has_watermark and self.evicts_by_watermark
 
+    def state_watermarks_ms(self, input_ms: int) -> tuple[int | None, int | None]:
+        """Each side's state watermark for the join's input watermark (Spark's
+        ``StreamingSymmetricHashJoinHelper.getStateWatermark``): the input watermark for
+        both sides when a join key carries event time, else per watermarked side the
+        bound its range conditions give (None without one)."""
+        if self.key_watermark_ordinal is not None:
+            return (input_ms, input_ms)
+        marks: list[int | None] = [None, None]
+        for side in (LEFT, RIGHT):
+            forms = self.state_watermark_forms[side]
+            if self.watermark_columns[side] is not None and forms:
+                marks[side] = state_watermark_ms(forms, input_ms)
+        return (marks[LEFT], marks[RIGHT])
+
+    def output_watermark_ms(self, input_ms: int) -> int:
+        """Spark's ``produceOutputWatermark``: the minimum of the input watermark and both
+        sides' state watermarks (the join may still emit rows down to them)."""
+        return min([w for w in self.state_watermarks_ms(input_ms) if w is not None] + [input_ms])
+
     def describe(self) -> str:
         return f"StreamingSymmetricHashJoin {_SPARK_JOIN_NAMES.get(self.join_type, self.join_type)}"
 
@@ -147,8 +166,10 @@ _KEEPS = ("filter", "where", "dropna", "repartition", "coalesce", "hint", "sampl
 
 
 def _keeps_column(node: PlanNode, column: str) -> bool:
-    if isinstance(node, EventTimeWatermark):
-        return True
+    from lockgate.plan.dedup import Deduplicate
+
+    if isinstance(node, (EventTimeWatermark, Deduplicate)):
+        return True  # a deduplication passes its rows through unchanged
     if not isinstance(node, Transform):
         return False
     if node.method in _KEEPS:
@@ -424,6 +445,12 @@ def _late_events_watermark_ms(ctx: StatefulContext, batch_id: int) -> int:
     return int(ctx.late_events_watermark_ms or 0)
 
 
+def _reads_stateful(plan: PlanNode) -> bool:
+    from lockgate.plan.checks import stateful_operators
+
+    return bool(stateful_operators(plan))
+
+
 def build_stream_join(
     node: StreamJoin,
     left: DataFrame,
@@ -455,6 +482,13 @@ def build_stream_join(
         *[F.col(f"`{f.name}`").alias(f"__r{i}") for i, f in enumerate(rf)],
     )
     key_cols = [F.col(f"__k{j}") for j in range(nkeys)]
+    # A side reading another stateful operator (a deduplication) ends with that
+    # operator's state task, which must run in a stage of its own: under the union its
+    # task would see the union's partition index, not its state partition.
+    if _reads_stateful(node.left):
+        lpart = lpart.repartition(n, *key_cols)
+    if _reads_stateful(node.right):
+        rpart = rpart.repartition(n, *key_cols)
     staged = (
         lpart.unionByName(rpart)
         .repartition(n, *key_cols)
