@@ -149,9 +149,8 @@ def stream_join(readers: Any, ctx: Context) -> Any:
         .select(F.col("value").alias("rk"), F.col("timestamp").alias("rt"))
         .withWatermark("rt", "10 seconds")
     )
-    # Written with >= / <= rather than BETWEEN: lockgate's join-condition evaluator
-    # refuses BETWEEN (NotSupportedYetError) at the time of writing; native Spark
-    # treats both the same.
+    # Written with >= / <= (as the figures in docs/benchmarks.md were measured); both
+    # engines treat BETWEEN the same way.
     cond = (
         (F.col("lk") == F.col("rk"))
         & (F.col("lt") >= F.col("rt") - F.expr("INTERVAL 5 SECONDS"))

@@ -412,7 +412,8 @@ def with_batch_params(task: Any) -> Any:
 
     from lockgate.plan.state_udf import batch_params
 
-    return dataclasses.replace(task, **batch_params(task.store.checkpoint_id, task.operator_id))
+    store = getattr(task, "store", None) or task.left_store
+    return dataclasses.replace(task, **batch_params(store.checkpoint_id, task.operator_id))
 
 
 def run_aggregate_task(task: AggregateTask, batches: Any) -> Any:

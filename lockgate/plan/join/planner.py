@@ -12,6 +12,7 @@ from functools import partial as bind
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -374,7 +375,7 @@ def make_stream_join(
     )
     # the projection must give exactly Spark's output columns
     spark = template.sparkSession
-    probe = _project(node, spark.createDataFrame([], _joined_schema(node)))
+    probe = spark.createDataFrame([], _joined_schema(node)).select(*_output_columns(node))
     if probe.columns != template.columns or [f.dataType for f in probe.schema.fields] != list(node.output_types):
         raise NotSupportedYetError(
             "This stream-stream join's output columns",
@@ -413,7 +414,11 @@ def _joined_schema(node: StreamJoin) -> StructType:
     return StructType(fields)
 
 
-def _project(node: StreamJoin, df: DataFrame) -> DataFrame:
+def _project(node: StreamJoin, df: DataFrame, ctx: StatefulContext) -> DataFrame:
+    return df.select(*ctx.cache.get(node, "output", lambda: _output_columns(node)))
+
+
+def _output_columns(node: StreamJoin) -> list[Column]:
     lcols = [F.col(f"__l{i}") for i in range(len(node.left_schema.fields))]
     if node.join_type == "left_semi":
         cols = lcols
@@ -437,7 +442,7 @@ def _project(node: StreamJoin, df: DataFrame) -> DataFrame:
         cols += [F.col(f"__r{i}") for i in range(len(rnames)) if i not in rk]
     else:
         cols = lcols + [F.col(f"__r{i}") for i in range(len(node.right_schema.fields))]
-    return df.select(*[c.alias(n) for c, n in zip(cols, node.output_names)])
+    return [c.alias(n) for c, n in zip(cols, node.output_names)]
 
 
 def _late_events_watermark_ms(ctx: StatefulContext, batch_id: int) -> int:
@@ -460,6 +465,7 @@ def build_stream_join(
     batch_id: int,
 ) -> tuple[DataFrame, Any]:
     from lockgate.plan.aggregate import _UniqueNames, schema_to_arrow
+    from lockgate.plan.state_udf import map_with_state
     from lockgate.state.schema import OperatorStateSchema
     from lockgate.state.store import StateStoreConf
 
@@ -467,21 +473,28 @@ def build_stream_join(
     tz = ctx.session_timezone
     lf, rf = node.left_schema.fields, node.right_schema.fields
     nkeys = len(node.left_keys)
-    lnull = [F.lit(None).cast(f.dataType).alias(f"__l{i}") for i, f in enumerate(lf)]
-    rnull = [F.lit(None).cast(f.dataType).alias(f"__r{i}") for i, f in enumerate(rf)]
-    lpart = left.select(
-        F.lit(LEFT).alias("__side"),
-        *[F.col(f"`{lf[i].name}`").alias(f"__k{j}") for j, i in enumerate(node.left_keys)],
-        *[F.col(f"`{f.name}`").alias(f"__l{i}") for i, f in enumerate(lf)],
-        *rnull,
-    )
-    rpart = right.select(
-        F.lit(RIGHT).alias("__side"),
-        *[F.col(f"`{rf[i].name}`").alias(f"__k{j}") for j, i in enumerate(node.right_keys)],
-        *lnull,
-        *[F.col(f"`{f.name}`").alias(f"__r{i}") for i, f in enumerate(rf)],
-    )
-    key_cols = [F.col(f"__k{j}") for j in range(nkeys)]
+
+    def tagging() -> tuple[list[Column], list[Column], list[Column], Column]:
+        lnull = [F.lit(None).cast(f.dataType).alias(f"__l{i}") for i, f in enumerate(lf)]
+        rnull = [F.lit(None).cast(f.dataType).alias(f"__r{i}") for i, f in enumerate(rf)]
+        lcols = [
+            F.lit(LEFT).alias("__side"),
+            *[F.col(f"`{lf[i].name}`").alias(f"__k{j}") for j, i in enumerate(node.left_keys)],
+            *[F.col(f"`{f.name}`").alias(f"__l{i}") for i, f in enumerate(lf)],
+            *rnull,
+        ]
+        rcols = [
+            F.lit(RIGHT).alias("__side"),
+            *[F.col(f"`{rf[i].name}`").alias(f"__k{j}") for j, i in enumerate(node.right_keys)],
+            *lnull,
+            *[F.col(f"`{f.name}`").alias(f"__r{i}") for i, f in enumerate(rf)],
+        ]
+        key_cols = [F.col(f"__k{j}") for j in range(nkeys)]
+        return lcols, rcols, key_cols, F.pmod(F.hash(*key_cols), F.lit(n))
+
+    lcols, rcols, key_cols, pid = ctx.cache.get(node, f"tagging/{n}", tagging)
+    lpart = left.select(*lcols)
+    rpart = right.select(*rcols)
     # A side reading another stateful operator (a deduplication) ends with that
     # operator's state task, which must run in a stage of its own: under the union its
     # task would see the union's partition index, not its state partition.
@@ -489,11 +502,8 @@ def build_stream_join(
         lpart = lpart.repartition(n, *key_cols)
     if _reads_stateful(node.right):
         rpart = rpart.repartition(n, *key_cols)
-    staged = (
-        lpart.unionByName(rpart)
-        .repartition(n, *key_cols)
-        .withColumn("__lockgate_pid", F.pmod(F.hash(*key_cols), F.lit(n)))
-    )
+    staged = lpart.unionByName(rpart).repartition(n, *key_cols).withColumn("__lockgate_pid", pid)
+    ctx.schema_of(node, staged, "staged")
 
     def store_conf(name: str, fields: list[StructField], key_idx: tuple[int, ...]) -> StateStoreConf:
         names = _UniqueNames()
@@ -527,7 +537,7 @@ def build_stream_join(
     task = JoinTask(
         left_store=lstore,
         right_store=rstore,
-        version=batch_id + 1,
+        version=0,  # this batch's values come with the tasks (with_batch_params)
         join_type=node.join_type,
         left_keys=node.left_keys,
         right_keys=node.right_keys,
@@ -535,17 +545,27 @@ def build_stream_join(
         pre_join=node.pre_join,
         post_join=node.post_join,
         watermark_columns=node.watermark_columns if has_wm else (None, None),
-        late_watermark_ms=_late_events_watermark_ms(ctx, batch_id) if has_wm else 0,
-        evict_watermark_ms=evict_wm,
+        late_watermark_ms=0,
+        evict_watermark_ms=0,
         key_watermark_ordinal=node.key_watermark_ordinal if has_wm else None,
-        state_watermark_ms=(state_wms[LEFT], state_wms[RIGHT]),
+        state_watermark_ms=(None, None),
         left_width=len(lf),
         right_width=len(rf),
         out_schema=schema_to_arrow(out_struct, tz),
         accumulator=ctx.accumulator,
         operator_id=operator_id,
     )
-    result = staged.mapInArrow(bind(run_join_task, task), out_struct)
+    params = {
+        "version": batch_id + 1,
+        "late_watermark_ms": _late_events_watermark_ms(ctx, batch_id) if has_wm else 0,
+        "evict_watermark_ms": evict_wm,
+        "state_watermark_ms": [state_wms[LEFT], state_wms[RIGHT]],
+    }
+    # watermark_columns and key_watermark_ordinal depend on whether the query has a
+    # watermark at all, which is the same in every batch of a run.
+    result = map_with_state(
+        staged, ctx, node, lambda: bind(run_join_task, task), out_struct, operator_id, params
+    )
     # One state schema entry for the operator: both sides' stores, described together.
     key_schema = pa.schema(
         [pa.field(f"left.{f.name}", f.type) for f in lstore.key_schema]
@@ -556,4 +576,4 @@ def build_stream_join(
         + [pa.field(f"right.{f.name}", f.type) for f in rstore.value_schema]
     )
     schema = OperatorStateSchema(operator_id, node.operator_name, key_schema, value_schema, n)
-    return _project(node, result), schema
+    return _project(node, result, ctx), schema

@@ -69,8 +69,10 @@ class _Side:
 def run_join_task(task: JoinTask, batches: Any) -> Any:
     from pyspark import TaskContext
 
+    from lockgate.plan.aggregate import with_batch_params
     from lockgate.state.store import StateStore
 
+    task = with_batch_params(task)
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx is not None else 0
     t0 = time.perf_counter()
