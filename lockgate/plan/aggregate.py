@@ -19,6 +19,7 @@ One batch of ``groupBy(keys).agg(fns)`` runs as, in Spark's words::
 
 from __future__ import annotations
 
+import datetime as _dt
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
@@ -341,16 +342,18 @@ class AggregateTask:
     operator_id: int
 
 
+_EPOCH_UTC = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_EPOCH_NAIVE = _dt.datetime(1970, 1, 1)
+_MICROSECOND = _dt.timedelta(microseconds=1)
+
+
 def _micros(value: Any) -> int | None:
+    """Microseconds since the epoch of a timestamp value (a naive datetime is UTC, as
+    Spark hands timestamp_ntz values to Python), or of an int of microseconds."""
     if value is None:
         return None
-    import datetime as _dt
-
     if isinstance(value, _dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=_dt.timezone.utc)
-        delta = value - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
-        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        return (value - (_EPOCH_NAIVE if value.tzinfo is None else _EPOCH_UTC)) // _MICROSECOND
     return int(value)
 
 

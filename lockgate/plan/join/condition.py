@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lockgate.errors import NotSupportedYetError
+from lockgate.plan.aggregate import _micros as _to_micros
 
 LEFT, RIGHT = 0, 1
 MICROS_PER_DAY = 86_400_000_000
@@ -147,10 +148,7 @@ def _float_key(x: float) -> tuple[int, float]:
     return (1, 0.0) if math.isnan(x) else (0, x + 0.0)
 
 
-def _micros(value: Any) -> Any:
-    from lockgate.plan.aggregate import _micros as m
-
-    return m(value)
+_micros = _to_micros
 
 
 def compile_expr(expr: tuple[Any, ...]) -> Callable[[Any, Any], Any]:

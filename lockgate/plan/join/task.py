@@ -44,11 +44,16 @@ class _Side:
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        self.index: dict[tuple[Any, ...], list[int]] = {}
+        if isinstance(store.aux, dict):
+            # kept beside the map in the worker cache: no rebuild from every key per batch
+            self.index: dict[tuple[Any, ...], list[int]] = store.aux
+            return
+        self.index = {}
         for k in list(store.map.keys()):
             self.index.setdefault(k[:-1], []).append(k[-1])
         for v in self.index.values():
             v.sort()
+        store.aux = self.index
 
     def append(self, key: tuple[Any, ...], row: list[Any], matched: bool) -> None:
         indices = self.index.setdefault(key, [])
@@ -61,7 +66,10 @@ class _Side:
         for k, v in self.store.items():
             if pred(k[:-1], v):
                 self.store.remove(k)
-                self.index[k[:-1]].remove(k[-1])
+                indices = self.index[k[:-1]]
+                indices.remove(k[-1])
+                if not indices:
+                    del self.index[k[:-1]]
                 removed.append(list(v))
         return removed
 
@@ -69,7 +77,7 @@ class _Side:
 def run_join_task(task: JoinTask, batches: Any) -> Any:
     from pyspark import TaskContext
 
-    from lockgate.plan.aggregate import with_batch_params
+    from lockgate.plan.aggregate import check_state_partition, with_batch_params
     from lockgate.state.store import StateStore
 
     task = with_batch_params(task)
@@ -84,12 +92,7 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        pids = batch.column("__lockgate_pid").to_pylist()
-        if any(p != partition for p in pids):
-            raise RuntimeError(
-                f"lockgate state partitioning is broken: task for partition {partition} got "
-                "rows of another partition. Adaptive query execution must be off."
-            )
+        check_state_partition(batch, partition)
         side_col = batch.column("__side").to_pylist()
         lcols = [batch.column(f"__l{i}").to_pylist() for i in range(task.left_width)]
         rcols = [batch.column(f"__r{i}").to_pylist() for i in range(task.right_width)]

@@ -1,0 +1,93 @@
+"""The dropDuplicates state step alone, outside Spark: ``python -m bench.dedup_task``.
+
+One partition of workload 4 (2,500 rows per batch, 1,250 keys per batch timestamp, a
+10-second watermark, so ~12,500 keys in state) through ``run_dedup_task`` for 30
+batches, with the batch's values given directly; prints a few batches' times and state
+metrics and the mean per-batch time of batches 12-29 (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+
+import pyarrow as pa
+from pyspark.sql.types import LongType, StructField, StructType, TimestampType
+
+from lockgate.plan.aggregate import schema_to_arrow
+from lockgate.plan.dedup import DedupTask, run_dedup_task
+from lockgate.state.store import StateStoreConf
+
+
+class Acc:
+    """Stands in for the query's Spark accumulator."""
+
+    def __init__(self) -> None:
+        self.v: dict[str, int] = {}
+
+    def add(self, d: dict[str, int]) -> None:
+        for k, x in d.items():
+            self.v[k] = self.v.get(k, 0) + x
+
+
+tz = "UTC"
+row_schema = StructType(
+    [
+        StructField("timestamp", TimestampType()),
+        StructField("value", LongType()),
+        StructField("k", LongType()),
+    ]
+)
+out_schema = schema_to_arrow(row_schema, tz)
+key_schema = schema_to_arrow(StructType([row_schema["k"], row_schema["timestamp"]]), tz)
+from pyspark.sql.types import BooleanType
+
+value_schema = schema_to_arrow(StructType([StructField("seen", BooleanType(), True)]), tz)
+root = tempfile.mkdtemp()
+conf = StateStoreConf(
+    root=root,
+    operator_id=0,
+    num_partitions=1,
+    key_schema=key_schema,
+    value_schema=value_schema,
+    checkpoint_id="x",
+)
+rows = 2500
+in_schema = out_schema.append(pa.field("__lockgate_pid", pa.int32()))
+total = 0.0
+for b in range(30):
+    ts = pa.array([b * 1_000_000 * 1000] * rows, type=pa.timestamp("us", tz="UTC"))
+    vals = pa.array(range(b * rows * 4, b * rows * 4 + rows), type=pa.int64())
+    k = pa.array([v % 1250 for v in range(rows)], type=pa.int64())
+    batch = pa.RecordBatch.from_arrays(
+        [ts, vals, k, pa.array([0] * rows, type=pa.int32())], schema=in_schema
+    )
+    wm = max(0, (b - 10) * 1000 * 1000)
+    acc = Acc()
+    task = DedupTask(
+        store=conf,
+        version=b + 1,
+        key_columns=("k", "timestamp"),
+        watermark_ms=wm,
+        late_watermark_ms=max(0, (b - 11) * 1000000),
+        event_time_key=1,
+        within_watermark=False,
+        event_time_column="timestamp",
+        delay_ms=0,
+        out_schema=out_schema,
+        accumulator=acc,
+        operator_id=0,
+    )
+    t0 = time.perf_counter()
+    out = list(run_dedup_task(task, iter([batch])))
+    dtms = (time.perf_counter() - t0) * 1000
+    if b >= 12:
+        total += dtms
+    if b in (5, 12, 20, 29):
+        print(
+            b,
+            f"{dtms:.1f} ms",
+            sum(o.num_rows for o in out),
+            {k2: v for k2, v in acc.v.items() if "Time" in k2 or "Total" in k2 or "Removed" in k2},
+        )
+print(f"mean of batches 12..29: {total / 18:.1f} ms")
