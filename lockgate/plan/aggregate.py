@@ -406,25 +406,14 @@ def report_store_metrics(
     accumulator.add({f"{operator_id}.{name}": value for name, value in metrics.items()})
 
 
-def with_batch_params(task: Any) -> Any:
-    """``task`` with this batch's version and watermarks, when it was built without them
-    (``version == 0``: the UDF serves every batch of the run)."""
-    if task.version:
-        return task
-    import dataclasses
-
-    from lockgate.plan.state_udf import batch_params
-
-    store = getattr(task, "store", None) or task.left_store
-    return dataclasses.replace(task, **batch_params(store.checkpoint_id, task.operator_id))
-
-
 def run_aggregate_task(task: AggregateTask, batches: Any) -> Any:
     """The restore-merge-save step for one partition (runs on an executor)."""
     from pyspark import TaskContext
 
-    task = with_batch_params(task)
+    from lockgate.plan.state_udf import with_batch_params
     from lockgate.state.store import StateStore, column_values
+
+    task = with_batch_params(task, task.store.checkpoint_id)
 
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx is not None else 0
@@ -561,6 +550,12 @@ def buffer_names(specs: tuple[AggSpec, ...], output_names: list[str], names: _Un
     return result
 
 
+def aliased_partials(specs: tuple[AggSpec, ...], buffers: list[str]) -> list[Column]:
+    """Every spec's partial-aggregation columns, named by ``buffers`` in order."""
+    partials = [p for spec in specs for p in spec.partials]
+    return [p.alias(name) for p, name in zip(partials, buffers, strict=True)]
+
+
 def flatten_keys(
     df: DataFrame, key_count: int, names: _UniqueNames | None = None
 ) -> tuple[DataFrame, list[KeyLayout]]:
@@ -651,13 +646,7 @@ def aggregate_state_layout(
             names.take(key)
         agg_names = [f.name for f in node.output_schema.fields[key_count:]]
         buffers = buffer_names(node.specs, agg_names, names)
-        partials: list[Column] = []
-        position = 0
-        for spec in node.specs:
-            for p in spec.partials:
-                partials.append(p.alias(buffers[position]))
-                position += 1
-        return buffers, partials
+        return buffers, aliased_partials(node.specs, buffers)
 
     buffers, partials = ctx.cache.get(node, "partials", partial_columns)
     partial = child.groupBy(*node.grouping).agg(*partials)

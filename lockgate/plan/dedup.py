@@ -123,18 +123,18 @@ def _event_micros_array(column: Any) -> Any:
     time window (an aggregation's output, compared by its end as Spark does)."""
     import pyarrow.compute as pc
 
+    from lockgate.state.store import micros_array
+
     if pa.types.is_struct(column.type):
         column = pc.struct_field(column, "end")
-    if pa.types.is_timestamp(column.type):
-        column = column.cast(pa.timestamp("us", tz=column.type.tz))
-    return column.cast(pa.int64())
+    return micros_array(column) if pa.types.is_timestamp(column.type) else column.cast(pa.int64())
 
 
-def _late_rows(batch: pa.RecordBatch, column: str, watermark_us: int) -> Any:
+def _late_rows(event_micros: Any, watermark_us: int) -> Any:
     """A numpy bool mask of the rows whose event time is at or below the watermark."""
     import pyarrow.compute as pc
 
-    late = pc.less_equal(_event_micros_array(batch.column(column)), watermark_us)
+    late = pc.less_equal(event_micros, watermark_us)
     return pc.fill_null(late, False).to_numpy(zero_copy_only=False)
 
 
@@ -189,10 +189,11 @@ def run_dedup_task(task: DedupTask, batches: Any) -> Any:
     popped from an event-time heap rather than found by scanning the state."""
     from pyspark import TaskContext
 
-    from lockgate.plan.aggregate import check_state_partition, with_batch_params
+    from lockgate.plan.aggregate import check_state_partition
+    from lockgate.plan.state_udf import with_batch_params
     from lockgate.state.store import StateStore, column_values
 
-    task = with_batch_params(task)
+    task = with_batch_params(task, task.store.checkpoint_id)
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx is not None else 0
     store = StateStore(task.store, partition, task.version - 1)
@@ -212,11 +213,14 @@ def run_dedup_task(task: DedupTask, batches: Any) -> Any:
             continue
         check_state_partition(batch, partition)
         keys = list(zip(*[column_values(batch.column(k), micros=True) for k in task.key_columns]))
-        late = _late_rows(batch, late_column, late_us) if late_us is not None and late_column else None
+        late_times = None
+        if late_column and (late_us is not None or task.within_watermark):
+            late_times = _event_micros_array(batch.column(late_column))
+        late = _late_rows(late_times, late_us) if late_us is not None and late_times is not None else None
         expires: list[Any] = []
         if task.within_watermark and task.event_time_column is not None:
-            event = _event_micros_array(batch.column(task.event_time_column))
-            expires = column_values(event)
+            # the late-row column is the event-time column here: one conversion serves both
+            expires = column_values(late_times)
         keep: list[int] = []
         for i, key in enumerate(keys):
             if late is not None and late[i]:

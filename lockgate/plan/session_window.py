@@ -58,6 +58,7 @@ from lockgate.plan.aggregate import (
     StatefulContext,
     _micros,
     _UniqueNames,
+    aliased_partials,
     buffer_names,
     check_state_partition,
     final_column,
@@ -418,12 +419,7 @@ def build_session_aggregate(
         ),
     )
     key_cols = [F.col(a) for a in key_aliases]
-    partials: list[Column] = []
-    position = 0
-    for spec in node.specs:
-        for p in spec.partials:
-            partials.append(p.alias(buffers[position]))
-            position += 1
+    partials = aliased_partials(node.specs, buffers)
     # Shuffled by the keys, so the aggregation below needs no exchange of its own and its
     # output is in the state's partitioning.
     partial = (

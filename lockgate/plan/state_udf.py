@@ -16,6 +16,7 @@ thread's properties), and state must never be written for the wrong batch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,15 @@ def batch_params(checkpoint_id: str, operator_id: int) -> dict[str, Any]:
             "and from the stream thread or a pyspark.InheritableThread it started."
         )
     return values  # type: ignore[no-any-return]
+
+
+def with_batch_params(task: Any, checkpoint_id: str) -> Any:
+    """A state task (a frozen dataclass with ``version`` and ``operator_id``) with this
+    batch's values, when it was built without them (``version == 0``: the UDF serves
+    every batch of the run). Inside a task."""
+    if task.version:
+        return task
+    return dataclasses.replace(task, **batch_params(checkpoint_id, task.operator_id))
 
 
 def map_with_state(

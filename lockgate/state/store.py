@@ -176,6 +176,11 @@ def _read_table(fs: CheckpointFileSystem, path: str, expected: pa.Schema) -> pa.
     return table
 
 
+def micros_array(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """A timestamp column as int64 microseconds since the epoch."""
+    return column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64())
+
+
 def column_values(column: pa.ChunkedArray | pa.Array, micros: bool = False) -> list[Any]:
     """Python values of a column; numbers without nulls go through numpy (much faster).
 
@@ -183,7 +188,7 @@ def column_values(column: pa.ChunkedArray | pa.Array, micros: bool = False) -> l
     in-memory form of :attr:`StateStoreConf.timestamps_as_micros`)."""
     t = column.type
     if micros and pa.types.is_timestamp(t):
-        column = column.cast(pa.timestamp("us", tz=t.tz)).cast(pa.int64())
+        column = micros_array(column)
         t = column.type
     if column.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
         return column.to_numpy().tolist()
@@ -331,9 +336,6 @@ class StateStore:
     def get(self, key: Key) -> Value | None:
         return self.map.get(key)
 
-    def __contains__(self, key: Key) -> bool:
-        return key in self.map
-
     def put(self, key: Key, value: Value) -> None:
         self.map[key] = value
         self.updated[key] = value
@@ -448,5 +450,6 @@ __all__ = [
     "StoreMetrics",
     "clear_cache",
     "column_values",
+    "micros_array",
     "read_state_table",
 ]

@@ -77,10 +77,11 @@ class _Side:
 def run_join_task(task: JoinTask, batches: Any) -> Any:
     from pyspark import TaskContext
 
-    from lockgate.plan.aggregate import check_state_partition, with_batch_params
+    from lockgate.plan.aggregate import check_state_partition
+    from lockgate.plan.state_udf import with_batch_params
     from lockgate.state.store import StateStore
 
-    task = with_batch_params(task)
+    task = with_batch_params(task, task.left_store.checkpoint_id)
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx is not None else 0
     t0 = time.perf_counter()
