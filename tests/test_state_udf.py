@@ -12,20 +12,26 @@ from lockgate.plan.cache import PlanCache
 from lockgate.plan.state_udf import batch_params, encode_params, property_key
 
 
-def test_counts_stay_right_across_batches_with_one_udf(ls, spark, tmp_path):
+def counts_query(ls, tmp_path, on_batch):
+    """A MemoryStream of keys counted per key, update mode, into ``foreachBatch(on_batch)``."""
     stream = MemoryStream(ls, "k string")
-    counts = stream.toDF().groupBy("k").count()
-    seen: list[list[tuple[str, int]]] = []
-
-    def collect(df, batch_id):
-        seen.append(sorted((r["k"], r["count"]) for r in df.collect()))
-
+    counts = stream.toDF().groupBy("k").agg(F.count("*").alias("n"))
     q = (
         counts.writeStream.outputMode("update")
-        .foreachBatch(collect)
+        .foreachBatch(on_batch)
         .option("checkpointLocation", str(tmp_path / "ck"))
         .start()
     )
+    return stream, q
+
+
+def test_counts_stay_right_across_batches_with_one_udf(ls, spark, tmp_path):
+    seen: list[list[tuple[str, int]]] = []
+
+    def collect(df, batch_id):
+        seen.append(sorted((r["k"], r["n"]) for r in df.collect()))
+
+    stream, q = counts_query(ls, tmp_path, collect)
     try:
         for rows in (["a", "b", "a"], ["a"], ["c", "b"]):
             stream.addData([(r,) for r in rows])
@@ -39,8 +45,6 @@ def test_counts_stay_right_across_batches_with_one_udf(ls, spark, tmp_path):
 
 
 def test_a_kept_batch_dataframe_cannot_write_state_after_its_batch(ls, spark, tmp_path):
-    stream = MemoryStream(ls, "k string")
-    counts = stream.toDF().groupBy("k").agg(F.count("*").alias("n"))
     kept = []
     results: list[list[tuple[str, int]]] = []
 
@@ -48,12 +52,7 @@ def test_a_kept_batch_dataframe_cannot_write_state_after_its_batch(ls, spark, tm
         kept.append(df)
         results.append(sorted((r["k"], r["n"]) for r in df.collect()))
 
-    q = (
-        counts.writeStream.outputMode("update")
-        .foreachBatch(keep)
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .start()
-    )
+    stream, q = counts_query(ls, tmp_path, keep)
     try:
         stream.addData([("a",), ("a",)])
         q.processAllAvailable()

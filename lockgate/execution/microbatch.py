@@ -485,6 +485,8 @@ class MicroBatchExecution(StreamExecution):
         """
         from pyspark.sql import DataFrame as PySparkDataFrame
 
+        if frame.sparkSession is self.spark:  # the sources' usual case: no round trip
+            return frame
         own = self.spark._jsparkSession
         if frame._jdf.sparkSession().equals(own):
             return frame

@@ -70,17 +70,14 @@ def _generate(
     references and the same code serves every batch of the same size.
     """
     values = {"start": start, **constants}
-    names = list(values)
-    longs = [n for n in names if isinstance(values[n], int)]
-    doubles = [n for n in names if not isinstance(values[n], int)]
     sql: dict[str, str] = {}
-    if longs:
-        array = "array(" + ", ".join(f"{int(values[n])}L" for n in longs) + ")"
-        for k, n in enumerate(longs):
-            sql[n] = f"element_at({array}, CAST(least(id, 0) + {k + 1} AS INT))"
-    if doubles:
-        array = "array(" + ", ".join(f"{float(values[n])!r}D" for n in doubles) + ")"
-        for k, n in enumerate(doubles):
+    for is_long in (True, False):  # one array literal per type: longs, doubles
+        names = [n for n, v in values.items() if isinstance(v, int) == is_long]
+        if not names:
+            continue
+        elements = (f"{int(values[n])}L" if is_long else f"{float(values[n])!r}D" for n in names)
+        array = f"array({', '.join(elements)})"
+        for k, n in enumerate(names):
             sql[n] = f"element_at({array}, CAST(least(id, 0) + {k + 1} AS INT))"
     count = end - start
     df = spark.range(0, count, 1, max(1, min(num_partitions, max(count, 1))))
