@@ -52,6 +52,13 @@ _BASE_MTIME = int(time.time()) - 86_400
 def _publish(directory: Path | str, suffix: str, write: Callable[[Path], None]) -> Path:
     """Write a uniquely named file through a hidden temp name (skipped by both engines),
     set its mtime, then rename it into place."""
+    temp, final = _stage(directory, suffix, write)
+    os.rename(temp, final)
+    return final
+
+
+def _stage(directory: Path | str, suffix: str, write: Callable[[Path], None]) -> tuple[Path, Path]:
+    """Write a file under its hidden temp name; returns (temp, final name)."""
     n = next(_file_counter)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -59,8 +66,7 @@ def _publish(directory: Path | str, suffix: str, write: Callable[[Path], None]) 
     temp = directory / f".{final.name}.tmp"
     write(temp)
     os.utime(temp, (_BASE_MTIME + n, _BASE_MTIME + n))
-    os.rename(temp, final)
-    return final
+    return temp, final
 
 
 def _lines(lines: Iterable[str]) -> str:
@@ -71,6 +77,18 @@ def write_json(directory: Path | str, rows: Iterable[dict[str, Any] | str]) -> P
     """One JSON-lines file; a ``str`` row is written as is (e.g. a malformed line)."""
     lines = [r if isinstance(r, str) else json.dumps(r) for r in rows]
     return _publish(directory, ".json", lambda p: p.write_text(_lines(lines)))
+
+
+def write_json_together(files: dict[Path, list[dict[str, Any]]]) -> None:
+    """One JSON-lines file per directory, all written first and then renamed into place
+    back to back, so a running query's trigger is unlikely to see some and not others
+    (a step of a query over several source directories is then one batch, as intended)."""
+    staged = [
+        _stage(d, ".json", lambda p, r=rows: p.write_text(_lines(json.dumps(x) for x in r)))
+        for d, rows in files.items()
+    ]
+    for temp, final in staged:
+        os.rename(temp, final)
 
 
 def write_csv(

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 import stateful_driver
-from differential import Differential, write_json
+from differential import Differential, write_json, write_json_together
 from pyspark.errors import AnalysisException
 from pyspark.sql import Row
 from pyspark.sql import functions as F
@@ -246,8 +246,7 @@ class Bench:
             pair.stop()
 
     def step(self, label: str, files: dict[Path, list[dict[str, Any]]]) -> None:
-        for directory, rows in files.items():
-            write_json(directory, rows)
+        write_json_together(files)
         for pair in self.pairs:
             pair.process()
         errors = [e for pair in self.pairs for e in pair.differences(label)]
