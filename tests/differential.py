@@ -81,8 +81,9 @@ def write_json(directory: Path | str, rows: Iterable[dict[str, Any] | str]) -> P
 
 def write_json_together(files: dict[Path, list[dict[str, Any]]]) -> None:
     """One JSON-lines file per directory, all written first and then renamed into place
-    back to back, so a running query's trigger is unlikely to see some and not others
-    (a step of a query over several source directories is then one batch, as intended)."""
+    back to back. A running query that reads several of the directories can still list
+    one before its rename and another after: stop it while the files are written (see
+    ``Pair.restart_each_step`` in tests/test_stateful.py) if its batches must not split."""
     staged = [
         _stage(d, ".json", lambda p, r=rows: p.write_text(_lines(json.dumps(x) for x in r)))
         for d, rows in files.items()

@@ -113,7 +113,7 @@ def test_chained_operators_match_native(bench, tmp_path):
             F.count("*").alias("n"), F.sum("v2").alias("s")
         )
 
-    bench.add("join_window", join_then_window, sink="foreachBatch")
+    bench.add("join_window", join_then_window, sink="foreachBatch", restart_each_step=True)
 
     bench.start()
     for i, (lrows, rrows) in enumerate(zip(LEFT_STEPS, RIGHT_STEPS)):
