@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial as bind
 from typing import TYPE_CHECKING, Any
@@ -141,16 +141,24 @@ def _late_rows(event_micros: Any, watermark_us: int) -> Any:
 class _ExpiryIndex:
     """A min-heap of (event time, key) over the store's keys, kept with the map in the
     worker cache, so eviction pops the expired keys instead of scanning the whole state.
+    It follows the map when the map is caught up from deltas (``catch_up``).
 
     An entry is checked against the map when popped: a key removed and put again has a
     newer entry, and the older one is skipped."""
 
-    def __init__(self, entries: list[tuple[int, int, Key]]) -> None:
+    def __init__(self, entries: list[tuple[int, int, Key]], time_of: Callable[[Key, Any], int | None]) -> None:
         heapq.heapify(entries)
         self.heap = entries
+        self.time_of = time_of
 
     def push(self, t: int, key: Key) -> None:
         heapq.heappush(self.heap, (t, next(_SEQUENCE), key))
+
+    def catch_up(self, upserts: list[tuple[Key, Any]], removed: list[Key]) -> None:
+        for key, value in upserts:  # removed keys' entries are skipped when popped
+            t = self.time_of(key, value)
+            if t is not None:
+                self.push(t, key)
 
     def pop_expired(self, watermark_us: int) -> Iterator[tuple[int, Key]]:
         heap = self.heap
@@ -162,21 +170,25 @@ class _ExpiryIndex:
 _SEQUENCE = itertools.count()
 
 
-def _expiry_time(task: DedupTask, key: Key, value: Any) -> int | None:
+def _expiry_time_function(task: DedupTask) -> Callable[[Key, Any], int | None]:
+    """When a state entry expires: its stored expiry (within watermark) or the event
+    time in its key (int microseconds)."""
     if task.within_watermark:
-        return value[0]
-    return key[task.event_time_key]  # type: ignore[index]
+        return lambda key, value: value[0]  # type: ignore[no-any-return]
+    ordinal = task.event_time_key
+    return lambda key, value: key[ordinal]  # type: ignore[index,no-any-return]
 
 
 def _expiry_index(task: DedupTask, store: Any) -> _ExpiryIndex:
     if isinstance(store.aux, _ExpiryIndex):
         return store.aux
+    time_of = _expiry_time_function(task)
     entries = []
     for key, value in store.map.items():
-        t = _expiry_time(task, key, value)
+        t = time_of(key, value)
         if t is not None:
             entries.append((t, next(_SEQUENCE), key))
-    index = _ExpiryIndex(entries)
+    index = _ExpiryIndex(entries, time_of)
     store.aux = index
     return index
 
@@ -248,7 +260,7 @@ def run_dedup_task(task: DedupTask, batches: Any) -> Any:
     if watermark_us is not None and index is not None:
         for t, key in index.pop_expired(watermark_us):
             value = state.get(key)
-            if value is not None and _expiry_time(task, key, value) == t:
+            if value is not None and index.time_of(key, value) == t:
                 store.remove(key)
                 removed += 1
     remove_ms = (time.perf_counter() - t1) * 1000

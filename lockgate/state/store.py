@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute used below
@@ -41,6 +41,15 @@ _OP_REMOVE = 1
 
 Key = tuple[Any, ...]
 Value = list[Any]
+
+
+class CatchUpIndex(Protocol):
+    """An operator's index over a store's map (``StateStore.aux``) that follows the map
+    when a cached map is caught up from the deltas of other workers' batches, instead of
+    being rebuilt from every key. ``upserts`` are the new ``(key, value)`` of the keys
+    put since; ``removed`` the keys removed since (the map no longer has them)."""
+
+    def catch_up(self, upserts: list[tuple[Key, Value]], removed: list[Key]) -> None: ...
 
 
 class StateStoreError(RuntimeError):
@@ -251,16 +260,17 @@ class StateStore:
         self.removed: set[Key] = set()
         self.aux: Any = None
         """An operator's own index over the map (e.g. keys by event time), kept with
-        the map in the worker cache; None when the map was (re)built from files or
-        caught up from deltas, so the operator rebuilds it."""
+        the map in the worker cache; None when the map was (re)built from files, so the
+        operator rebuilds it. A map caught up from deltas keeps its index if the index
+        has a ``catch_up(upserts, removed)`` method (see :class:`CatchUpIndex`)."""
         t0 = time.perf_counter()
         cached = _cache_take(conf, partition, version)
         state = None
         if cached is not None:
             cached_version, cached_map, cached_aux = cached
-            state = self._catch_up(cached_version, cached_map, version)
-            if cached_version == version:
-                self.aux = cached_aux
+            state = self._catch_up(cached_version, cached_map, version, cached_aux)
+            if state is not None:
+                self.aux = cached_aux if cached_version == version or hasattr(cached_aux, "catch_up") else None
         if state is not None:
             self.map = state
             self.metrics.loaded_from_cache = True
@@ -297,9 +307,10 @@ class StateStore:
         return state
 
     def _catch_up(
-        self, cached_version: int, state: dict[Key, Value], version: int
+        self, cached_version: int, state: dict[Key, Value], version: int, aux: Any = None
     ) -> dict[Key, Value] | None:
-        """Bring a cached map from ``cached_version`` to ``version`` with the deltas between."""
+        """Bring a cached map from ``cached_version`` to ``version`` with the deltas
+        between, and the operator's index with it when it can follow the changes."""
         if cached_version == version:
             return state
         deltas, _ = _file_versions(self.fs, self.dir)
@@ -313,24 +324,30 @@ class StateStore:
         self.metrics.files_replayed += len(tables)
         changes = pa.concat_tables(tables)
         latest = _latest_per_key_with_ops(changes, self._key_names)
-        removed = latest.filter(pa.compute.equal(latest.column(_OP_COLUMN), _OP_REMOVE))
-        for key in zip(*_rows(removed, self._key_names, self._micros)):
+        removed_table = latest.filter(pa.compute.equal(latest.column(_OP_COLUMN), _OP_REMOVE))
+        removed = list(zip(*_rows(removed_table, self._key_names, self._micros)))
+        for key in removed:
             state.pop(key, None)
-        upserts = latest.filter(pa.compute.equal(latest.column(_OP_COLUMN), _OP_UPSERT))
-        self._apply(state, upserts)
+        upserts = self._items(latest.filter(pa.compute.equal(latest.column(_OP_COLUMN), _OP_UPSERT)))
+        state.update(upserts)
+        if hasattr(aux, "catch_up"):
+            aux.catch_up(upserts, removed)
         return state
 
     def _apply(self, state: dict[Key, Value], table: pa.Table) -> None:
         """Load the live (upserted) rows of a table with one row per key."""
+        state.update(self._items(table))
+
+    def _items(self, table: pa.Table) -> list[tuple[Key, Value]]:
+        """``(key, value)`` of each row of a table with one row per key; values stay
+        tuples until a batch replaces them (put() stores lists)."""
         if table.num_rows == 0:
-            return
+            return []
         micros = self._micros
         keys: Any = zip(*_rows(table, self._key_names, micros)) if self._key_names else [()] * table.num_rows
         if self._value_names:
-            # values stay tuples until a batch replaces them (put() stores lists)
-            state.update(zip(keys, zip(*_rows(table, self._value_names, micros))))  # type: ignore[arg-type]
-        else:
-            state.update((k, []) for k in keys)
+            return list(zip(keys, zip(*_rows(table, self._value_names, micros))))
+        return [(k, []) for k in keys]
 
     # -- updates ---------------------------------------------------------------------
     def get(self, key: Key) -> Value | None:
@@ -444,6 +461,7 @@ def read_state_table(conf: StateStoreConf, partition: int, version: int) -> pa.T
 
 
 __all__ = [
+    "CatchUpIndex",
     "StateStore",
     "StateStoreConf",
     "StateStoreError",

@@ -6,8 +6,11 @@ stay importable from this module.
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,39 +42,127 @@ class JoinTask:
     operator_id: int
 
 
-class _Side:
-    """One side's buffered rows in a task: the store plus an index of key -> indices."""
+TimeOf = Callable[[tuple[Any, ...], Any], "int | None"]
+_SEQUENCE = itertools.count()
 
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        if isinstance(store.aux, dict):
-            # kept beside the map in the worker cache: no rebuild from every key per batch
-            self.index: dict[tuple[Any, ...], list[int]] = store.aux
-            return
-        self.index = {}
-        for k in list(store.map.keys()):
-            self.index.setdefault(k[:-1], []).append(k[-1])
-        for v in self.index.values():
+
+class _SideIndex:
+    """A join side's indices over its store's map, kept with the map in the worker cache
+    (``StateStore.aux``) and following it when the map is caught up from deltas: the row
+    indices of each join key, and a min-heap of (eviction time, state key) when the side
+    evicts by event time, so eviction pops the expired rows instead of scanning the
+    state. A popped entry whose row is gone or changed is skipped."""
+
+    def __init__(self, state: dict[tuple[Any, ...], Any], time_of: TimeOf | None) -> None:
+        self.time_of = time_of
+        self.keys: dict[tuple[Any, ...], list[int]] = {}
+        for k in state:
+            self.keys.setdefault(k[:-1], []).append(k[-1])
+        for v in self.keys.values():
             v.sort()
-        store.aux = self.index
+        self.heap: list[tuple[int, int, tuple[Any, ...]]] = []
+        if time_of is not None:
+            for k, v in state.items():
+                t = time_of(k, v)
+                if t is not None:
+                    self.heap.append((t, next(_SEQUENCE), k))
+            heapq.heapify(self.heap)
+
+    def add(self, skey: tuple[Any, ...], value: Any) -> None:
+        indices = self.keys.setdefault(skey[:-1], [])
+        at = bisect.bisect_left(indices, skey[-1])
+        if at == len(indices) or indices[at] != skey[-1]:
+            indices.insert(at, skey[-1])
+        if self.time_of is not None:
+            t = self.time_of(skey, value)
+            if t is not None:
+                heapq.heappush(self.heap, (t, next(_SEQUENCE), skey))
+
+    def discard(self, skey: tuple[Any, ...]) -> None:
+        indices = self.keys.get(skey[:-1])
+        if indices is None:
+            return
+        at = bisect.bisect_left(indices, skey[-1])
+        if at < len(indices) and indices[at] == skey[-1]:
+            del indices[at]
+        if not indices:
+            del self.keys[skey[:-1]]
+
+    def catch_up(self, upserts: list[tuple[tuple[Any, ...], Any]], removed: list[tuple[Any, ...]]) -> None:
+        for skey in removed:
+            self.discard(skey)
+        for skey, value in upserts:
+            self.add(skey, value)
+
+    def pop_expired(self, limit_us: int) -> Iterator[tuple[int, tuple[Any, ...]]]:
+        heap = self.heap
+        while heap and heap[0][0] <= limit_us:
+            t, _, skey = heapq.heappop(heap)
+            yield t, skey
+
+
+class _Side:
+    """One side's buffered rows in a task: the store plus its :class:`_SideIndex`."""
+
+    def __init__(self, store: Any, time_of: TimeOf | None) -> None:
+        self.store = store
+        if not isinstance(store.aux, _SideIndex):
+            store.aux = _SideIndex(store.map, time_of)
+        self.aux: _SideIndex = store.aux
+        self.index = self.aux.keys
 
     def append(self, key: tuple[Any, ...], row: list[Any], matched: bool) -> None:
-        indices = self.index.setdefault(key, [])
-        nxt = indices[-1] + 1 if indices else 0
-        indices.append(nxt)
-        self.store.put(key + (nxt,), list(row) + [matched])
+        indices = self.index.get(key)
+        skey = key + ((indices[-1] + 1) if indices else 0,)
+        value = list(row) + [matched]
+        self.store.put(skey, value)
+        self.aux.add(skey, value)
+
+    def remove_expired(self, limit_us: int) -> list[list[Any]]:
+        """Remove and return the rows whose eviction time is at most ``limit_us``."""
+        removed = []
+        state = self.store.map
+        time_of = self.aux.time_of
+        assert time_of is not None
+        for t, skey in self.aux.pop_expired(limit_us):
+            value = state.get(skey)
+            if value is None or time_of(skey, value) != t:
+                continue  # removed, or replaced by a row with another time
+            self.store.remove(skey)
+            self.aux.discard(skey)
+            removed.append(list(value))
+        return removed
 
     def remove_where(self, pred: Callable[[tuple[Any, ...], list[Any]], bool]) -> list[list[Any]]:
         removed = []
         for k, v in self.store.items():
             if pred(k[:-1], v):
                 self.store.remove(k)
-                indices = self.index[k[:-1]]
-                indices.remove(k[-1])
-                if not indices:
-                    del self.index[k[:-1]]
+                self.aux.discard(k)
                 removed.append(list(v))
         return removed
+
+
+def _eviction_time(task: JoinTask, side: int) -> TimeOf | None:
+    """When a buffered row of ``side`` expires (int microseconds), as the eviction
+    predicates of :func:`run_join_task` read it: the event time in the join key, else
+    the side's watermark column; None if the side never evicts by time."""
+    if task.key_watermark_ordinal is not None:
+        o = task.key_watermark_ordinal
+        return lambda skey, value: _micros(skey[o])
+    col = task.watermark_columns[side]
+    if col is None:
+        return None
+    return lambda skey, value: _micros(value[col])
+
+
+def _eviction_limit_us(task: JoinTask, side: int) -> int:
+    """This batch's eviction limit of a side that evicts (its predicate is not None)."""
+    if task.key_watermark_ordinal is not None:
+        return task.evict_watermark_ms * 1000
+    wm = task.state_watermark_ms[side]
+    assert wm is not None
+    return wm * 1000
 
 
 def run_join_task(task: JoinTask, batches: Any) -> Any:
@@ -85,9 +176,11 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx is not None else 0
     t0 = time.perf_counter()
+    # a left semi join's left side is scanned instead (it also drops matched rows)
+    left_time = None if task.join_type == "left_semi" else _eviction_time(task, LEFT)
     sides = [
-        _Side(StateStore(task.left_store, partition, task.version - 1)),
-        _Side(StateStore(task.right_store, partition, task.version - 1)),
+        _Side(StateStore(task.left_store, partition, task.version - 1), left_time),
+        _Side(StateStore(task.right_store, partition, task.version - 1), _eviction_time(task, RIGHT)),
     ]
     inputs: list[list[list[Any]]] = [[], []]
     for batch in batches:
@@ -195,10 +288,11 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
         if semi and side == LEFT:
             # left semi: a matched left row can never be output again; Spark drops it
             base = ev
-            ev = (lambda k, v, b=base: bool(v[-1]) or (b is not None and b(k, v)))
-        if ev is None:
+            gone = sides[side].remove_where(lambda k, v, b=base: bool(v[-1]) or (b is not None and b(k, v)))
+        elif ev is None:
             continue
-        gone = sides[side].remove_where(ev)
+        else:
+            gone = sides[side].remove_expired(_eviction_limit_us(task, side))
         outer_side = (side == LEFT and jt in ("left_outer", "full_outer")) or (
             side == RIGHT and jt in ("right_outer", "full_outer")
         )
