@@ -94,9 +94,10 @@ def map_with_state(
 
     udf = ctx.cache.get(owner, f"state_udf/{shape}", make_udf)
     columns = tuple(df.columns)
-    arguments = ctx.cache.get(
-        owner, f"state_udf_args/{columns}", lambda: [F.col("`" + c.replace("`", "``") + "`") for c in columns]
-    )
-    udf_column = udf(*arguments)
-    jdf = df._jdf.mapInArrow(udf_column._jc, False, None)
+
+    def udf_column() -> Any:
+        return udf(*[F.col("`" + c.replace("`", "``") + "`") for c in columns])
+
+    column = ctx.cache.get(owner, f"state_udf_call/{shape}/{columns}", udf_column)
+    jdf = df._jdf.mapInArrow(column._jc, False, None)
     return PySparkDataFrame(jdf, df.sparkSession)
