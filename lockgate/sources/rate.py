@@ -55,7 +55,13 @@ def _num_partitions(spark: SparkSession, options: Options) -> int:
 
 
 def _generate(
-    spark: SparkSession, start: int, end: int, num_partitions: int, timestamp_sql: str, **constants: float
+    spark: SparkSession,
+    ranges: dict[tuple[int, int], DataFrame],
+    start: int,
+    end: int,
+    num_partitions: int,
+    timestamp_sql: str,
+    **constants: float,
 ) -> DataFrame:
     """Rows ``start <= value < end`` spread over partitions as Spark's reader does.
 
@@ -67,7 +73,9 @@ def _generate(
     range always starts at 0: Spark's code generation inlines numeric literals and range
     bounds into the generated Java, so a batch with new numbers would compile new code
     (~10-20 ms per class, twice per batch), while array literals are passed as
-    references and the same code serves every batch of the same size.
+    references and the same code serves every batch of the same size. The range
+    DataFrame itself is the same for every batch of the same size: ``ranges`` (one dict
+    per source) keeps it, so a batch costs one ``selectExpr``.
     """
     values = {"start": start, **constants}
     sql: dict[str, str] = {}
@@ -80,7 +88,11 @@ def _generate(
         for k, n in enumerate(names):
             sql[n] = f"element_at({array}, CAST(least(id, 0) + {k + 1} AS INT))"
     count = end - start
-    df = spark.range(0, count, 1, max(1, min(num_partitions, max(count, 1))))
+    shape = (count, max(1, min(num_partitions, max(count, 1))))
+    df = ranges.get(shape)
+    if df is None:
+        ranges.clear()  # a source's batches have one or two sizes: keep the last
+        df = ranges[shape] = spark.range(0, count, 1, shape[1])
     timestamp = timestamp_sql.format(i="id", **sql)
     return df.selectExpr(f"{timestamp} AS timestamp", f"id + {sql['start']} AS value")
 
@@ -122,6 +134,7 @@ class RateSource(Source):
         num_partitions: int,
     ) -> None:
         self._spark = context.spark
+        self._ranges: dict[tuple[int, int], DataFrame] = {}
         self._clock = context.clock
         self.rows_per_second = rows_per_second
         self.ramp_up_seconds = ramp_up_seconds
@@ -162,6 +175,7 @@ class RateSource(Source):
         ts = "timestamp_millis(floor({i} * {ms_per_value} + 0.5D) + {local_start_ms})"
         return _generate(
             self._spark,
+            self._ranges,
             range_start,
             range_end,
             self.num_partitions,
@@ -237,6 +251,7 @@ class RatePerMicroBatchSource(Source):
         advance_ms: int,
     ) -> None:
         self._spark = spark
+        self._ranges: dict[tuple[int, int], DataFrame] = {}
         self.rows_per_batch = rows_per_batch
         self.num_partitions = num_partitions
         self.start_timestamp = start_timestamp
@@ -276,7 +291,7 @@ class RatePerMicroBatchSource(Source):
         if s == e:
             return self._spark.createDataFrame([], RATE_SCHEMA)
         ts = "timestamp_millis({batch_ms})"
-        return _generate(self._spark, s, e, self.num_partitions, ts, batch_ms=int(start["timestamp"]))
+        return _generate(self._spark, self._ranges, s, e, self.num_partitions, ts, batch_ms=int(start["timestamp"]))
 
     def numRowsBetween(self, start: Any, end: Any) -> int:  # noqa: N802
         s = 0 if start is None else int(start["offset"])
