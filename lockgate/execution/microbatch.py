@@ -539,7 +539,7 @@ class MicroBatchExecution(StreamExecution):
             if stateful is not None:
                 self._check_state_schemas(execution)
             output_obs = Observation(f"lockgate_output_rows_b{batch_id}")
-            result = result.observe(output_obs, self.plan_cache.get(self, "output_rows", row_count))
+            result = self.plan_cache.observe(self, "output_rows", result, output_obs, lambda: [row_count()])
         self.last_execution = execution
         params_key = property_key(self.id)
         if stateful is not None:

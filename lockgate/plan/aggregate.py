@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
-from lockgate.plan.cache import PlanCache
+from lockgate.plan.cache import PlanCache, frame
 from lockgate.plan.nodes import PlanNode
 
 if TYPE_CHECKING:
@@ -649,7 +649,12 @@ def aggregate_state_layout(
         return buffers, aliased_partials(node.specs, buffers)
 
     buffers, partials = ctx.cache.get(node, "partials", partial_columns)
-    partial = child.groupBy(*node.grouping).agg(*partials)
+    if all(isinstance(g, (str, Column)) for g in node.grouping):
+        grouping = ctx.cache.java_columns(node, "grouping", lambda: list(node.grouping))
+        rest = ctx.cache.java_columns(node, "partials", lambda: partials[1:])
+        partial = frame(child, child._jdf.groupBy(grouping).agg(partials[0]._jc, rest))
+    else:  # a list of columns, or ordinals: PySpark's own forms
+        partial = child.groupBy(*node.grouping).agg(*partials)
     partial_schema = ctx.schema_of(node, partial, "partial")
 
     def partitioning() -> tuple[list[Column], Column]:
@@ -660,7 +665,8 @@ def aggregate_state_layout(
 
     key_cols, pid = ctx.cache.get(node, f"partitioning/{ctx.num_partitions}", partitioning)
     if key_cols:
-        partial = partial.repartition(ctx.num_partitions, *key_cols)
+        java_keys = ctx.cache.java_columns(node, f"partitioning/{ctx.num_partitions}", lambda: key_cols)
+        partial = frame(partial, partial._jdf.repartition(ctx.num_partitions, java_keys))
     else:
         partial = partial.repartition(1)
     partial = partial.withColumn("__lockgate_pid", pid)
@@ -673,7 +679,7 @@ def aggregate_state_layout(
         return flatten_columns(partial.schema, key_count, key_names)
 
     selected, layouts = ctx.cache.get(node, "flat", flat_columns)
-    flat = partial.select(*selected)
+    flat = frame(partial, partial._jdf.select(ctx.cache.java_columns(node, "flat", lambda: selected)))
     ctx.schema_of(node, flat, "flat")
     return flat, layouts, buffers
 
@@ -756,6 +762,6 @@ def build_aggregate(
             out.append(final_column(spec, buffers).cast(out_field.dataType).alias(out_field.name))
         return out
 
-    out = ctx.cache.get(node, "final", final_columns)
+    out = ctx.cache.java_columns(node, "final", final_columns)
     schema = OperatorStateSchema(operator_id, "stateStoreSave", key_schema, value_schema, num_partitions)
-    return stateful.select(*out), schema
+    return frame(stateful, stateful._jdf.select(out)), schema

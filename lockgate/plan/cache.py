@@ -8,6 +8,9 @@ expression bound to no DataFrame, so one Column object serves every batch's Data
 and a plan node's output schema is the same whenever its sources' batches have the same
 shape. :class:`PlanCache` keeps those for the lifetime of one query run, keyed by the
 plan node (or other owner) that built them.
+
+The JVM side helps too: :meth:`PlanCache.java_columns` keeps the ``Seq[Column]`` a
+``select``, ``groupBy`` or ``repartition`` takes, so such a call is one round trip.
 """
 
 from __future__ import annotations
@@ -20,6 +23,13 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 T = TypeVar("T")
+
+
+def frame(like: DataFrame, jdf: Any) -> DataFrame:
+    """A PySpark DataFrame of the JVM Dataset ``jdf``, on ``like``'s session."""
+    from pyspark.sql import DataFrame as PySparkDataFrame
+
+    return PySparkDataFrame(jdf, like.sparkSession)
 
 
 class PlanCache:
@@ -41,6 +51,32 @@ class PlanCache:
         except KeyError:
             value = self._values[key] = make()
             return value
+
+    def java_columns(self, owner: object, name: str, make: Callable[[], list[Any]]) -> Any:
+        """A JVM ``Seq[Column]`` of the columns (or names) ``make()`` gives, built once:
+        handing PySpark a list of columns costs a round trip per column every call."""
+
+        def build() -> Any:
+            from pyspark import SparkContext
+            from pyspark.sql.classic.column import _to_java_column, _to_seq
+
+            sc = SparkContext._active_spark_context
+            assert sc is not None
+            return _to_seq(sc, make(), _to_java_column)
+
+        return self.get(owner, "java_columns/" + name, build)
+
+    def observe(self, owner: object, name: str, df: DataFrame, observation: Any, make: Callable[[], list[Any]]) -> DataFrame:
+        """``df.observe(observation, *make())`` with the columns built once per run: two
+        round trips (a new JVM ``Observation``, ``observe``) instead of about ten. Sets
+        the ``Observation``'s JVM object as PySpark's own ``observe`` does."""
+        columns = self.get(owner, "observe/" + name, make)
+        rest = self.java_columns(owner, "observe/" + name, lambda: columns[1:])
+        jvm = df._sc._jvm
+        cls = self.get(self, "Observation", lambda: getattr(jvm, "org.apache.spark.sql.Observation"))
+        observation._jvm = jvm
+        observation._jo = cls(observation._name)
+        return frame(df, df._jdf.observe(observation._jo, columns[0]._jc, rest))
 
     def prime_schema(self, owner: object, shape: Hashable, df: DataFrame, part: str = "") -> DataFrame:
         """Give ``df`` the schema a DataFrame of the same node (and ``part`` of it) had in

@@ -28,6 +28,7 @@ from pyspark.sql.types import ArrayType, LongType, MapType, StructField, StructT
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import StatefulContext, schema_to_arrow
+from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
 
 if TYPE_CHECKING:
@@ -300,7 +301,8 @@ def build_deduplicate(
         return key_cols, F.pmod(F.hash(*key_cols), F.lit(n))
 
     key_cols, pid = ctx.cache.get(node, f"partitioning/{n}", partitioning)
-    staged = child.repartition(n, *key_cols).withColumn("__lockgate_pid", pid)
+    java_keys = ctx.cache.java_columns(node, f"partitioning/{n}", lambda: key_cols)
+    staged = frame(child, child._jdf.repartition(n, java_keys)).withColumn("__lockgate_pid", pid)
     ctx.schema_of(node, staged, "staged")
     tz = ctx.session_timezone
     key_schema = schema_to_arrow(StructType([child.schema[k] for k in node.keys]), tz)

@@ -129,7 +129,7 @@ class IncrementalExecution:
             ]
 
         self.observations.event_time[index] = obs
-        return df.observe(obs, *self.cache.get(node, "event_time_stats", stats))
+        return self.cache.observe(node, "event_time_stats", df, obs, stats)
 
     def _filters_below_watermark(self, node: Transform) -> DataFrame | None:
         """Filters right above ``withWatermark`` that do not use the event-time column
@@ -169,7 +169,7 @@ class IncrementalExecution:
             index = self._source_index.get(id(node))
             if index is not None and index in self._count_sources:
                 obs = Observation(f"lockgate_source_{index}_rows_b{self.batch_id}")
-                df = df.observe(obs, self.cache.get(node, "row_count", row_count))
+                df = self.cache.observe(node, "row_count", df, obs, lambda: [row_count()])
                 self.observations.source_rows[index] = obs
             return df
         if isinstance(node, Transform):
