@@ -62,13 +62,9 @@ C_STEPS = [
 ]
 
 
-# One file per step, into one directory: the rounds of A, B and C above, interleaved.
-STEPS = [
-    (name, rows)
-    for round_ in zip(A_STEPS, B_STEPS, C_STEPS)
-    for name, rows in zip("abc", round_)
-]
-RESTART_BEFORE_STEP = 7
+# One file per step, into one directory: rounds of A, B (and C) above, interleaved.
+ROUNDS = (0, 2, 4)
+RESTART_BEFORE_ROUND = 4
 
 
 def windows_joined(a: Path, b: Path, c: Path) -> Any:
@@ -136,10 +132,44 @@ def test_join_of_stateful_output_matches_native(bench, tmp_path, query):
         d.mkdir()
     bench.add(query.__name__, query(*dirs), sink="foreachBatch")
     bench.start()
-    for i, (name, rows) in enumerate(STEPS):
-        if i == RESTART_BEFORE_STEP:
+    read = "abc" if query is join_of_join else "ab"
+    for r in ROUNDS:
+        if r == RESTART_BEFORE_ROUND:
             bench.stop()
             bench.start()
-        bench.step(f"step {i} ({name})", {tmp_path / name: rows})
+        for name, steps in zip("abc", (A_STEPS, B_STEPS, C_STEPS)):
+            if name in read:
+                bench.step(f"round {r} ({name})", {tmp_path / name: steps[r]})
     (pair,) = bench.pairs
     assert any(batch[1] for batch in pair.native.batches), "the query should emit rows"
+
+
+def test_join_side_with_two_event_time_columns_refused(spark, ls, tmp_path):
+    """A join of a join that keeps both sides' watermarked columns: Spark fails the query
+    in its first batch with MULTIPLE_EVENT_TIME_COLUMNS, lockgate when it starts."""
+    dirs = [tmp_path / d for d in ("a", "b", "c")]
+    for d, rows in zip(dirs, (A_STEPS[0], B_STEPS[0], C_STEPS[0])):
+        write_json(d, rows)
+
+    def build(reader: Any) -> Any:
+        ab = _src(reader, dirs[0]).join(_src(reader, dirs[1], "2", "5 seconds"), "k")
+        return ab.join(_src(reader, dirs[2], "3", "5 seconds"), "k")
+
+    native = (
+        build(spark.readStream)
+        .writeStream.format("memory")
+        .queryName(f"two_times_{uuid.uuid4().hex[:8]}")
+        .option("checkpointLocation", str(tmp_path / "native"))
+        .start()
+    )
+    with pytest.raises(Exception, match="MULTIPLE_EVENT_TIME_COLUMNS") as failed:
+        native.processAllAvailable()
+    headline = "More than one event time columns are available."
+    assert headline in str(failed.value)
+    with pytest.raises(AnalysisException, match="MULTIPLE_EVENT_TIME_COLUMNS") as lg:
+        build(ls.readStream).writeStream.format("memory").queryName("two_times_lg").option(
+            "checkpointLocation", str(tmp_path / "lockgate")
+        ).start()
+    assert headline in str(lg.value)
+    assert "ts-T10000ms,ts2-T5000ms" in str(lg.value)
+    assert not ls.streams.active
