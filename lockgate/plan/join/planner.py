@@ -200,8 +200,8 @@ def _event_time_outputs(node: PlanNode) -> dict[str, int] | None:
         return below
     if node.method == "drop" and all(isinstance(a, str) for a in node.args):
         return {n: d for n, d in below.items() if n not in node.args}
-    if node.method == "withColumn" and isinstance(node.args[0], str):
-        return {n: d for n, d in below.items() if n != node.args[0]}
+    if node.method == "withColumn" and isinstance(node.args[0], str) and node.args[0] not in below:
+        return below
     if node.method == "withColumnRenamed" and not {node.args[0], node.args[1]} & set(below):
         return below
     if node.method in ("select", "selectExpr") and not node.kwargs and all(
@@ -549,8 +549,8 @@ def build_stream_join(
     lcols, rcols, key_cols, pid = ctx.cache.get(node, f"tagging/{n}", tagging)
     lpart = left.select(*lcols)
     rpart = right.select(*rcols)
-    # A side reading another stateful operator (a deduplication) ends with that
-    # operator's state task, which must run in a stage of its own: under the union its
+    # A side reading another stateful operator (an aggregation, a deduplication, a limit
+    # or a join) ends with that operator's state task, which must run in a stage of its own: under the union its
     # task would see the union's partition index, not its state partition.
     if _reads_stateful(node.left):
         lpart = lpart.repartition(n, *key_cols)
