@@ -265,12 +265,10 @@ NOT_YET = [
         .groupBy(F.window("ts", "5 seconds"), "k")
         .count()
         .join(
-            _right(r, i).groupBy(F.window("ts2", "5 seconds").alias("window"), "k").agg(
-                F.sum("v2").alias("s")
-            ),
+            _right(r, i).select("k", F.window("ts2", "5 seconds").alias("window"), "v2"),
             ["window", "k"],
         ),
-        id="window-aggregations-joined",
+        id="window-aggregation-joined-with-projected-window",
     ),
 ]
 

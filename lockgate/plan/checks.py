@@ -107,15 +107,13 @@ def _check_chain(operators: list[StatefulNode], output_mode: str) -> None:
         ):
             raise AnalysisError(CORRECTNESS_ERROR)
     for op in operators:
-        below = _stateful_below(op)
-        not_dedup = [b for b in below if not isinstance(b, Deduplicate)]
-        if isinstance(op, StreamJoin) and not_dedup:
-            # Spark accepts e.g. two windowed aggregations joined on the window (Append).
+        sessions = [b for b in _stateful_below(op) if isinstance(b, SessionWindowAggregate)]
+        if isinstance(op, StreamJoin) and sessions:
             raise NotSupportedYetError(
-                f"A stream-stream join of the output of another stateful operator "
-                f"({not_dedup[0].describe()})",
-                "Join the streams first, or chain the queries through a sink; a "
-                "deduplication before the join is supported.",
+                "A stream-stream join of the output of a session window aggregation "
+                f"({sessions[0].describe()})",
+                "Join on the output of window() aggregations, or chain the queries "
+                "through a sink.",
             )
 
 

@@ -213,14 +213,15 @@ def _rows(table: pa.Table, names: list[str], micros: bool = False) -> list[list[
 
 def _latest_per_key_with_ops(table: pa.Table, key_names: list[str]) -> pa.Table:
     """The last row per key of a sequence of snapshot/delta rows, upserts and removals."""
+    if not key_names:
+        return table.slice(table.num_rows - 1, 1)
+    keys = table.select(key_names)
+    while any(pa.types.is_struct(f.type) for f in keys.schema):
+        keys = keys.flatten()  # Arrow groups by scalar columns only (a window key)
     ordinal = pa.array(range(table.num_rows), type=pa.int64())
-    table = table.append_column("__lockgate_ord", ordinal)
-    if key_names:
-        last = table.group_by(key_names, use_threads=False).aggregate([("__lockgate_ord", "max")])
-        table = table.take(last.column("__lockgate_ord_max"))
-    else:
-        table = table.slice(table.num_rows - 1, 1)
-    return table.drop_columns(["__lockgate_ord"])
+    keys = keys.append_column("__lockgate_ord", ordinal)
+    last = keys.group_by(keys.column_names[:-1], use_threads=False).aggregate([("__lockgate_ord", "max")])
+    return table.take(last.column("__lockgate_ord_max"))
 
 
 def _latest_per_key(table: pa.Table, key_names: list[str]) -> pa.Table:
@@ -382,7 +383,7 @@ class StateStore:
                 columns[name].append(part)
             ops.append(op)
         fields = list(self.conf.key_schema) + list(self.conf.value_schema)
-        arrays = [pa.array(columns[f.name], type=f.type) for f in fields]
+        arrays = [pa.array(_struct_values(columns[f.name], f.type), type=f.type) for f in fields]
         if with_ops:
             fields.append(pa.field(_OP_COLUMN, pa.int8()))
             arrays.append(pa.array(ops, type=pa.int8()))
@@ -442,6 +443,33 @@ class StateStore:
     def memory_bytes(self) -> int:
         # A cheap estimate: Python's per-entry overhead dominates.
         return len(self.map) * (120 + 40 * (len(self._key_names) + len(self._value_names)))
+
+
+def _has_struct(t: pa.DataType) -> bool:
+    if pa.types.is_struct(t):
+        return True
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _has_struct(t.value_type)
+    return False
+
+
+def _struct_values(values: list[Any], t: pa.DataType) -> list[Any]:
+    """Values of a column of type ``t`` as ``pa.array`` takes them: structs held in the
+    hashable form of ``_hashable`` (tuples of (field, value) pairs) become dicts again."""
+    if not _has_struct(t):
+        return values
+    return [arrow_value(v, t) for v in values]
+
+
+def arrow_value(value: Any, t: pa.DataType) -> Any:
+    """Inverse of ``_hashable`` for one value of Arrow type ``t``."""
+    if value is None or isinstance(value, dict):
+        return value
+    if pa.types.is_struct(t):
+        return {name: arrow_value(v, t.field(name).type) for name, v in value}
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return [arrow_value(v, t.value_type) for v in value]
+    return value
 
 
 def _unhashable(value: Any) -> Any:

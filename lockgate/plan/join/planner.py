@@ -93,6 +93,8 @@ class StreamJoin(PlanNode):
     using_keys: tuple[str, ...] | None = None
     output_names: tuple[str, ...] = ()
     output_types: tuple[Any, ...] = ()
+    several_event_times: tuple[tuple[str, int], ...] = ()
+    """A side's event-time columns when it has more than one (Spark fails the query)."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -133,57 +135,83 @@ class StreamJoin(PlanNode):
         return f"StreamingSymmetricHashJoin {_SPARK_JOIN_NAMES.get(self.join_type, self.join_type)}"
 
 
-def _side_watermark_column(sdf: StreamingDataFrame) -> int | None:
-    """Index of the side's event-time column (the one carrying Spark's watermark metadata)."""
-    marks: list[EventTimeWatermark] = []
-    path_ok = True
-
-    def visit(node: PlanNode, above: list[PlanNode]) -> None:
-        nonlocal path_ok
-        if isinstance(node, EventTimeWatermark):
-            marks.append(node)
-            for op in above:
-                if not _keeps_column(op, node.column):
-                    path_ok = False
-        for child in node.children:
-            visit(child, above + [node])
-
-    visit(sdf._plan, [])
-    if not marks:
-        return None
-    names = [m.column for m in marks]
-    cols = sdf._template.columns
-    present = [n for n in dict.fromkeys(names) if n in cols]
-    if len(marks) > 1 or not path_ok:
+def _side_watermark_column(sdf: StreamingDataFrame) -> tuple[int | None, dict[str, int]]:
+    """Index of the side's event-time column (the one carrying Spark's watermark metadata),
+    and all of the side's event-time columns with their delays (more than one is Spark's
+    MULTIPLE_EVENT_TIME_COLUMNS, raised when the query starts)."""
+    found = _event_time_outputs(sdf._plan)
+    if found is None:
         raise NotSupportedYetError(
-            "A stream-stream join side with several watermarks, or whose watermark column "
-            "is transformed after withWatermark()",
+            "A stream-stream join side whose watermark column is transformed after "
+            "withWatermark()",
             "Apply withWatermark() as the last step before the join, on a column kept as is.",
         )
-    return cols.index(present[0]) if present else None
+    cols = sdf._template.columns
+    present = {n: d for n, d in found.items() if n in cols}
+    if len(present) != 1:
+        return None, present
+    return cols.index(next(iter(present))), present
 
 
-_KEEPS = ("filter", "where", "dropna", "repartition", "coalesce", "hint", "sample")
+def _event_time_outputs(node: PlanNode) -> dict[str, int] | None:
+    """The output columns of ``node`` that carry event time (Spark's watermark metadata),
+    with their watermark delay in ms; None when a step lockgate cannot follow transforms
+    one of them.
 
-
-def _keeps_column(node: PlanNode, column: str) -> bool:
+    A ``withWatermark`` column (Spark strips the metadata of the others there) passes
+    through filters, deduplications, limits, joins and plain column selections; an
+    aggregation's output carries it in its event-time grouping key (a watermarked column
+    or a window over one).
+    """
+    from lockgate.plan.aggregate import Aggregate
     from lockgate.plan.dedup import Deduplicate
+    from lockgate.plan.limit import StreamingLimit
 
-    if isinstance(node, (EventTimeWatermark, Deduplicate)):
-        return True  # a deduplication passes its rows through unchanged
+    if isinstance(node, EventTimeWatermark):
+        return {node.column: node.delay_ms}
+    if isinstance(node, Aggregate):
+        below = _event_time_outputs(node.child)
+        if below is None or node.event_time_key is None:
+            return None if below is None and node.event_time_key is not None else {}
+        keys = {name: below[name] for name in node.key_names if name in below}
+        keys.setdefault(node.key_names[node.event_time_key], max(below.values(), default=0))
+        return keys
+    if isinstance(node, (Deduplicate, StreamingLimit)):
+        return _event_time_outputs(node.children[0])
+    if isinstance(node, StreamJoin):
+        left = _event_time_outputs(node.left)
+        right = {} if node.join_type == "left_semi" else _event_time_outputs(node.right)
+        if left is None or right is None:
+            return None
+        merged = {**right, **left}
+        return {n: merged[n] for n in node.output_names if n in merged}
     if not isinstance(node, Transform):
-        return False
+        found: dict[str, int] = {}
+        for child in node.children:
+            below = _event_time_outputs(child)
+            if below is None:
+                return None
+            found.update(below)
+        return found
+    below = _event_time_outputs(node.child)
+    if below is None or not below:
+        return below
     if node.method in _KEEPS:
-        return True
-    if node.method == "drop":
-        return all(isinstance(a, str) for a in node.args)
-    if node.method in ("withColumn",):
-        return isinstance(node.args[0], str) and node.args[0] != column
-    if node.method == "withColumnRenamed":
-        return node.args[0] != column and node.args[1] != column
-    if node.method in ("select", "selectExpr"):
-        return all(isinstance(a, str) and a.isidentifier() for a in node.args) and not node.kwargs
-    return False
+        return below
+    if node.method == "drop" and all(isinstance(a, str) for a in node.args):
+        return {n: d for n, d in below.items() if n not in node.args}
+    if node.method == "withColumn" and isinstance(node.args[0], str) and node.args[0] not in below:
+        return below
+    if node.method == "withColumnRenamed" and not {node.args[0], node.args[1]} & set(below):
+        return below
+    if node.method in ("select", "selectExpr") and not node.kwargs and all(
+        isinstance(a, str) and a.isidentifier() for a in node.args
+    ):
+        return {n: d for n, d in below.items() if n in node.args}
+    return None
+
+
+_KEEPS = ("alias", "filter", "where", "dropna", "repartition", "coalesce", "hint", "sample")
 
 
 def _normalize_how(how: str | None) -> str:
@@ -226,17 +254,21 @@ def make_stream_join(
             attrs[int(a.exprId().id())] = (side, i, a)
     for side, schema in ((LEFT, lschema), (RIGHT, rschema)):
         for f in schema.fields:
-            if isinstance(f.dataType, (StructType, ArrayType, MapType, BinaryType)):
+            if not _flat_struct_or_scalar(f.dataType):
                 raise NotSupportedYetError(
-                    f"A stream-stream join of a side with the nested or binary column {f.name!r}",
-                    "Flatten it (select its fields) before the join.",
+                    f"A stream-stream join of a side with the array, map, binary or "
+                    f"nested struct column {f.name!r}",
+                    "Select its fields (or drop it) before the join; struct columns of "
+                    "scalars, such as window, are supported.",
                 )
     cond = join.condition()
     if cond.isEmpty():
         raise NotSupportedYetError("A stream-stream join without equality join keys")
     whole = str(cond.get().toString())
     conv = _Converter(attrs, whole)
-    wm_cols = {LEFT: _side_watermark_column(left), RIGHT: _side_watermark_column(right)}
+    (lwm, lmarks), (rwm, rmarks) = _side_watermark_column(left), _side_watermark_column(right)
+    wm_cols = {LEFT: lwm, RIGHT: rwm}
+    several = next((m for m in (lmarks, rmarks) if len(m) > 1), None)
     lkeys: list[int] = []
     rkeys: list[int] = []
     others: list[Any] = []
@@ -256,10 +288,14 @@ def make_stream_join(
                 if sa == RIGHT:
                     ia, ib = ib, ia
                 t = str(attrs_type(attrs, LEFT, ia))
-                if t not in _OK_KEY_TYPES:
+                key_type = lschema.fields[ia].dataType
+                struct_key = isinstance(key_type, StructType) and all(
+                    f.dataType.typeName() in _OK_KEY_TYPES for f in key_type.fields
+                )  # e.g. a window: compared field by field
+                if t not in _OK_KEY_TYPES and not struct_key:
                     raise NotSupportedYetError(
                         f"A stream-stream join key of type {t}",
-                        f"Supported key types: {', '.join(_OK_KEY_TYPES)}.",
+                        f"Supported key types: {', '.join(_OK_KEY_TYPES)}, and structs of them.",
                     )
                 lkeys.append(ia)
                 rkeys.append(ib)
@@ -372,6 +408,7 @@ def make_stream_join(
         using_keys=using,
         output_names=tuple(template.columns),
         output_types=tuple(f.dataType for f in template.schema.fields),
+        several_event_times=tuple(several.items()) if several else (),
     )
     # the projection must give exactly Spark's output columns
     spark = template.sparkSession
@@ -382,6 +419,15 @@ def make_stream_join(
             f"lockgate would produce {probe.columns}, Spark {template.columns}.",
         )
     return node, template
+
+
+def _flat_struct_or_scalar(data_type: Any) -> bool:
+    """A scalar join column, or a struct of scalars (a window): the join task keeps such a
+    struct as a hashable tuple and gives it back as Spark's struct."""
+    if isinstance(data_type, StructType):
+        return all(_flat_struct_or_scalar(f.dataType) and not isinstance(f.dataType, StructType)
+                   for f in data_type.fields)
+    return not isinstance(data_type, (ArrayType, MapType, BinaryType))
 
 
 def attrs_type(attrs: dict[int, tuple[int, int, Any]], side: int, index: int) -> str:
@@ -397,6 +443,14 @@ def check_stream_join(node: StreamJoin, output_mode: str) -> None:
         raise AnalysisError(
             "Join between two streaming DataFrames/Datasets is not supported in "
             f"{output_mode.capitalize()} output mode, only in Append output mode"
+        )
+    if node.several_event_times:
+        # Spark raises it in the query's first batch; lockgate before running it.
+        cols = ",".join(f"{name}-T{delay}ms" for name, delay in node.several_event_times)
+        raise AnalysisError(
+            "[MULTIPLE_EVENT_TIME_COLUMNS] More than one event time columns are available. "
+            "Please ensure there is at most one event time column per stream. event time "
+            f"columns: ({cols})"
         )
     if node.join_type != "inner" and not node.check_watermark_ok:
         raise AnalysisError(
@@ -495,8 +549,8 @@ def build_stream_join(
     lcols, rcols, key_cols, pid = ctx.cache.get(node, f"tagging/{n}", tagging)
     lpart = left.select(*lcols)
     rpart = right.select(*rcols)
-    # A side reading another stateful operator (a deduplication) ends with that
-    # operator's state task, which must run in a stage of its own: under the union its
+    # A side reading another stateful operator (an aggregation, a deduplication, a limit
+    # or a join) ends with that operator's state task, which must run in a stage of its own: under the union its
     # task would see the union's partition index, not its state partition.
     if _reads_stateful(node.left):
         lpart = lpart.repartition(n, *key_cols)

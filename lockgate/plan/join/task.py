@@ -143,17 +143,35 @@ class _Side:
         return removed
 
 
+def _values(column: pa.Array) -> list[Any]:
+    """A column's Python values; a struct of scalars (the planner allows no other) as
+    ((field, value), ...) pairs, hashable as a join key and as the store loads it."""
+    values = column.to_pylist()
+    if pa.types.is_struct(column.type):
+        return [None if v is None else tuple(v.items()) for v in values]
+    return values
+
+
+def _event_micros(value: Any) -> int | None:
+    """Event time of a watermarked column in microseconds: a window (a struct, held as
+    ((field, value), ...) pairs) counts by its end, as Spark's
+    ``WatermarkSupport.watermarkExpression`` compares field 1 of a struct."""
+    if isinstance(value, tuple):
+        value = value[1][1]
+    return _micros(value)
+
+
 def _eviction_time(task: JoinTask, side: int) -> TimeOf | None:
     """When a buffered row of ``side`` expires (int microseconds), as the eviction
     predicates of :func:`run_join_task` read it: the event time in the join key, else
     the side's watermark column; None if the side never evicts by time."""
     if task.key_watermark_ordinal is not None:
         o = task.key_watermark_ordinal
-        return lambda skey, value: _micros(skey[o])
+        return lambda skey, value: _event_micros(skey[o])
     col = task.watermark_columns[side]
     if col is None:
         return None
-    return lambda skey, value: _micros(value[col])
+    return lambda skey, value: _event_micros(value[col])
 
 
 def _eviction_limit_us(task: JoinTask, side: int) -> int:
@@ -170,7 +188,7 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
 
     from lockgate.plan.aggregate import check_state_partition
     from lockgate.plan.state_udf import with_batch_params
-    from lockgate.state.store import StateStore
+    from lockgate.state.store import StateStore, arrow_value
 
     task = with_batch_params(task, task.left_store.checkpoint_id)
     ctx = TaskContext.get()
@@ -188,8 +206,9 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
             continue
         check_state_partition(batch, partition)
         side_col = batch.column("__side").to_pylist()
-        lcols = [batch.column(f"__l{i}").to_pylist() for i in range(task.left_width)]
-        rcols = [batch.column(f"__r{i}").to_pylist() for i in range(task.right_width)]
+        # struct values (a window) in the store's hashable form, as the state holds them
+        lcols = [_values(batch.column(f"__l{i}")) for i in range(task.left_width)]
+        rcols = [_values(batch.column(f"__r{i}")) for i in range(task.right_width)]
         for j, s in enumerate(side_col):
             if s == LEFT:
                 inputs[LEFT].append([c[j] for c in lcols])
@@ -210,7 +229,7 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
             o = task.key_watermark_ordinal
 
             def by_key(key: tuple[Any, ...], row: list[Any]) -> bool:
-                t = _micros(key[o])
+                t = _event_micros(key[o])
                 return t is not None and t <= limit
 
             return by_key
@@ -221,7 +240,7 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
         limit = wm * 1000
 
         def by_value(key: tuple[Any, ...], row: list[Any]) -> bool:
-            t = _micros(row[col])
+            t = _event_micros(row[col])
             return t is not None and t <= limit
 
         return by_value
@@ -238,7 +257,7 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
             if not pushed[side](lr, rr):
                 continue
             if wm_col is not None:
-                t = _micros(row[wm_col])
+                t = _event_micros(row[wm_col])
                 if t is not None and t <= late_us:
                     dropped += 1
                     continue
@@ -328,5 +347,8 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
     if not out:
         return
     columns = list(zip(*out))
-    arrays = [pa.array(list(c), type=f.type) for c, f in zip(columns, task.out_schema)]
+    arrays = [
+        pa.array([arrow_value(v, f.type) for v in c] if pa.types.is_struct(f.type) else list(c), type=f.type)
+        for c, f in zip(columns, task.out_schema)
+    ]
     yield pa.RecordBatch.from_arrays(arrays, schema=task.out_schema)
