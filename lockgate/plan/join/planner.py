@@ -575,6 +575,7 @@ def build_stream_join(
             min_versions_to_retain=ctx.min_versions_to_retain,
             store_name=name,
             checkpoint_id=ctx.checkpoint_id,
+            timestamps_as_micros=True,
         )
 
     lstore = store_conf("left", list(lf), node.left_keys)

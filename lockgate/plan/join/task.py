@@ -144,12 +144,12 @@ class _Side:
 
 
 def _values(column: pa.Array) -> list[Any]:
-    """A column's Python values; a struct of scalars (the planner allows no other) as
-    ((field, value), ...) pairs, hashable as a join key and as the store loads it."""
-    values = column.to_pylist()
-    if pa.types.is_struct(column.type):
-        return [None if v is None else tuple(v.items()) for v in values]
-    return values
+    """A column's Python values in the store's in-memory form: timestamps as ``int``
+    microseconds (``StateStoreConf.timestamps_as_micros``), a struct of scalars (the
+    planner allows no other) as ((field, value), ...) pairs, hashable as a join key."""
+    from lockgate.state.store import column_values
+
+    return column_values(column, micros=True)
 
 
 def _event_micros(value: Any) -> int | None:
