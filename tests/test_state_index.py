@@ -24,8 +24,8 @@ class _Recorder:
     def __init__(self) -> None:
         self.changes: list[tuple[list[Any], list[Any]]] = []
 
-    def catch_up(self, upserts: list[Any], removed: list[Any]) -> None:
-        self.changes.append((sorted(upserts), sorted(removed)))
+    def catch_up(self, upserts: list[Any], removed: list[Any], previous: list[Any]) -> None:
+        self.changes.append((sorted(zip(upserts, previous)), sorted(removed)))
 
 
 def _conf(tmp_path: Any, value_type: pa.DataType = pa.int64()) -> StateStoreConf:
@@ -76,7 +76,9 @@ def test_catch_up_gives_the_index_the_changes_and_keeps_it(tmp_path):
     caught_up = StateStore(conf, 0, 2)
     assert caught_up.metrics.loaded_from_cache and caught_up.metrics.files_replayed == 1
     assert isinstance(caught_up.aux, _Recorder)
-    assert caught_up.aux.changes == [([(("a", 0), (2,)), (("d", 0), (3,))], [("b", 0)])]
+    assert caught_up.aux.changes == [
+        ([((("a", 0), (2,)), [1]), ((("d", 0), (3,)), None)], [("b", 0)])
+    ]
     assert {k: list(v) for k, v in caught_up.items()} == {("a", 0): [2], ("c", 0): [1], ("d", 0): [3]}
 
 
@@ -119,19 +121,22 @@ def test_join_side_eviction_after_catch_up_matches_a_scan(tmp_path):
         side.append((k,), [_t(s)], False)
     side.store.commit()
     cached_index = side.aux
+    heap_size = len(cached_index.heap)
 
     def change(other: StateStore) -> None:
         theirs = _Side(other, time_of)
         theirs.append(("a",), [_t(3)], False)  # ("a", 2)
         theirs.append(("d",), [_t(40)], False)
         assert theirs.remove_expired(_micros(6)) == [[_t(3), False], [_t(5), False]]
-        other.put(("b", 0), [_t(8), True])  # matched since: same time
+        other.put(("b", 0), [_t(8), True])  # matched since: same time, no new heap entry
+        theirs.store.put(("c", 0), [_t(30), True])
 
     _as_other_worker(conf, 1, change)
     store = StateStore(conf, 0, 2)
     assert store.metrics.loaded_from_cache
     mine = _Side(store, time_of)
     assert mine.aux is cached_index  # followed the deltas, not rebuilt
+    assert len(mine.aux.heap) == heap_size + 1  # ("d", 0); matched-flag updates add none
     assert mine.index == {("a",): [1], ("b",): [0], ("c",): [0], ("d",): [0]}
     expected = sorted(list(v) for k, v in store.items() if time_of(k, v) <= _micros(25))
     gone = mine.remove_expired(_micros(25))

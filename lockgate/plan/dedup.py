@@ -155,7 +155,7 @@ class _ExpiryIndex:
     def push(self, t: int, key: Key) -> None:
         heapq.heappush(self.heap, (t, next(_SEQUENCE), key))
 
-    def catch_up(self, upserts: list[tuple[Key, Any]], removed: list[Key]) -> None:
+    def catch_up(self, upserts: list[tuple[Key, Any]], removed: list[Key], previous: list[Any]) -> None:
         for key, value in upserts:  # removed keys' entries are skipped when popped
             t = self.time_of(key, value)
             if t is not None:

@@ -47,9 +47,13 @@ class CatchUpIndex(Protocol):
     """An operator's index over a store's map (``StateStore.aux``) that follows the map
     when a cached map is caught up from the deltas of other workers' batches, instead of
     being rebuilt from every key. ``upserts`` are the new ``(key, value)`` of the keys
-    put since; ``removed`` the keys removed since (the map no longer has them)."""
+    put since; ``removed`` the keys removed since (the map no longer has them);
+    ``previous[i]`` is the value the cached map held for ``upserts[i]``'s key (None if
+    none), so an index can tell an update of a row from a new row."""
 
-    def catch_up(self, upserts: list[tuple[Key, Value]], removed: list[Key]) -> None: ...
+    def catch_up(
+        self, upserts: list[tuple[Key, Value]], removed: list[Key], previous: list[Value | None]
+    ) -> None: ...
 
 
 class StateStoreError(RuntimeError):
@@ -330,9 +334,9 @@ class StateStore:
         for key in removed:
             state.pop(key, None)
         upserts = self._items(latest.filter(pa.compute.equal(latest.column(_OP_COLUMN), _OP_UPSERT)))
-        state.update(upserts)
         if hasattr(aux, "catch_up"):
-            aux.catch_up(upserts, removed)
+            aux.catch_up(upserts, removed, [state.get(key) for key, _ in upserts])
+        state.update(upserts)
         return state
 
     def _apply(self, state: dict[Key, Value], table: pa.Table) -> None:

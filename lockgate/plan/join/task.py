@@ -68,14 +68,23 @@ class _SideIndex:
                     self.heap.append((t, next(_SEQUENCE), k))
             heapq.heapify(self.heap)
 
-    def add(self, skey: tuple[Any, ...], value: Any) -> None:
-        indices = self.keys.setdefault(skey[:-1], [])
-        at = bisect.bisect_left(indices, skey[-1])
-        if at == len(indices) or indices[at] != skey[-1]:
-            indices.insert(at, skey[-1])
-        if self.time_of is not None:
-            t = self.time_of(skey, value)
-            if t is not None:
+    def add(self, skey: tuple[Any, ...], value: Any, previous: Any = None) -> None:
+        """Index a row put at ``skey``; ``previous`` is the row it replaced, if any (a
+        row whose ``matched`` flag changed keeps its heap entry)."""
+        key, index = skey[:-1], skey[-1]
+        indices = self.keys.get(key)
+        if indices is None:
+            self.keys[key] = [index]
+        elif indices[-1] < index:
+            indices.append(index)
+        else:
+            at = bisect.bisect_left(indices, index)
+            if at == len(indices) or indices[at] != index:
+                indices.insert(at, index)
+        time_of = self.time_of
+        if time_of is not None:
+            t = time_of(skey, value)
+            if t is not None and (previous is None or time_of(skey, previous) != t):
                 heapq.heappush(self.heap, (t, next(_SEQUENCE), skey))
 
     def discard(self, skey: tuple[Any, ...]) -> None:
@@ -88,11 +97,16 @@ class _SideIndex:
         if not indices:
             del self.keys[skey[:-1]]
 
-    def catch_up(self, upserts: list[tuple[tuple[Any, ...], Any]], removed: list[tuple[Any, ...]]) -> None:
+    def catch_up(
+        self,
+        upserts: list[tuple[tuple[Any, ...], Any]],
+        removed: list[tuple[Any, ...]],
+        previous: list[Any],
+    ) -> None:
         for skey in removed:
             self.discard(skey)
-        for skey, value in upserts:
-            self.add(skey, value)
+        for (skey, value), before in zip(upserts, previous):
+            self.add(skey, value, before)
 
     def pop_expired(self, limit_us: int) -> Iterator[tuple[int, tuple[Any, ...]]]:
         heap = self.heap
