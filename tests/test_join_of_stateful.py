@@ -2,7 +2,8 @@
 
 Differential tests against native Spark Structured Streaming (the bench of
 test_stateful.py): an aggregation's output joined with another aggregation's or with a
-raw stream, a join of a join, and a join of a limit, in Append mode with Spark's
+raw stream (by a time range, or by conditions on its window's fields), a join of a
+join, and a join of a limit, in Append mode with Spark's
 watermark propagation. Every pair reads several source directories; each step writes one
 file into one of them, so no trigger can split a step into two batches. Both queries
 are stopped and restarted from their checkpoints in the middle of the stream. After
@@ -100,6 +101,22 @@ def aggregation_joined_by_range(a: Path, b: Path, c: Path) -> Any:
     return build
 
 
+def aggregation_joined_by_window_fields(a: Path, b: Path, c: Path) -> Any:
+    """A windowed count joined with the raw events inside its window: conditions on the
+    window's fields. Spark derives no state watermark from them: the aggregation's side
+    keeps its rows, the raw side is evicted by nothing either (inner join)."""
+
+    def build(reader: Any) -> Any:
+        counts = _src(reader, a).groupBy(F.window("ts", "10 seconds"), "k").count()
+        raw = _src(reader, b, "2", "5 seconds")
+        return counts.join(
+            raw,
+            (counts.k == raw.k) & (raw.ts2 >= counts.window.start) & (raw.ts2 < counts.window.end),
+        )
+
+    return build
+
+
 def join_of_join(a: Path, b: Path, c: Path) -> Any:
     """Three streams: (a join b) keeps a's event time only, then joins c by a range."""
 
@@ -123,7 +140,7 @@ def join_of_limit(a: Path, b: Path, c: Path) -> Any:
 
 @pytest.mark.parametrize(
     "query",
-    [windows_joined, aggregation_joined_by_range, join_of_join, join_of_limit],
+    [windows_joined, aggregation_joined_by_range, aggregation_joined_by_window_fields, join_of_join, join_of_limit],
     ids=lambda q: q.__name__,
 )
 def test_join_of_stateful_output_matches_native(bench, tmp_path, query):

@@ -28,6 +28,7 @@ MICROS_PER_DAY = 86_400_000_000
 #   ("and", a, b) / ("or", a, b) / ("isnull", a) / ("isnotnull", a)
 #   ("tadd", ts, interval)           timestamp + day-time interval
 #   ("neg", interval)
+#   ("field", struct attr, ordinal, kind)   a field of a struct column (e.g. window.start)
 
 
 @dataclass
@@ -64,7 +65,8 @@ class _Converter:
             f"The stream-stream join condition term {str(e.toString())!r} (in {self.whole!r})",
             "lockgate evaluates join conditions made of column references, literals, "
             "comparisons (=, <>, <, <=, >, >=), column BETWEEN ... AND ..., AND, OR, NOT, "
-            "IS [NOT] NULL and timestamp +/- day-time interval literals.",
+            "IS [NOT] NULL, fields of struct columns (window.start) and timestamp +/- "
+            "day-time interval literals.",
         )
 
     def convert(self, e: Any) -> tuple[Any, ...]:
@@ -77,6 +79,10 @@ class _Converter:
             return ("attr", side, index, _kind(str(e.dataType().typeName())))
         if name == "Literal":
             return ("lit",) + _literal(e, self)
+        if name == "GetStructField" and e.child().getClass().getSimpleName() == "AttributeReference":
+            # a struct column of scalars (the planner allows no other), e.g. a window
+            base = self.convert(e.child())
+            return ("field", base, int(e.ordinal()), _kind(str(e.dataType().typeName())))
         if name in ("EqualTo", "LessThan", "LessThanOrEqual", "GreaterThan", "GreaterThanOrEqual"):
             op = {"EqualTo": "=", "LessThan": "<", "LessThanOrEqual": "<=", "GreaterThan": ">",
                   "GreaterThanOrEqual": ">="}[name]
@@ -166,6 +172,18 @@ def compile_expr(expr: tuple[Any, ...]) -> Callable[[Any, Any], Any]:
     if tag == "lit":
         value = expr[1]
         return lambda lr, rr: value
+    if tag == "field":
+        struct, ordinal, to_micros = compile_expr(expr[1]), expr[2], expr[3] == "ts"
+
+        def field(lr: Any, rr: Any) -> Any:
+            # structs are held as ((field, value), ...) pairs, timestamps in them as datetimes
+            value = struct(lr, rr)
+            if value is None:
+                return None
+            value = value[ordinal][1]
+            return _micros(value) if to_micros else value
+
+        return field
     if tag == "cmp":
         op, a, b = expr[1], compile_expr(expr[2]), compile_expr(expr[3])
         floats = expr[2][-1] == "float" or expr[3][-1] == "float"
