@@ -117,6 +117,22 @@ def aggregation_joined_by_window_fields(a: Path, b: Path, c: Path) -> Any:
     return build
 
 
+def sessions_joined_by_fields(a: Path, b: Path, c: Path) -> Any:
+    """Session windows (closed ones, Append mode) joined with the raw events inside them."""
+
+    def build(reader: Any) -> Any:
+        sessions = _src(reader, a).groupBy(F.session_window("ts", "5 seconds"), "k").count()
+        raw = _src(reader, b, "2", "5 seconds").withColumnRenamed("k", "k2")
+        return sessions.join(
+            raw,
+            (sessions.k == raw.k2)
+            & (raw.ts2 >= sessions.session_window.start)
+            & (raw.ts2 <= sessions.session_window.end),
+        )
+
+    return build
+
+
 def join_of_join(a: Path, b: Path, c: Path) -> Any:
     """Three streams: (a join b) keeps a's event time only, then joins c by a range."""
 
@@ -140,7 +156,14 @@ def join_of_limit(a: Path, b: Path, c: Path) -> Any:
 
 @pytest.mark.parametrize(
     "query",
-    [windows_joined, aggregation_joined_by_range, aggregation_joined_by_window_fields, join_of_join, join_of_limit],
+    [
+        windows_joined,
+        aggregation_joined_by_range,
+        aggregation_joined_by_window_fields,
+        sessions_joined_by_fields,
+        join_of_join,
+        join_of_limit,
+    ],
     ids=lambda q: q.__name__,
 )
 def test_join_of_stateful_output_matches_native(bench, tmp_path, query):

@@ -5,7 +5,7 @@ Messages are Spark's, so users can search them.
 
 from __future__ import annotations
 
-from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.errors import AnalysisError
 from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.dedup import Deduplicate
 from lockgate.plan.join import StreamJoin, check_stream_join
@@ -106,15 +106,6 @@ def _check_chain(operators: list[StatefulNode], output_mode: str) -> None:
             _may_emit_late_rows(below, output_mode) for below in _stateful_below(op)
         ):
             raise AnalysisError(CORRECTNESS_ERROR)
-    for op in operators:
-        sessions = [b for b in _stateful_below(op) if isinstance(b, SessionWindowAggregate)]
-        if isinstance(op, StreamJoin) and sessions:
-            raise NotSupportedYetError(
-                "A stream-stream join of the output of a session window aggregation "
-                f"({sessions[0].describe()})",
-                "Join on the output of window() aggregations, or chain the queries "
-                "through a sink.",
-            )
 
 
 def _check_redefined_watermark(plan: PlanNode) -> None:
