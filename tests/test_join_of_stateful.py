@@ -84,6 +84,21 @@ def windows_joined(a: Path, b: Path, c: Path) -> Any:
     return build
 
 
+def window_joined_with_projected_window(a: Path, b: Path, c: Path) -> Any:
+    """A windowed count joined on (window, k) with a raw stream whose window column comes
+    from a select: it carries the raw side's event time, as in Spark, so both sides are
+    evicted by the window's end and late raw rows are dropped by it."""
+
+    def build(reader: Any) -> Any:
+        counts = _src(reader, a).groupBy(F.window("ts", "5 seconds"), "k").count()
+        raw = _src(reader, b, "2", "5 seconds").select(
+            "k", F.window("ts2", "5 seconds").alias("window"), "v2"
+        )
+        return counts.join(raw, ["window", "k"])
+
+    return build
+
+
 def aggregation_joined_by_range(a: Path, b: Path, c: Path) -> Any:
     """An aggregation keyed by event time joined with a raw stream on k and a time range:
     both sides evicted by their state watermarks."""
@@ -158,6 +173,7 @@ def join_of_limit(a: Path, b: Path, c: Path) -> Any:
     "query",
     [
         windows_joined,
+        window_joined_with_projected_window,
         aggregation_joined_by_range,
         aggregation_joined_by_window_fields,
         sessions_joined_by_fields,

@@ -264,11 +264,18 @@ NOT_YET = [
         lambda r, i: _src(r, i)
         .groupBy(F.window("ts", "5 seconds"), "k")
         .count()
+        .join(_right(r, i).select("k", F.array("v2").alias("vs"), "ts2"), "k"),
+        id="window-aggregation-joined-with-a-side-with-an-array-column",
+    ),
+    pytest.param(
+        lambda r, i: _src(r, i)
+        .groupBy(F.window("ts", "5 seconds"), "k")
+        .count()
         .join(
-            _right(r, i).select("k", F.window("ts2", "5 seconds").alias("window"), "v2"),
+            _right(r, i).select("k", F.window(F.col("ts2") + F.expr("interval 1 second"), "5 seconds")),
             ["window", "k"],
         ),
-        id="window-aggregation-joined-with-projected-window",
+        id="window-aggregation-joined-with-a-window-over-an-expression",
     ),
 ]
 

@@ -674,12 +674,12 @@ NOT_YET = [
             .join(
                 _src(r, i)
                 .withWatermark("ts", "10 seconds")
-                .select("k", F.window("ts", "5 seconds").alias("window"), "v"),
-                ["window", "k"],
+                .select("k", F.array("v").alias("vs"), "ts"),
+                "k",
             )
         ),
         "append",
-        id="window-aggregation-joined-with-projected-window",
+        id="window-aggregation-joined-with-a-side-with-an-array-column",
     ),
 ]
 

@@ -7,6 +7,7 @@ defined), :func:`check_stream_join` (start-time checks) and :func:`build_stream_
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import partial as bind
 from typing import TYPE_CHECKING, Any
@@ -200,15 +201,78 @@ def _event_time_outputs(node: PlanNode) -> dict[str, int] | None:
         return below
     if node.method == "drop" and all(isinstance(a, str) for a in node.args):
         return {n: d for n, d in below.items() if n not in node.args}
-    if node.method == "withColumn" and isinstance(node.args[0], str) and node.args[0] not in below:
-        return below
+    if node.method == "withColumn" and isinstance(node.args[0], str) and len(node.args) == 2:
+        name = node.args[0]
+        made = _column_event_time(node.args[1], below)
+        if made is None:
+            return None
+        if made[1] is not None:  # e.g. withColumn("window", window("ts", ...)): Spark's
+            return {**below, name: made[1]}  # MULTIPLE_EVENT_TIME_COLUMNS if ts stays
+        return None if name in below else below
     if node.method == "withColumnRenamed" and not {node.args[0], node.args[1]} & set(below):
         return below
-    if node.method in ("select", "selectExpr") and not node.kwargs and all(
+    if node.method == "selectExpr" and not node.kwargs and all(
         isinstance(a, str) and a.isidentifier() for a in node.args
     ):
         return {n: d for n, d in below.items() if n in node.args}
+    if node.method == "select" and not node.kwargs:
+        args = node.args[0] if len(node.args) == 1 and isinstance(node.args[0], list) else node.args
+        out: dict[str, int] = {}
+        for arg in args:
+            if isinstance(arg, str) and arg == "*":
+                out.update(below)
+                continue
+            if isinstance(arg, str):
+                if not arg.isidentifier():
+                    return None
+                made = (arg, below.get(arg))
+            else:
+                made = _column_event_time(arg, below)
+            if made is None:
+                return None
+            if made[1] is not None:
+                out[made[0]] = made[1]
+        return out
     return None
+
+
+def _column_event_time(column: Any, below: dict[str, int]) -> tuple[str, int | None] | None:
+    """What a Column in a projection outputs, as Spark propagates event time (watermark
+    metadata): ``(name, delay)`` for a reference to an event-time column or a
+    ``window()`` over one, aliased or not; ``(name, None)`` for a column that carries no
+    event time (any other expression); None when lockgate cannot tell."""
+    try:
+        node = column._jc.node()
+    except Exception:
+        return None
+    alias = None
+    if node.getClass().getSimpleName() == "Alias":
+        if node.name().size() != 1:
+            return None
+        alias = str(node.name().apply(0))
+        node = node.child()
+    kind = node.getClass().getSimpleName()
+    if kind == "UnresolvedAttribute":
+        if node.nameParts().size() != 1:
+            return None  # a struct field or a qualified name
+        name = str(node.nameParts().apply(0))
+        return (alias or name, below.get(name))
+    if kind == "UnresolvedFunction":
+        function = str(node.functionName()).lower()
+        if function == "window" and node.arguments().size() >= 2:
+            first = node.arguments().apply(0)
+            if first.getClass().getSimpleName() == "UnresolvedAttribute" and first.nameParts().size() == 1:
+                name = str(first.nameParts().apply(0))
+                if name in below:
+                    return (alias or "window", below[name])
+            return None
+    # Other expressions carry no metadata in Spark, but lockgate only trusts that when
+    # they do not mention an event-time column (session_window, window_time, SQL text
+    # and stars do carry it or may).
+    text = str(node.toString())
+    if any(re.search(rf"\b{re.escape(name)}\b", text) for name in below) or "Star" in kind or "Regex" in kind:
+        return None
+    return (alias or "", None)
 
 
 _KEEPS = ("alias", "filter", "where", "dropna", "repartition", "coalesce", "hint", "sample")
