@@ -1,4 +1,5 @@
-"""Stream-stream joins whose input is the output of another stateful operator.
+"""Stream-stream joins whose input is the output of another stateful operator, or whose
+event-time column is renamed or made by ``window()`` in a projection.
 
 Differential tests against native Spark Structured Streaming (the bench of
 test_stateful.py): an aggregation's output joined with another aggregation's or with a
@@ -99,6 +100,23 @@ def window_joined_with_projected_window(a: Path, b: Path, c: Path) -> Any:
     return build
 
 
+def renamed_event_time_joined_by_range(a: Path, b: Path, c: Path) -> Any:
+    """Both sides rename their event-time column after withWatermark (Spark keeps the
+    watermark on the renamed column), then join by a time range on the new names."""
+
+    def build(reader: Any) -> Any:
+        left = _src(reader, a).withColumnRenamed("ts", "lt")
+        right = _src(reader, b, "2", "5 seconds").withColumnRenamed("ts2", "rt").withColumnRenamed("k", "k2")
+        return left.join(
+            right,
+            (left.k == right.k2)
+            & (right.rt >= left.lt - F.expr("interval 5 seconds"))
+            & (right.rt <= left.lt + F.expr("interval 5 seconds")),
+        )
+
+    return build
+
+
 def aggregation_joined_by_range(a: Path, b: Path, c: Path) -> Any:
     """An aggregation keyed by event time joined with a raw stream on k and a time range:
     both sides evicted by their state watermarks."""
@@ -174,6 +192,7 @@ def join_of_limit(a: Path, b: Path, c: Path) -> Any:
     [
         windows_joined,
         window_joined_with_projected_window,
+        renamed_event_time_joined_by_range,
         aggregation_joined_by_range,
         aggregation_joined_by_window_fields,
         sessions_joined_by_fields,

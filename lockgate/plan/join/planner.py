@@ -209,7 +209,12 @@ def _event_time_outputs(node: PlanNode) -> dict[str, int] | None:
         if made[1] is not None:  # e.g. withColumn("window", window("ts", ...)): Spark's
             return {**below, name: made[1]}  # MULTIPLE_EVENT_TIME_COLUMNS if ts stays
         return None if name in below else below
-    if node.method == "withColumnRenamed" and not {node.args[0], node.args[1]} & set(below):
+    if node.method == "withColumnRenamed" and len(node.args) == 2:
+        old, new = node.args
+        if new in below and new != old:
+            return None
+        if old in below:  # a rename keeps Spark's watermark metadata
+            return {(new if n == old else n): d for n, d in below.items()}
         return below
     if node.method == "selectExpr" and not node.kwargs and all(
         isinstance(a, str) and a.isidentifier() for a in node.args
