@@ -382,12 +382,12 @@ class StateStore:
         nulls = [None] * len(self._value_names)
         for key, value, op in entries:
             for name, part in zip(self._key_names, key):
-                columns[name].append(_unhashable(part))
+                columns[name].append(part)
             for name, part in zip(self._value_names, value if value is not None else nulls):
                 columns[name].append(part)
             ops.append(op)
         fields = list(self.conf.key_schema) + list(self.conf.value_schema)
-        arrays = [pa.array(_struct_values(columns[f.name], f.type), type=f.type) for f in fields]
+        arrays = [pa.array(arrow_values(columns[f.name], f.type), type=f.type) for f in fields]
         if with_ops:
             fields.append(pa.field(_OP_COLUMN, pa.int8()))
             arrays.append(pa.array(ops, type=pa.int8()))
@@ -457,29 +457,22 @@ def _has_struct(t: pa.DataType) -> bool:
     return False
 
 
-def _struct_values(values: list[Any], t: pa.DataType) -> list[Any]:
-    """Values of a column of type ``t`` as ``pa.array`` takes them: structs held in the
-    hashable form of ``_hashable`` (tuples of (field, value) pairs) become dicts again."""
+def arrow_values(values: list[Any], t: pa.DataType) -> list[Any]:
+    """Values of a column of type ``t`` as ``pa.array`` takes them. ``pa.array`` takes
+    the tuples ``_hashable`` makes for lists and maps as they are; structs, held as
+    tuples of (field, value) pairs, become dicts again."""
     if not _has_struct(t):
         return values
-    return [arrow_value(v, t) for v in values]
+    return [_arrow_value(v, t) for v in values]
 
 
-def arrow_value(value: Any, t: pa.DataType) -> Any:
-    """Inverse of ``_hashable`` for one value of Arrow type ``t``."""
+def _arrow_value(value: Any, t: pa.DataType) -> Any:
     if value is None or isinstance(value, dict):
         return value
     if pa.types.is_struct(t):
-        return {name: arrow_value(v, t.field(name).type) for name, v in value}
+        return {name: _arrow_value(v, t.field(name).type) for name, v in value}
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return [arrow_value(v, t.value_type) for v in value]
-    return value
-
-
-def _unhashable(value: Any) -> Any:
-    """Inverse of ``_hashable`` for list keys (struct keys are flattened by the planner)."""
-    if isinstance(value, tuple):
-        return [_unhashable(v) for v in value]
+        return [_arrow_value(v, t.value_type) for v in value]
     return value
 
 
@@ -498,6 +491,7 @@ __all__ = [
     "StateStoreConf",
     "StateStoreError",
     "StoreMetrics",
+    "arrow_values",
     "clear_cache",
     "column_values",
     "micros_array",

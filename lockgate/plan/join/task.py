@@ -157,15 +157,6 @@ class _Side:
         return removed
 
 
-def _values(column: pa.Array) -> list[Any]:
-    """A column's Python values in the store's in-memory form: timestamps as ``int``
-    microseconds (``StateStoreConf.timestamps_as_micros``), a struct of scalars (the
-    planner allows no other) as ((field, value), ...) pairs, hashable as a join key."""
-    from lockgate.state.store import column_values
-
-    return column_values(column, micros=True)
-
-
 def _event_micros(value: Any) -> int | None:
     """Event time of a watermarked column in microseconds: a window (a struct, held as
     ((field, value), ...) pairs) counts by its end, as Spark's
@@ -176,9 +167,9 @@ def _event_micros(value: Any) -> int | None:
 
 
 def _eviction_time(task: JoinTask, side: int) -> TimeOf | None:
-    """When a buffered row of ``side`` expires (int microseconds), as the eviction
-    predicates of :func:`run_join_task` read it: the event time in the join key, else
-    the side's watermark column; None if the side never evicts by time."""
+    """When a buffered row of ``side`` expires (int microseconds): the event time in the
+    join key, else the side's watermark column; None if the side never evicts by time.
+    Takes a state key and value, or a join key and input row (same positions)."""
     if task.key_watermark_ordinal is not None:
         o = task.key_watermark_ordinal
         return lambda skey, value: _event_micros(skey[o])
@@ -188,12 +179,14 @@ def _eviction_time(task: JoinTask, side: int) -> TimeOf | None:
     return lambda skey, value: _event_micros(value[col])
 
 
-def _eviction_limit_us(task: JoinTask, side: int) -> int:
-    """This batch's eviction limit of a side that evicts (its predicate is not None)."""
+def _eviction_limit_us(task: JoinTask, side: int) -> int | None:
+    """This batch's eviction limit of ``side``: rows whose eviction time
+    (:func:`_eviction_time`) is at most it expire; None if the side evicts nothing."""
     if task.key_watermark_ordinal is not None:
         return task.evict_watermark_ms * 1000
     wm = task.state_watermark_ms[side]
-    assert wm is not None
+    if wm is None or task.watermark_columns[side] is None:
+        return None
     return wm * 1000
 
 
@@ -202,7 +195,7 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
 
     from lockgate.plan.aggregate import check_state_partition
     from lockgate.plan.state_udf import with_batch_params
-    from lockgate.state.store import StateStore, arrow_value
+    from lockgate.state.store import StateStore, arrow_values, column_values
 
     task = with_batch_params(task, task.left_store.checkpoint_id)
     ctx = TaskContext.get()
@@ -220,9 +213,10 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
             continue
         check_state_partition(batch, partition)
         side_col = batch.column("__side").to_pylist()
-        # struct values (a window) in the store's hashable form, as the state holds them
-        lcols = [_values(batch.column(f"__l{i}")) for i in range(task.left_width)]
-        rcols = [_values(batch.column(f"__r{i}")) for i in range(task.right_width)]
+        # the store's in-memory form: timestamps as int micros (timestamps_as_micros),
+        # structs (a window) as hashable ((field, value), ...) pairs
+        lcols = [column_values(batch.column(f"__l{i}"), micros=True) for i in range(task.left_width)]
+        rcols = [column_values(batch.column(f"__r{i}"), micros=True) for i in range(task.right_width)]
         for j, s in enumerate(side_col):
             if s == LEFT:
                 inputs[LEFT].append([c[j] for c in lcols])
@@ -238,26 +232,16 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
     null_rows = ([None] * task.left_width, [None] * task.right_width)
 
     def evict_pred(side: int) -> Callable[[tuple[Any, ...], list[Any]], bool] | None:
-        if task.key_watermark_ordinal is not None:
-            limit = task.evict_watermark_ms * 1000
-            o = task.key_watermark_ordinal
-
-            def by_key(key: tuple[Any, ...], row: list[Any]) -> bool:
-                t = _event_micros(key[o])
-                return t is not None and t <= limit
-
-            return by_key
-        wm = task.state_watermark_ms[side]
-        col = task.watermark_columns[side]
-        if wm is None or col is None:
+        """Whether a row (by its join key or its values) expires in this batch."""
+        time_of, limit = _eviction_time(task, side), _eviction_limit_us(task, side)
+        if time_of is None or limit is None:
             return None
-        limit = wm * 1000
 
-        def by_value(key: tuple[Any, ...], row: list[Any]) -> bool:
-            t = _event_micros(row[col])
+        def expired(key: tuple[Any, ...], row: list[Any]) -> bool:
+            t = time_of(key, row)
             return t is not None and t <= limit
 
-        return by_value
+        return expired
 
     evicts = [evict_pred(LEFT), evict_pred(RIGHT)]
     out: list[list[Any]] = []
@@ -325,7 +309,9 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
         elif ev is None:
             continue
         else:
-            gone = sides[side].remove_expired(_eviction_limit_us(task, side))
+            limit = _eviction_limit_us(task, side)
+            assert limit is not None
+            gone = sides[side].remove_expired(limit)
         outer_side = (side == LEFT and jt in ("left_outer", "full_outer")) or (
             side == RIGHT and jt in ("right_outer", "full_outer")
         )
@@ -361,8 +347,5 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
     if not out:
         return
     columns = list(zip(*out))
-    arrays = [
-        pa.array([arrow_value(v, f.type) for v in c] if pa.types.is_struct(f.type) else list(c), type=f.type)
-        for c, f in zip(columns, task.out_schema)
-    ]
+    arrays = [pa.array(arrow_values(list(c), f.type), type=f.type) for c, f in zip(columns, task.out_schema)]
     yield pa.RecordBatch.from_arrays(arrays, schema=task.out_schema)
