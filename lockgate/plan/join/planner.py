@@ -26,6 +26,7 @@ from pyspark.sql.types import (
 )
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.plan.cache import frame
 from lockgate.plan.join.condition import (
     LEFT,
     RIGHT,
@@ -538,7 +539,7 @@ def _joined_schema(node: StreamJoin) -> StructType:
 
 
 def _project(node: StreamJoin, df: DataFrame, ctx: StatefulContext) -> DataFrame:
-    return df.select(*ctx.cache.get(node, "output", lambda: _output_columns(node)))
+    return frame(df, df._jdf.select(ctx.cache.java_columns(node, "output", lambda: _output_columns(node))))
 
 
 def _output_columns(node: StreamJoin) -> list[Column]:
@@ -616,16 +617,19 @@ def build_stream_join(
         return lcols, rcols, key_cols, F.pmod(F.hash(*key_cols), F.lit(n))
 
     lcols, rcols, key_cols, pid = ctx.cache.get(node, f"tagging/{n}", tagging)
-    lpart = left.select(*lcols)
-    rpart = right.select(*rcols)
+    java_keys = ctx.cache.java_columns(node, f"keys/{n}", lambda: key_cols)
+    lpart = frame(left, left._jdf.select(ctx.cache.java_columns(node, f"left/{n}", lambda: lcols)))
+    rpart = frame(right, right._jdf.select(ctx.cache.java_columns(node, f"right/{n}", lambda: rcols)))
     # A side reading another stateful operator (an aggregation, a deduplication, a limit
-    # or a join) ends with that operator's state task, which must run in a stage of its own: under the union its
-    # task would see the union's partition index, not its state partition.
+    # or a join) ends with that operator's state task, which must run in a stage of its
+    # own: under the union its task would see the union's partition index, not its state
+    # partition.
     if _reads_stateful(node.left):
-        lpart = lpart.repartition(n, *key_cols)
+        lpart = frame(lpart, lpart._jdf.repartition(n, java_keys))
     if _reads_stateful(node.right):
-        rpart = rpart.repartition(n, *key_cols)
-    staged = lpart.unionByName(rpart).repartition(n, *key_cols).withColumn("__lockgate_pid", pid)
+        rpart = frame(rpart, rpart._jdf.repartition(n, java_keys))
+    union = lpart.unionByName(rpart)
+    staged = frame(union, union._jdf.repartition(n, java_keys)).withColumn("__lockgate_pid", pid)
     ctx.schema_of(node, staged, "staged")
 
     def store_conf(name: str, fields: list[StructField], key_idx: tuple[int, ...]) -> StateStoreConf:
@@ -651,13 +655,9 @@ def build_stream_join(
     rstore = store_conf("right", list(rf), node.right_keys)
     evict_wm = ctx.batch_watermark_ms if ctx.batch_watermark_ms is not None else 0
     has_wm = ctx.batch_watermark_ms is not None
-    state_wms: list[int | None] = [None, None]
-    for side in (LEFT, RIGHT):
-        forms = node.state_watermark_forms[side]
-        if has_wm and forms and node.key_watermark_ordinal is None:
-            state_wms[side] = state_watermark_ms(forms, evict_wm)
-    joined = _joined_schema(node)
-    out_struct = joined
+    # by the join key (evict_watermark_ms) when it carries event time, else per side
+    state_wms = node.state_watermarks_ms(evict_wm) if has_wm and node.key_watermark_ordinal is None else (None, None)
+    out_struct = _joined_schema(node)
     task = JoinTask(
         left_store=lstore,
         right_store=rstore,
@@ -683,7 +683,7 @@ def build_stream_join(
         "version": batch_id + 1,
         "late_watermark_ms": _late_events_watermark_ms(ctx, batch_id) if has_wm else 0,
         "evict_watermark_ms": evict_wm,
-        "state_watermark_ms": [state_wms[LEFT], state_wms[RIGHT]],
+        "state_watermark_ms": list(state_wms),
     }
     # watermark_columns and key_watermark_ordinal depend on whether the query has a
     # watermark at all, which is the same in every batch of a run.
