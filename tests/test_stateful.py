@@ -807,6 +807,37 @@ def test_state_cache_does_not_outlive_a_deleted_checkpoint(tmp_path):
         clear_cache()
 
 
+def test_keyless_state_replays_versions_that_wrote_nothing(tmp_path):
+    """A limit's count (a store without key columns) is written only once rows passed, as
+    Spark does: versions before that are empty deltas, and a worker without a cached
+    copy must replay them to no row rather than fail."""
+    import pyarrow as pa
+
+    from lockgate.state.store import StateStore, StateStoreConf, clear_cache
+
+    conf = StateStoreConf(
+        root=str(tmp_path / "state"),
+        operator_id=0,
+        num_partitions=1,
+        key_schema=pa.schema([]),
+        value_schema=pa.schema([pa.field("count", pa.int64())]),
+        checkpoint_id="q",
+    )
+    clear_cache()
+    try:
+        for version in (0, 1):
+            StateStore(conf, 0, version).commit()
+        clear_cache()
+        empty = StateStore(conf, 0, 2)
+        assert not empty.metrics.loaded_from_cache and len(empty) == 0
+        empty.put((), [3])
+        empty.commit()
+        clear_cache()
+        assert {k: list(v) for k, v in StateStore(conf, 0, 3).items()} == {(): [3]}
+    finally:
+        clear_cache()
+
+
 RECOVERY_FILES = [
     [ev(1, "a", 1.0), ev(2, "b", 2.0), ev(5, "a", 3.0)],
     [ev(12, "a", 4.0), ev(3, "b", 1.0), ev(13, "c", 2.0)],

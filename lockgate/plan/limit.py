@@ -63,15 +63,14 @@ def run_limit_task(task: LimitTask, batches: Any) -> Any:
         count += take
         sliced = batch.select(task.out_schema.names).slice(0, take)
         yield pa.RecordBatch.from_arrays(sliced.columns, schema=task.out_schema)
-    # Spark writes the count only when rows passed (and no state row before the first
-    # one). lockgate writes its single row in every version (the store cannot replay an
-    # empty version of an empty key schema) and reports the metrics as Spark does.
-    store.put((), [count])
+    # As Spark: the count is written only when rows passed (no state row before the first)
+    if count != start:
+        store.put((), [count])
     store.commit()
     op = task.operator_id
     task.accumulator.add(
         {
-            f"{op}.numRowsTotal": len(store) if count > 0 else 0,
+            f"{op}.numRowsTotal": len(store),
             f"{op}.numRowsUpdated": int(count != start),
             f"{op}.commitTimeMs": int(store.metrics.commit_ms),
             f"{op}.memoryUsedBytes": store.memory_bytes(),

@@ -217,8 +217,8 @@ def _rows(table: pa.Table, names: list[str], micros: bool = False) -> list[list[
 
 def _latest_per_key_with_ops(table: pa.Table, key_names: list[str]) -> pa.Table:
     """The last row per key of a sequence of snapshot/delta rows, upserts and removals."""
-    if not key_names:
-        return table.slice(table.num_rows - 1, 1)
+    if not key_names:  # one row at most (a limit's count), none if nothing was written
+        return table.slice(max(table.num_rows - 1, 0), 1)
     keys = table.select(key_names)
     while any(pa.types.is_struct(f.type) for f in keys.schema):
         keys = keys.flatten()  # Arrow groups by scalar columns only (a window key)
