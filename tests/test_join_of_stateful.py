@@ -100,6 +100,11 @@ def window_joined_with_projected_window(a: Path, b: Path, c: Path) -> Any:
     return build
 
 
+def _within_5_seconds(t: Any, around: Any) -> Any:
+    """An event-time range condition: ``around - 5 s <= t <= around + 5 s``."""
+    return (t >= around - F.expr("interval 5 seconds")) & (t <= around + F.expr("interval 5 seconds"))
+
+
 def renamed_event_time_joined_by_range(a: Path, b: Path, c: Path) -> Any:
     """Both sides rename their event-time column after withWatermark (Spark keeps the
     watermark on the renamed column), then join by a time range on the new names."""
@@ -107,12 +112,7 @@ def renamed_event_time_joined_by_range(a: Path, b: Path, c: Path) -> Any:
     def build(reader: Any) -> Any:
         left = _src(reader, a).withColumnRenamed("ts", "lt")
         right = _src(reader, b, "2", "5 seconds").withColumnRenamed("ts2", "rt").withColumnRenamed("k", "k2")
-        return left.join(
-            right,
-            (left.k == right.k2)
-            & (right.rt >= left.lt - F.expr("interval 5 seconds"))
-            & (right.rt <= left.lt + F.expr("interval 5 seconds")),
-        )
+        return left.join(right, (left.k == right.k2) & _within_5_seconds(right.rt, left.lt))
 
     return build
 
@@ -124,12 +124,7 @@ def aggregation_joined_by_range(a: Path, b: Path, c: Path) -> Any:
     def build(reader: Any) -> Any:
         counts = _src(reader, a).groupBy("ts", "k").count()
         raw = _src(reader, b, "2", "5 seconds")
-        return counts.join(
-            raw,
-            (counts.k == raw.k)
-            & (raw.ts2 >= counts.ts - F.expr("interval 5 seconds"))
-            & (raw.ts2 <= counts.ts + F.expr("interval 5 seconds")),
-        )
+        return counts.join(raw, (counts.k == raw.k) & _within_5_seconds(raw.ts2, counts.ts))
 
     return build
 
