@@ -206,9 +206,15 @@ def column_values(column: pa.ChunkedArray | pa.Array, micros: bool = False) -> l
     if column.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
         return column.to_numpy().tolist()
     values = column.to_pylist()
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_struct(t):
+    if _is_nested(t):
         return [_hashable(v) for v in values]
     return values
+
+
+def _is_nested(t: pa.DataType) -> bool:
+    """A list, map or struct type: its Python values (lists, dicts, lists of (key,
+    value) tuples) are not hashable as they come from Arrow."""
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t) or pa.types.is_struct(t)
 
 
 def _rows(table: pa.Table, names: list[str], micros: bool = False) -> list[list[Any]]:
@@ -219,13 +225,41 @@ def _latest_per_key_with_ops(table: pa.Table, key_names: list[str]) -> pa.Table:
     """The last row per key of a sequence of snapshot/delta rows, upserts and removals."""
     if not key_names:  # one row at most (a limit's count), none if nothing was written
         return table.slice(max(table.num_rows - 1, 0), 1)
-    keys = table.select(key_names)
-    while any(pa.types.is_struct(f.type) for f in keys.schema):
-        keys = keys.flatten()  # Arrow groups by scalar columns only (a window key)
+    columns = [table.column(n) for n in key_names]
+    if not all(_groupable(c.type) for c in columns):
+        # Arrow cannot group by lists or maps (an array join key): group the store's
+        # hashable form of the keys in Python instead.
+        last: dict[Key, int] = {}
+        for i, key in enumerate(zip(*(column_values(c) for c in columns))):
+            last[key] = i
+        return table.take(pa.array(sorted(last.values()), type=pa.int64()))
+    # Arrow groups by scalar columns only: a struct key (a window) is grouped by its
+    # fields, and by its validity, so that a null struct and a struct of nulls differ.
+    flat = [a for c in columns for a in _scalar_parts(c)]
+    names = [f"__lockgate_k{i}" for i in range(len(flat))]
+    keys = pa.table(flat, names=names)
     ordinal = pa.array(range(table.num_rows), type=pa.int64())
     keys = keys.append_column("__lockgate_ord", ordinal)
-    last = keys.group_by(keys.column_names[:-1], use_threads=False).aggregate([("__lockgate_ord", "max")])
-    return table.take(last.column("__lockgate_ord_max"))
+    grouped = keys.group_by(names, use_threads=False).aggregate([("__lockgate_ord", "max")])
+    return table.take(grouped.column("__lockgate_ord_max"))
+
+
+def _groupable(t: pa.DataType) -> bool:
+    """Whether Arrow's group_by takes a column of type ``t`` (after flattening structs)."""
+    if pa.types.is_struct(t):
+        return all(_groupable(t.field(i).type) for i in range(t.num_fields))
+    return not _is_nested(t)
+
+
+def _scalar_parts(column: pa.ChunkedArray) -> list[pa.ChunkedArray]:
+    """A column as scalar columns: itself, or a struct's validity and its fields' parts
+    (flattened with the struct's nulls)."""
+    if not pa.types.is_struct(column.type):
+        return [column]
+    parts = [pa.compute.is_valid(column)]
+    for field in column.flatten():
+        parts += _scalar_parts(field)
+    return parts
 
 
 def _latest_per_key(table: pa.Table, key_names: list[str]) -> pa.Table:
@@ -237,7 +271,10 @@ def _latest_per_key(table: pa.Table, key_names: list[str]) -> pa.Table:
 
 
 def _hashable(value: Any) -> Any:
-    if isinstance(value, list):
+    """The store's hashable form of a nested value: lists (arrays) become tuples,
+    structs tuples of (field, value) pairs, maps (lists of (key, value) tuples from
+    Arrow) tuples of such pairs; :func:`arrow_values` is the inverse, by type."""
+    if isinstance(value, (list, tuple)):
         return tuple(_hashable(v) for v in value)
     if isinstance(value, dict):
         return tuple((k, _hashable(v)) for k, v in value.items())
@@ -454,13 +491,15 @@ def _has_struct(t: pa.DataType) -> bool:
         return True
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return _has_struct(t.value_type)
+    if pa.types.is_map(t):
+        return _has_struct(t.key_type) or _has_struct(t.item_type)
     return False
 
 
 def arrow_values(values: list[Any], t: pa.DataType) -> list[Any]:
     """Values of a column of type ``t`` as ``pa.array`` takes them. ``pa.array`` takes
     the tuples ``_hashable`` makes for lists and maps as they are; structs, held as
-    tuples of (field, value) pairs, become dicts again."""
+    tuples of (field, value) pairs, become dicts again, at any depth."""
     if not _has_struct(t):
         return values
     return [_arrow_value(v, t) for v in values]
@@ -473,6 +512,8 @@ def _arrow_value(value: Any, t: pa.DataType) -> Any:
         return {name: _arrow_value(v, t.field(name).type) for name, v in value}
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return [_arrow_value(v, t.value_type) for v in value]
+    if pa.types.is_map(t):
+        return [(_arrow_value(k, t.key_type), _arrow_value(v, t.item_type)) for k, v in value]
     return value
 
 
