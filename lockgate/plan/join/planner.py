@@ -17,10 +17,8 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
-    BinaryType,
     BooleanType,
     LongType,
-    MapType,
     StructField,
     StructType,
 )
@@ -292,7 +290,9 @@ def _normalize_how(how: str | None) -> str:
     return jt
 
 
-_OK_KEY_TYPES = ("string", "integer", "long", "short", "byte", "boolean", "date", "timestamp", "timestamp_ntz")
+_OK_KEY_TYPES = (
+    "string", "binary", "integer", "long", "short", "byte", "boolean", "date", "timestamp", "timestamp_ntz"
+)
 
 
 def make_stream_join(
@@ -322,15 +322,6 @@ def make_stream_join(
         for i in range(out.size()):
             a = out.apply(i)
             attrs[int(a.exprId().id())] = (side, i, a)
-    for side, schema in ((LEFT, lschema), (RIGHT, rschema)):
-        for f in schema.fields:
-            if not _flat_struct_or_scalar(f.dataType):
-                raise NotSupportedYetError(
-                    f"A stream-stream join of a side with the array, map, binary or "
-                    f"nested struct column {f.name!r}",
-                    "Select its fields (or drop it) before the join; struct columns of "
-                    "scalars, such as window, are supported.",
-                )
     cond = join.condition()
     if cond.isEmpty():
         raise NotSupportedYetError("A stream-stream join without equality join keys")
@@ -357,15 +348,17 @@ def make_stream_join(
                 (sa, ia), (_sb, ib) = next(iter(ra)), next(iter(rb))
                 if sa == RIGHT:
                     ia, ib = ib, ia
-                t = str(attrs_type(attrs, LEFT, ia))
-                key_type = lschema.fields[ia].dataType
-                struct_key = isinstance(key_type, StructType) and all(
-                    f.dataType.typeName() in _OK_KEY_TYPES for f in key_type.fields
-                )  # e.g. a window: compared field by field
-                if t not in _OK_KEY_TYPES and not struct_key:
+                key_type, other_type = lschema.fields[ia].dataType, rschema.fields[ib].dataType
+                if not _key_type_ok(key_type) or key_type.simpleString() != other_type.simpleString():
                     raise NotSupportedYetError(
-                        f"A stream-stream join key of type {t}",
-                        f"Supported key types: {', '.join(_OK_KEY_TYPES)}, and structs of them.",
+                        f"A stream-stream join key of type {key_type.simpleString()}"
+                        + (
+                            f" = {other_type.simpleString()}"
+                            if key_type.simpleString() != other_type.simpleString()
+                            else ""
+                        ),
+                        f"Supported key types: {', '.join(_OK_KEY_TYPES)}, and arrays and "
+                        "structs of them, the same on both sides.",
                     )
                 lkeys.append(ia)
                 rkeys.append(ib)
@@ -491,13 +484,17 @@ def make_stream_join(
     return node, template
 
 
-def _flat_struct_or_scalar(data_type: Any) -> bool:
-    """A scalar join column, or a struct of scalars (a window): the join task keeps such a
-    struct as a hashable tuple and gives it back as Spark's struct."""
+def _key_type_ok(data_type: Any) -> bool:
+    """A join key type whose values the join task compares as Spark compares keys (by
+    their binary form): the scalars of ``_OK_KEY_TYPES`` and arrays and structs of them
+    at any depth, held as tuples (structs as (field, value) pairs). Floating-point
+    leaves are refused (Spark normalizes NaN and -0.0 in keys); maps cannot be keys in
+    Spark at all (its analysis refuses ``=`` on maps when the join is defined)."""
     if isinstance(data_type, StructType):
-        return all(_flat_struct_or_scalar(f.dataType) and not isinstance(f.dataType, StructType)
-                   for f in data_type.fields)
-    return not isinstance(data_type, (ArrayType, MapType, BinaryType))
+        return all(_key_type_ok(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, ArrayType):
+        return _key_type_ok(data_type.elementType)
+    return data_type.typeName() in _OK_KEY_TYPES
 
 
 def attrs_type(attrs: dict[int, tuple[int, int, Any]], side: int, index: int) -> str:
