@@ -405,8 +405,14 @@ def make_stream_join(
     pre_join: list[list[tuple[Any, ...]]] = [[], []]
     post_join: list[tuple[Any, ...]] = []
     remaining: list[_Conjunct] = []
-    not_null: list[set[int]] = [set(), set()]
-    # (Spark 4's streaming plans show no inferred isnotnull on the equi-join keys.)
+    # Spark infers isnotnull for the equi-join keys too (its scan's PushedFilters show
+    # IsNotNull(k)): a null key never joins on those sides. On a side that can be
+    # null-padded it does not, and there null keys do match each other (binary key
+    # equality in the state store), as they do in lockgate's task.
+    not_null: list[set[int]] = [
+        set(lkeys) if LEFT in push_to else set(),
+        set(rkeys) if RIGHT in push_to else set(),
+    ]
     for c in conjuncts:
         sides = {s for s, _ in c.refs}
         for s, i in c.not_null:
