@@ -214,7 +214,12 @@ def column_values(column: pa.ChunkedArray | pa.Array, micros: bool = False) -> l
 def _is_nested(t: pa.DataType) -> bool:
     """A list, map or struct type: its Python values (lists, dicts, lists of (key,
     value) tuples) are not hashable as they come from Arrow."""
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t) or pa.types.is_struct(t)
+    return (
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_map(t)
+        or pa.types.is_struct(t)
+    )
 
 
 def _rows(table: pa.Table, names: list[str], micros: bool = False) -> list[list[Any]]:

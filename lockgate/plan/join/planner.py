@@ -291,7 +291,16 @@ def _normalize_how(how: str | None) -> str:
 
 
 _OK_KEY_TYPES = (
-    "string", "binary", "integer", "long", "short", "byte", "boolean", "date", "timestamp", "timestamp_ntz"
+    "string",
+    "binary",
+    "integer",
+    "long",
+    "short",
+    "byte",
+    "boolean",
+    "date",
+    "timestamp",
+    "timestamp_ntz",
 )
 
 
@@ -348,15 +357,12 @@ def make_stream_join(
                 (sa, ia), (_sb, ib) = next(iter(ra)), next(iter(rb))
                 if sa == RIGHT:
                     ia, ib = ib, ia
-                key_type, other_type = lschema.fields[ia].dataType, rschema.fields[ib].dataType
-                if not _key_type_ok(key_type) or key_type.simpleString() != other_type.simpleString():
+                key_type = lschema.fields[ia].dataType.simpleString()
+                other_type = rschema.fields[ib].dataType.simpleString()
+                if not _key_type_ok(lschema.fields[ia].dataType) or key_type != other_type:
                     raise NotSupportedYetError(
-                        f"A stream-stream join key of type {key_type.simpleString()}"
-                        + (
-                            f" = {other_type.simpleString()}"
-                            if key_type.simpleString() != other_type.simpleString()
-                            else ""
-                        ),
+                        f"A stream-stream join key of type {key_type}"
+                        + (f" = {other_type}" if key_type != other_type else ""),
                         f"Supported key types: {', '.join(_OK_KEY_TYPES)}, and arrays and "
                         "structs of them, the same on both sides.",
                     )
