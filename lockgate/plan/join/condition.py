@@ -28,7 +28,8 @@ MICROS_PER_DAY = 86_400_000_000
 #   ("and", a, b) / ("or", a, b) / ("isnull", a) / ("isnotnull", a)
 #   ("tadd", ts, interval)           timestamp + day-time interval
 #   ("neg", interval)
-#   ("field", struct attr, ordinal, kind)   a field of a struct column (e.g. window.start)
+#   ("field", struct, ordinal, kind)   a field of a struct column (e.g. window.start) or
+#                                      of a field of one (struct: an attr or a field)
 
 
 @dataclass
@@ -36,8 +37,9 @@ class _Conjunct:
     expr: tuple[Any, ...]
     refs: frozenset[tuple[int, int]]
     """(side, column index) of the attributes it uses."""
-    not_null: frozenset[tuple[int, int]]
-    """Attributes Spark infers ``isnotnull`` for from this conjunct."""
+    not_null: frozenset[tuple[int, int, tuple[int, ...]]]
+    """(side, column index, field ordinals) of the attributes, or fields of struct
+    attributes (``s.a.x``), Spark infers ``isnotnull`` for from this conjunct."""
     watermark_forms: dict[int, Any]
     """side -> its state watermark form (see :func:`_state_watermark_form`) or None."""
     text: str
@@ -79,8 +81,8 @@ class _Converter:
             return ("attr", side, index, _kind(str(e.dataType().typeName())))
         if name == "Literal":
             return ("lit",) + _literal(e, self)
-        if name == "GetStructField" and e.child().getClass().getSimpleName() == "AttributeReference":
-            # a struct column of scalars (the planner allows no other), e.g. a window
+        if name == "GetStructField" and _field_path(e.child()):
+            # a field of a struct column (e.g. window.start), or of a struct in one
             base = self.convert(e.child())
             return ("field", base, int(e.ordinal()), _kind(str(e.dataType().typeName())))
         if name in ("EqualTo", "LessThan", "LessThanOrEqual", "GreaterThan", "GreaterThanOrEqual"):
@@ -122,6 +124,14 @@ class _Converter:
                 return self.convert(child)
             raise self.refuse(e)
         raise self.refuse(e)
+
+
+def _field_path(e: Any) -> bool:
+    """A column reference, or a field of a field ... of one (``s.a.x``)."""
+    name = e.getClass().getSimpleName()
+    if name == "GetStructField":
+        return _field_path(e.child())
+    return name == "AttributeReference"
 
 
 def _literal(e: Any, conv: _Converter) -> tuple[Any, str]:
@@ -408,12 +418,23 @@ _NULL_INTOLERANT = {
 }
 
 
-def _null_intolerant_refs(e: Any, attrs: dict[int, tuple[int, int, Any]]) -> set[tuple[int, int]]:
-    """Spark's scanNullIntolerantAttribute (after DatetimeSub / same-type Cast removal)."""
+def _null_intolerant_refs(
+    e: Any, attrs: dict[int, tuple[int, int, Any]]
+) -> set[tuple[int, int, tuple[int, ...]]]:
+    """Spark's scanNullIntolerantAttribute (after DatetimeSub / same-type Cast removal):
+    (side, index, field ordinals), the ordinals of a field path such as ``s.a.x``, which
+    Spark 4 infers ``isnotnull`` for as for an attribute."""
     name = e.getClass().getSimpleName()
     if name == "AttributeReference":
         key = int(e.exprId().id())
-        return {attrs[key][:2]} if key in attrs else set()
+        return {(*attrs[key][:2], ())} if key in attrs else set()
+    if name == "GetStructField" and _field_path(e):
+        path: list[int] = []
+        while e.getClass().getSimpleName() == "GetStructField":
+            path.insert(0, int(e.ordinal()))
+            e = e.child()
+        key = int(e.exprId().id())
+        return {(*attrs[key][:2], tuple(path))} if key in attrs else set()
     if name == "DatetimeSub":
         return _null_intolerant_refs(e.replacement(), attrs)
     if name == "Cast" and str(e.child().dataType().typeName()) == str(e.dataType().typeName()):
@@ -421,7 +442,7 @@ def _null_intolerant_refs(e: Any, attrs: dict[int, tuple[int, int, Any]]) -> set
     if name == "IsNotNull":
         return _null_intolerant_refs(e.child(), attrs)
     if name in _NULL_INTOLERANT:
-        out: set[tuple[int, int]] = set()
+        out: set[tuple[int, int, tuple[int, ...]]] = set()
         children = e.children()
         for i in range(children.size()):
             out |= _null_intolerant_refs(children.apply(i), attrs)

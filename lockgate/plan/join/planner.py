@@ -415,15 +415,15 @@ def make_stream_join(
     # IsNotNull(k)): a null key never joins on those sides. On a side that can be
     # null-padded it does not, and there null keys do match each other (binary key
     # equality in the state store), as they do in lockgate's task.
-    not_null: list[set[int]] = [
-        set(lkeys) if LEFT in push_to else set(),
-        set(rkeys) if RIGHT in push_to else set(),
+    not_null: list[set[tuple[int, tuple[int, ...]]]] = [
+        {(i, ()) for i in lkeys} if LEFT in push_to else set(),
+        {(i, ()) for i in rkeys} if RIGHT in push_to else set(),
     ]
     for c in conjuncts:
         sides = {s for s, _ in c.refs}
-        for s, i in c.not_null:
+        for s, i, path in c.not_null:
             if s in push_to:
-                not_null[s].add(i)
+                not_null[s].add((i, path))
         if len(sides) == 1:
             (s,) = sides
             if s in push_to:
@@ -435,8 +435,11 @@ def make_stream_join(
         remaining.append(c)
     for side in (LEFT, RIGHT):
         kind_of = lambda i, s=side: _kind(attrs_type(attrs, s, i))  # noqa: E731
-        for i in sorted(not_null[side]):
-            pushed[side].append(("isnotnull", ("attr", side, i, kind_of(i))))
+        for i, path in sorted(not_null[side]):
+            checked: tuple[Any, ...] = ("attr", side, i, "other" if path else kind_of(i))
+            for ordinal in path:  # a field of a struct column: isnotnull(s.a.x)
+                checked = ("field", checked, ordinal, "other")
+            pushed[side].append(("isnotnull", checked))
     # event-time join key (Spark's findJoinKeyOrdinalForWatermark)
     key_ord = next((j for j, i in enumerate(lkeys) if wm_cols[LEFT] == i), None)
     if key_ord is None:
