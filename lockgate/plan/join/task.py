@@ -320,8 +320,7 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
                 if not v[-1]:
                     row = v[:-1]
                     out.append(row + null_rows[RIGHT] if side == LEFT else null_rows[LEFT] + row)
-        else:
-            removed += len(gone)
+        removed += len(gone)
     remove_ms = (time.perf_counter() - t1) * 1000
     for s in sides:
         s.store.commit()
