@@ -27,6 +27,12 @@ def spark():
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .getOrCreate()
     )
+    # LOCKGATE_TEST_STATE_TASKS=1 runs the suite with one task serving every state
+    # partition (spark.lockgate.stateTasks), the path a machine with fewer cores than
+    # shuffle partitions takes.
+    tasks = os.environ.get("LOCKGATE_TEST_STATE_TASKS")
+    if tasks:
+        session.conf.set("spark.lockgate.stateTasks", tasks)
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

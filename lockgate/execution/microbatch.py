@@ -23,7 +23,7 @@ from lockgate.checkpoint import (
     OffsetSeqLog,
     OffsetSeqMetadata,
 )
-from lockgate.errors import CheckpointError, ConcurrentWriteError
+from lockgate.errors import CheckpointError, ConcurrentWriteError, OptionError
 from lockgate.execution.faults import crash_point
 from lockgate.execution.progress import ProgressTracker, format_timestamp, rate
 from lockgate.execution.stream import StreamExecution
@@ -40,7 +40,7 @@ from lockgate.plan.cache import PlanCache
 from lockgate.plan.checks import stateful_operators
 from lockgate.plan.incremental import IncrementalExecution, observation_value, row_count
 from lockgate.plan.nodes import PlanNode, source_relations, watermark_nodes
-from lockgate.plan.state_udf import encode_params, property_key
+from lockgate.plan.state_udf import TASKS_CONF, encode_params, property_key, state_task_count
 from lockgate.sources.base import READ_ALL_AVAILABLE, ReadLimit, Source, SourceContext
 
 if TYPE_CHECKING:
@@ -59,6 +59,25 @@ PINNED_CONFS = {
     "spark.sql.streaming.aggregation.stateFormatVersion": "2",
     "spark.sql.streaming.join.stateFormatVersion": "2",
 }
+
+
+def _max_state_tasks(spark: SparkSession) -> int:
+    """``spark.lockgate.stateTasks``, else the cores Spark runs tasks on."""
+    raw = spark.conf.get(TASKS_CONF, None)
+    if raw is None or str(raw).strip() == "":
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise OptionError(
+            f"{TASKS_CONF} must be a positive number of tasks, got {raw!r}. Unset it to "
+            "run one state task per core, or set it to spark.sql.shuffle.partitions for "
+            "one task per state partition.",
+            option=TASKS_CONF,
+        )
+    return value
 
 
 @dataclass
@@ -121,6 +140,7 @@ class MicroBatchExecution(StreamExecution):
 
             self._state_metrics = self.spark.sparkContext.accumulator({}, DictSumParam())
         self._last_state_progress: list[dict[str, Any]] = []
+        self._max_state_tasks = _max_state_tasks(self.spark) if self._stateful_ops else None
         root = self.checkpoint_root
         self.offset_log = OffsetSeqLog(self.fs, self.fs.join(root, "offsets"))
         self.commit_log = CommitLog(self.fs, self.fs.join(root, "commits"))
@@ -297,6 +317,15 @@ class MicroBatchExecution(StreamExecution):
                 conf.set(key, value)
             pinned[key] = str(conf.get(key, default))
         self._pinned_conf = pinned
+        if self._stateful_ops:
+            # State steps run in fewer tasks than state partitions on a small machine
+            # (lockgate.plan.state_udf.state_task_count); the batch's shuffles use that
+            # many partitions, so an aggregation's own shuffle delivers each task its
+            # state partitions. The offsets log keeps the state's partition count.
+            partitions = int(pinned["spark.sql.shuffle.partitions"])
+            tasks = state_task_count(partitions, self._max_state_tasks)
+            if tasks != partitions:
+                conf.set("spark.sql.shuffle.partitions", str(tasks))
         policy = pinned["spark.sql.streaming.multipleWatermarkPolicy"]
         self.watermark_tracker = WatermarkTracker(
             [w.delay_ms for w in self._watermark_nodes], policy
@@ -411,6 +440,7 @@ class MicroBatchExecution(StreamExecution):
             cache=self.plan_cache,
             shape=empty_sources,
             operator_watermarks=self._operator_watermarks() if self._watermark_nodes else None,
+            max_state_tasks=self._max_state_tasks,
         )
 
     def _operator_watermarks(self) -> dict[int, tuple[int, int]]:

@@ -406,17 +406,12 @@ def report_store_metrics(
     accumulator.add({f"{operator_id}.{name}": value for name, value in metrics.items()})
 
 
-def run_aggregate_task(task: AggregateTask, batches: Any) -> Any:
+def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any:
     """The restore-merge-save step for one partition (runs on an executor)."""
-    from pyspark import TaskContext
-
     from lockgate.plan.state_udf import with_batch_params
     from lockgate.state.store import StateStore, column_values
 
     task = with_batch_params(task, task.store.checkpoint_id)
-
-    ctx = TaskContext.get()
-    partition = ctx.partitionId() if ctx is not None else 0
     t_start = time.perf_counter()
     store = StateStore(task.store, partition, task.version - 1)
     n_keys = len(task.store.key_schema)
@@ -617,6 +612,16 @@ class StatefulContext:
     """Operator id -> (eviction, late-row) input watermark from Spark's watermark
     propagation (``lockgate.execution.watermark.propagate_watermark``); None: every
     operator uses the global pair above."""
+    max_state_tasks: int | None = None
+    """At most this many tasks run an operator's state step (None: one per partition);
+    see :func:`lockgate.plan.state_udf.state_task_count`."""
+
+    def state_tasks(self, num_partitions: int) -> int:
+        """How many tasks serve an operator with ``num_partitions`` state partitions:
+        the number of parts its batch is shuffled into."""
+        from lockgate.plan.state_udf import state_task_count
+
+        return state_task_count(num_partitions, self.max_state_tasks)
 
     def schema_of(self, owner: object, df: DataFrame, part: str) -> StructType:
         """``df.schema``, from an earlier batch of the same shape when there was one."""
@@ -665,8 +670,12 @@ def aggregate_state_layout(
 
     key_cols, pid = ctx.cache.get(node, f"partitioning/{ctx.num_partitions}", partitioning)
     if key_cols:
+        # Into the state step's tasks (a divisor of the partitions, see state_task_count):
+        # the engine runs the batch with as many shuffle partitions, so this is the
+        # aggregation's own shuffle and Spark drops the repartition as redundant.
+        tasks = ctx.state_tasks(ctx.num_partitions)
         java_keys = ctx.cache.java_columns(node, f"partitioning/{ctx.num_partitions}", lambda: key_cols)
-        partial = frame(partial, partial._jdf.repartition(ctx.num_partitions, java_keys))
+        partial = frame(partial, partial._jdf.repartition(tasks, java_keys))
     else:
         partial = partial.repartition(1)
     partial = partial.withColumn("__lockgate_pid", pid)
@@ -739,7 +748,7 @@ def build_aggregate(
         "late_watermark_ms": ctx.late_events_watermark_ms if watermark is not None else None,
     }
     stateful = map_with_state(
-        flat, ctx, node, lambda: bind(run_aggregate_task, task), out_struct, operator_id, params
+        flat, ctx, node, lambda: bind(run_aggregate_task, task), out_struct, operator_id, params, num_partitions
     )
     if any(spec.kind == "approx_count_distinct" for spec in node.specs):
         stateful = estimate_distinct_counts(stateful, flat_key_names, buffer_cols, node.specs)

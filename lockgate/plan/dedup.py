@@ -194,21 +194,17 @@ def _expiry_index(task: DedupTask, store: Any) -> _ExpiryIndex:
     return index
 
 
-def run_dedup_task(task: DedupTask, batches: Any) -> Any:
+def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
     """Keep the first row of each key not seen before (runs on an executor).
 
     Late rows are found with Arrow compute; keys are tuples of plain Python values
     (timestamps as int microseconds) looked up in the partition's map; expired keys are
     popped from an event-time heap rather than found by scanning the state."""
-    from pyspark import TaskContext
-
     from lockgate.plan.aggregate import check_state_partition
     from lockgate.plan.state_udf import with_batch_params
     from lockgate.state.store import StateStore, column_values
 
     task = with_batch_params(task, task.store.checkpoint_id)
-    ctx = TaskContext.get()
-    partition = ctx.partitionId() if ctx is not None else 0
     store = StateStore(task.store, partition, task.version - 1)
     evicts = task.within_watermark or task.event_time_key is not None
     index = _expiry_index(task, store) if evicts else None
@@ -302,7 +298,8 @@ def build_deduplicate(
 
     key_cols, pid = ctx.cache.get(node, f"partitioning/{n}", partitioning)
     java_keys = ctx.cache.java_columns(node, f"partitioning/{n}", lambda: key_cols)
-    staged = frame(child, child._jdf.repartition(n, java_keys)).withColumn("__lockgate_pid", pid)
+    tasks = ctx.state_tasks(n)
+    staged = frame(child, child._jdf.repartition(tasks, java_keys)).withColumn("__lockgate_pid", pid)
     ctx.schema_of(node, staged, "staged")
     tz = ctx.session_timezone
     key_schema = schema_to_arrow(StructType([child.schema[k] for k in node.keys]), tz)
@@ -344,7 +341,7 @@ def build_deduplicate(
     )
     params = {"version": batch_id + 1, "watermark_ms": watermark, "late_watermark_ms": late}
     result = map_with_state(
-        staged, ctx, node, lambda: bind(run_dedup_task, task), child.schema, operator_id, params
+        staged, ctx, node, lambda: bind(run_dedup_task, task), child.schema, operator_id, params, n
     )
     schema = OperatorStateSchema(operator_id, node.operator_name, key_schema, value_schema, n)
     return result, schema

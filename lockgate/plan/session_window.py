@@ -272,14 +272,9 @@ def merge_within_input_partitions(
     return merged
 
 
-def run_session_task(task: SessionTask, batches: Any) -> Any:
+def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
     """Restore, merge and save the sessions of one state partition (runs on an executor)."""
-    from pyspark import TaskContext
-
     from lockgate.state.store import StateStore
-
-    ctx = TaskContext.get()
-    partition = ctx.partitionId() if ctx is not None else 0
     t_start = time.perf_counter()
     store = StateStore(task.store, partition, task.version - 1)
     n_buffers = len(task.buffer_columns)
@@ -388,6 +383,7 @@ def build_session_aggregate(
     batch_id: int,
 ) -> tuple[DataFrame, Any]:
     """The batch's session-window aggregation DataFrame and the operator's state schema."""
+    from lockgate.plan.state_udf import partitioned
     from lockgate.state.schema import OperatorStateSchema
     from lockgate.state.store import StateStoreConf
 
@@ -423,7 +419,7 @@ def build_session_aggregate(
     # Shuffled by the keys, so the aggregation below needs no exchange of its own and its
     # output is in the state's partitioning.
     partial = (
-        rows.repartition(ctx.num_partitions, *key_cols)
+        rows.repartition(ctx.state_tasks(ctx.num_partitions), *key_cols)
         .groupBy(*key_cols, F.col(_SESSION), F.col(_MAP_PARTITION))
         .agg(*partials)
     )
@@ -493,7 +489,8 @@ def build_session_aggregate(
         accumulator=ctx.accumulator,
         operator_id=operator_id,
     )
-    stateful = flat.mapInArrow(bind(run_session_task, task), out_struct)
+    tasks = ctx.state_tasks(ctx.num_partitions)
+    stateful = flat.mapInArrow(partitioned(bind(run_session_task, task), ctx.num_partitions, tasks), out_struct)
 
     out: list[Column] = []
     other_layouts = iter(layouts)

@@ -12,6 +12,14 @@ A task that finds no values for its query and operator refuses to run: its DataF
 was executed outside the micro-batch that built it (kept and reused after
 ``foreachBatch`` returned, or run from a thread that does not inherit the stream
 thread's properties), and state must never be written for the wrong batch.
+
+A task may serve several state partitions (:func:`state_task_count`): on a machine
+with fewer cores than state partitions, one Spark task per core runs the state step of
+``num_partitions / tasks`` partitions in turn (:func:`run_state_partitions`). Every
+Python task has a fixed cost in Spark (~25-50 ms on a 2-core machine: the JVM's Python
+runner and the hand-off of each task), which this pays once per core instead of once per
+state partition. The state stays partitioned as before: partition ``p`` is served by
+task ``p % tasks``, and its files, versions and cache are its own.
 """
 
 from __future__ import annotations
@@ -28,6 +36,70 @@ if TYPE_CHECKING:
     from lockgate.plan.aggregate import StatefulContext
 
 _PROPERTY = "lockgate.stateBatch."
+_PID = "__lockgate_pid"
+TASKS_CONF = "spark.lockgate.stateTasks"
+"""How many Spark tasks run a state step at most (default: the cluster's cores,
+``defaultParallelism``); set it to ``spark.sql.shuffle.partitions`` or more for one task
+per state partition, as Spark's own engine runs."""
+
+
+def state_task_count(num_partitions: int, max_tasks: int | None) -> int:
+    """How many tasks serve ``num_partitions`` state partitions with at most ``max_tasks``
+    running at once: the largest divisor of ``num_partitions`` that fits and keeps more
+    than half of the slots busy, else one task per partition.
+
+    A divisor, because the batch reaches the tasks by a hash partitioning into ``tasks``
+    parts (an aggregation's own shuffle): ``pmod(hash, tasks)`` is then
+    ``partition % tasks`` for every key, so each task receives exactly its partitions.
+    """
+    if max_tasks is None or max_tasks >= num_partitions:
+        return num_partitions
+    best = max(d for d in range(1, max(1, max_tasks) + 1) if num_partitions % d == 0)
+    return best if 2 * best > max_tasks else num_partitions
+
+
+def run_state_partitions(
+    function: Callable[[int, Any], Any], num_partitions: int, num_tasks: int, batches: Any
+) -> Any:
+    """Run ``function(partition, batches)`` for each state partition this task serves
+    (inside a task). With one task per partition the input streams through; otherwise it
+    is split by the rows' ``__lockgate_pid`` and every served partition runs, the ones
+    without rows too (they still commit their version and evict)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    task = ctx.partitionId() if ctx is not None else 0
+    if num_tasks == num_partitions:
+        yield from function(task, batches)
+        return
+    import pyarrow.compute as pc
+
+    served: dict[int, list[Any]] = {p: [] for p in range(task, num_partitions, num_tasks)}
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pids = batch.column(_PID)
+        bounds = pc.min_max(pids).as_py()
+        for pid in [bounds["min"]] if bounds["min"] == bounds["max"] else pc.unique(pids).to_pylist():
+            if pid not in served:
+                raise RuntimeError(
+                    f"lockgate state partitioning is broken: the task serving state partitions "
+                    f"{sorted(served)} received rows of partition {pid}. Adaptive query "
+                    "execution must be off for stateful queries."
+                )
+            served[pid].append(batch if bounds["min"] == bounds["max"] else batch.filter(pc.equal(pids, pid)))
+    for partition, parts in served.items():
+        yield from function(partition, iter(parts))
+
+
+def partitioned(
+    function: Callable[[int, Any], Any], num_partitions: int, num_tasks: int
+) -> Callable[[Any], Any]:
+    """``function(partition, batches)`` as a ``mapInArrow`` function over ``num_tasks``
+    tasks serving ``num_partitions`` state partitions."""
+    from functools import partial
+
+    return partial(run_state_partitions, function, num_partitions, num_tasks)
 
 
 def property_key(checkpoint_id: str) -> str:
@@ -69,15 +141,18 @@ def map_with_state(
     df: DataFrame,
     ctx: StatefulContext,
     owner: object,
-    make_function: Callable[[], Callable[[Any], Any]],
+    make_function: Callable[[], Callable[[int, Any], Any]],
     return_schema: StructType,
     operator_id: int,
     params: dict[str, Any],
+    num_partitions: int,
 ) -> DataFrame:
     """``df.mapInArrow(function, return_schema)`` with a UDF made once per run.
 
-    ``make_function`` is called on the first batch only: the function it returns must
-    read its per-batch values with :func:`batch_params`; ``params`` are this batch's.
+    ``make_function`` is called on the first batch only: the function it returns takes
+    a state partition and its batches, and must read its per-batch values with
+    :func:`batch_params`; ``params`` are this batch's. ``df`` is partitioned into
+    ``ctx.state_tasks(num_partitions)`` parts (:func:`run_state_partitions`).
     """
     from pyspark.sql import DataFrame as PySparkDataFrame
     from pyspark.sql import functions as F
@@ -89,7 +164,9 @@ def map_with_state(
 
     def make_udf() -> Any:
         return pandas_udf(  # type: ignore[call-overload]
-            make_function(), returnType=return_schema, functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF
+            partitioned(make_function(), num_partitions, ctx.state_tasks(num_partitions)),
+            returnType=return_schema,
+            functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF,
         )
 
     udf = ctx.cache.get(owner, f"state_udf/{shape}", make_udf)

@@ -636,12 +636,13 @@ def build_stream_join(
     # or a join) ends with that operator's state task, which must run in a stage of its
     # own: under the union its task would see the union's partition index, not its state
     # partition.
+    tasks = ctx.state_tasks(n)
     if _reads_stateful(node.left):
-        lpart = frame(lpart, lpart._jdf.repartition(n, java_keys))
+        lpart = frame(lpart, lpart._jdf.repartition(tasks, java_keys))
     if _reads_stateful(node.right):
-        rpart = frame(rpart, rpart._jdf.repartition(n, java_keys))
+        rpart = frame(rpart, rpart._jdf.repartition(tasks, java_keys))
     union = lpart.unionByName(rpart)
-    staged = frame(union, union._jdf.repartition(n, java_keys)).withColumn("__lockgate_pid", pid)
+    staged = frame(union, union._jdf.repartition(tasks, java_keys)).withColumn("__lockgate_pid", pid)
     ctx.schema_of(node, staged, "staged")
 
     def store_conf(name: str, fields: list[StructField], key_idx: tuple[int, ...]) -> StateStoreConf:
@@ -700,7 +701,7 @@ def build_stream_join(
     # watermark_columns and key_watermark_ordinal depend on whether the query has a
     # watermark at all, which is the same in every batch of a run.
     result = map_with_state(
-        staged, ctx, node, lambda: bind(run_join_task, task), out_struct, operator_id, params
+        staged, ctx, node, lambda: bind(run_join_task, task), out_struct, operator_id, params, n
     )
     # One state schema entry for the operator: both sides' stores, described together.
     key_schema = pa.schema(

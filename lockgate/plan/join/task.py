@@ -190,16 +190,12 @@ def _eviction_limit_us(task: JoinTask, side: int) -> int | None:
     return wm * 1000
 
 
-def run_join_task(task: JoinTask, batches: Any) -> Any:
-    from pyspark import TaskContext
-
+def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
     from lockgate.plan.aggregate import check_state_partition
     from lockgate.plan.state_udf import with_batch_params
     from lockgate.state.store import StateStore, arrow_values, column_values
 
     task = with_batch_params(task, task.left_store.checkpoint_id)
-    ctx = TaskContext.get()
-    partition = ctx.partitionId() if ctx is not None else 0
     t0 = time.perf_counter()
     # a left semi join's left side is scanned instead (it also drops matched rows)
     left_time = None if task.join_type == "left_semi" else _eviction_time(task, LEFT)
@@ -320,8 +316,7 @@ def run_join_task(task: JoinTask, batches: Any) -> Any:
                 if not v[-1]:
                     row = v[:-1]
                     out.append(row + null_rows[RIGHT] if side == LEFT else null_rows[LEFT] + row)
-        else:
-            removed += len(gone)
+        removed += len(gone)
     remove_ms = (time.perf_counter() - t1) * 1000
     for s in sides:
         s.store.commit()
