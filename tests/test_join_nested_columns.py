@@ -19,12 +19,10 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from differential import write_json
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from test_stateful import Bench
 
-from lockgate import NotSupportedYetError
 from lockgate.state.store import StateStore, StateStoreConf, _cache_put, clear_cache, column_values
 
 NESTED_SCHEMA = (
@@ -187,16 +185,6 @@ def test_map_join_key_refused_as_spark(spark, ls, tmp_path):
         left, right = _sides(reader, tmp_path, tmp_path)
         with pytest.raises(AnalysisException, match="INVALID_ORDERING_TYPE"):
             left.join(right, left.m == right.m2)
-
-
-def test_floating_point_array_key_not_supported(ls, tmp_path):
-    """Spark normalizes NaN and -0.0 inside join keys; lockgate refuses such keys."""
-    write_json(tmp_path, [row(1, "a", 1.0)])
-    left, right = _sides(ls.readStream, tmp_path, tmp_path)
-    left = left.withColumn("fa", F.array("v"))
-    right = right.withColumn("fa2", F.array("v2"))
-    with pytest.raises(NotSupportedYetError, match="array<double>"):
-        left.join(right, left.fa == right.fa2)
 
 
 # -- the join state's files ------------------------------------------------------------

@@ -194,16 +194,28 @@ def micros_array(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Arr
     return column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64())
 
 
+NAN = float("nan")
+"""The one NaN of the store's Python form. NaN never equals itself, so keys holding two
+NaN objects would never meet in a dict (Python compares by identity first); Spark
+groups and joins NaN keys together (its float normalization)."""
+
+
 def column_values(column: pa.ChunkedArray | pa.Array, micros: bool = False) -> list[Any]:
     """Python values of a column; numbers without nulls go through numpy (much faster).
 
     With ``micros``, a timestamp column gives ``int`` microseconds since the epoch (the
-    in-memory form of :attr:`StateStoreConf.timestamps_as_micros`)."""
+    in-memory form of :attr:`StateStoreConf.timestamps_as_micros`). Every NaN is
+    :data:`NAN`."""
     t = column.type
     if micros and pa.types.is_timestamp(t):
         column = micros_array(column)
         t = column.type
-    if column.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+    if pa.types.is_floating(t):
+        values = column.to_numpy().tolist() if column.null_count == 0 else column.to_pylist()
+        if len(column) and pa.compute.any(pa.compute.is_nan(column)).as_py():
+            return [NAN if v != v else v for v in values]
+        return values  # type: ignore[no-any-return]
+    if column.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_boolean(t)):
         return column.to_numpy().tolist()
     values = column.to_pylist()
     if _is_nested(t):
@@ -279,6 +291,8 @@ def _hashable(value: Any) -> Any:
     """The store's hashable form of a nested value: lists (arrays) become tuples,
     structs tuples of (field, value) pairs, maps (lists of (key, value) tuples from
     Arrow) tuples of such pairs; :func:`arrow_values` is the inverse, by type."""
+    if isinstance(value, float) and value != value:
+        return NAN
     if isinstance(value, (list, tuple)):
         return tuple(_hashable(v) for v in value)
     if isinstance(value, dict):

@@ -301,6 +301,9 @@ _OK_KEY_TYPES = (
     "date",
     "timestamp",
     "timestamp_ntz",
+    "float",
+    "double",
+    "decimal",
 )
 
 
@@ -502,9 +505,11 @@ def make_stream_join(
 def _key_type_ok(data_type: Any) -> bool:
     """A join key type whose values the join task compares as Spark compares keys (by
     their binary form): the scalars of ``_OK_KEY_TYPES`` and arrays and structs of them
-    at any depth, held as tuples (structs as (field, value) pairs). Floating-point
-    leaves are refused (Spark normalizes NaN and -0.0 in keys); maps cannot be keys in
-    Spark at all (its analysis refuses ``=`` on maps when the join is defined)."""
+    at any depth, held as tuples (structs as (field, value) pairs). Floating-point keys
+    compare as Spark's normalized ones: -0.0 equals 0.0 in Python, and every NaN is the
+    store's one ``NAN`` object (``lockgate.state.store.column_values``), so NaN keys
+    meet. Maps cannot be keys in Spark at all (its analysis refuses ``=`` on maps when
+    the join is defined)."""
     if isinstance(data_type, StructType):
         return all(_key_type_ok(f.dataType) for f in data_type.fields)
     if isinstance(data_type, ArrayType):
