@@ -161,6 +161,40 @@ def sessions_joined_by_fields(a: Path, b: Path, c: Path) -> Any:
     return build
 
 
+def window_time_joined_by_range(a: Path, b: Path, c: Path) -> Any:
+    """A windowed count's window_time() (it carries the window's event time, as in
+    Spark) joined with a raw stream on k and a time range around it."""
+
+    def build(reader: Any) -> Any:
+        counts = (
+            _src(reader, a)
+            .groupBy(F.window("ts", "5 seconds"), "k")
+            .count()
+            .select(F.window_time("window").alias("wt"), "k", "count")
+        )
+        raw = _src(reader, b, "2", "5 seconds").withColumnRenamed("k", "k2")
+        return counts.join(raw, (counts.k == raw.k2) & _within_5_seconds(raw.ts2, counts.wt))
+
+    return build
+
+
+def expressions_beside_event_time(a: Path, b: Path, c: Path) -> Any:
+    """SQL text in selectExpr (renaming the event-time column) and a window over an
+    expression of the event-time column, which carries no event time in Spark: the side
+    keeps its one event-time column."""
+
+    def build(reader: Any) -> Any:
+        left = (
+            _src(reader, a)
+            .selectExpr("k", "ts AS lt", "v * 2 AS dv")
+            .withColumn("w", F.window(F.col("lt") + F.expr("interval 1 second"), "5 seconds"))
+        )
+        right = _src(reader, b, "2", "5 seconds").withColumnRenamed("k", "k2")
+        return left.join(right, (left.k == right.k2) & _within_5_seconds(right.ts2, left.lt))
+
+    return build
+
+
 def join_of_join(a: Path, b: Path, c: Path) -> Any:
     """Three streams: (a join b) keeps a's event time only, then joins c by a range."""
 
@@ -191,6 +225,8 @@ def join_of_limit(a: Path, b: Path, c: Path) -> Any:
         aggregation_joined_by_range,
         aggregation_joined_by_window_fields,
         sessions_joined_by_fields,
+        window_time_joined_by_range,
+        expressions_beside_event_time,
         join_of_join,
         join_of_limit,
     ],

@@ -264,18 +264,15 @@ NOT_YET = [
         lambda r, i: _src(r, i)
         .groupBy(F.window("ts", "5 seconds"), "k")
         .count()
-        .join(_right(r, i).select("k", F.array("v2").alias("vs"), "ts2"), "k"),
-        id="window-aggregation-joined-with-a-side-with-an-array-column",
+        .join(_right(r, i).select("k", F.session_window("ts2", "5 seconds").alias("sw")), "k"),
+        id="window-aggregation-joined-with-a-session-window-column",
     ),
     pytest.param(
         lambda r, i: _src(r, i)
         .groupBy(F.window("ts", "5 seconds"), "k")
         .count()
-        .join(
-            _right(r, i).select("k", F.window(F.col("ts2") + F.expr("interval 1 second"), "5 seconds")),
-            ["window", "k"],
-        ),
-        id="window-aggregation-joined-with-a-window-over-an-expression",
+        .join(_right(r, i).select("k", "ts2", F.col("ts2").cast("string").alias("when")), "k"),
+        id="window-aggregation-joined-with-a-side-casting-its-event-time",
     ),
 ]
 

@@ -674,12 +674,12 @@ NOT_YET = [
             .join(
                 _src(r, i)
                 .withWatermark("ts", "10 seconds")
-                .select("k", F.array("v").alias("vs"), "ts"),
+                .select("k", F.session_window("ts", "5 seconds").alias("sw")),
                 "k",
             )
         ),
         "append",
-        id="window-aggregation-joined-with-a-side-with-an-array-column",
+        id="window-aggregation-joined-with-a-session-window-column",
     ),
 ]
 

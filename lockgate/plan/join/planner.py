@@ -207,7 +207,8 @@ def _event_time_outputs(node: PlanNode) -> dict[str, int] | None:
             return None
         if made[1] is not None:  # e.g. withColumn("window", window("ts", ...)): Spark's
             return {**below, name: made[1]}  # MULTIPLE_EVENT_TIME_COLUMNS if ts stays
-        return None if name in below else below
+        # a column replaced by an expression carries no event time any more, as in Spark
+        return {n: d for n, d in below.items() if n != name}
     if node.method == "withColumnRenamed" and len(node.args) == 2:
         old, new = node.args
         if new in below and new != old:
@@ -215,10 +216,18 @@ def _event_time_outputs(node: PlanNode) -> dict[str, int] | None:
         if old in below:  # a rename keeps Spark's watermark metadata
             return {(new if n == old else n): d for n, d in below.items()}
         return below
-    if node.method == "selectExpr" and not node.kwargs and all(
-        isinstance(a, str) and a.isidentifier() for a in node.args
-    ):
-        return {n: d for n, d in below.items() if n in node.args}
+    if node.method == "selectExpr" and not node.kwargs and all(isinstance(a, str) for a in node.args):
+        exprs: dict[str, int] = {}
+        for text in node.args:
+            if text.strip() == "*":
+                exprs.update(below)
+                continue
+            made = _column_event_time(F.expr(text), below)
+            if made is None:
+                return None
+            if made[1] is not None:
+                exprs[made[0]] = made[1]
+        return exprs
     if node.method == "select" and not node.kwargs:
         args = node.args[0] if len(node.args) == 1 and isinstance(node.args[0], list) else node.args
         out: dict[str, int] = {}
@@ -242,13 +251,27 @@ def _event_time_outputs(node: PlanNode) -> dict[str, int] | None:
 
 def _column_event_time(column: Any, below: dict[str, int]) -> tuple[str, int | None] | None:
     """What a Column in a projection outputs, as Spark propagates event time (watermark
-    metadata): ``(name, delay)`` for a reference to an event-time column or a
-    ``window()`` over one, aliased or not; ``(name, None)`` for a column that carries no
-    event time (any other expression); None when lockgate cannot tell."""
+    metadata): ``(name, delay)`` for a reference to an event-time column, a ``window()``
+    over one or a ``window_time()`` of one, aliased or not; ``(name, None)`` for a column
+    that carries no event time; None when lockgate cannot tell.
+
+    As Spark's analysis: an attribute keeps its metadata through an alias;
+    ``window``/``session_window`` carry the delay of their time column only when it is a
+    plain column (over an expression they carry none: their metadata is fixed at
+    analysis); ``window_time`` carries its window column's. Other expressions carry
+    none, but lockgate cannot tell when one that mentions an event-time column is
+    optimized back into a reference to it, and refuses those (None), as it refuses
+    ``session_window`` over an event-time column (a join does not follow a session as
+    event time).
+    """
     try:
         node = column._jc.node()
     except Exception:
         return None
+    return _expression_event_time(node, below)
+
+
+def _expression_event_time(node: Any, below: dict[str, int]) -> tuple[str, int | None] | None:
     alias = None
     if node.getClass().getSimpleName() == "Alias":
         if node.name().size() != 1:
@@ -256,27 +279,72 @@ def _column_event_time(column: Any, below: dict[str, int]) -> tuple[str, int | N
         alias = str(node.name().apply(0))
         node = node.child()
     kind = node.getClass().getSimpleName()
+    if "Star" in kind or "Regex" in kind:
+        return None  # several columns
+    if kind == "SqlExpression" and alias is None:  # F.expr / selectExpr text
+        return _sql_event_time(str(node.expression()), below)
     if kind == "UnresolvedAttribute":
         if node.nameParts().size() != 1:
-            return None  # a struct field or a qualified name
+            return (alias or "", None)  # a struct field: no metadata in Spark
         name = str(node.nameParts().apply(0))
         return (alias or name, below.get(name))
     if kind == "UnresolvedFunction":
         function = str(node.functionName()).lower()
-        if function == "window" and node.arguments().size() >= 2:
-            first = node.arguments().apply(0)
-            if first.getClass().getSimpleName() == "UnresolvedAttribute" and first.nameParts().size() == 1:
-                name = str(first.nameParts().apply(0))
-                if name in below:
-                    return (alias or "window", below[name])
-            return None
-    # Other expressions carry no metadata in Spark, but lockgate only trusts that when
-    # they do not mention an event-time column (session_window, window_time, SQL text
-    # and stars do carry it or may).
+        args = node.arguments()
+        if function in ("window", "session_window") and args.size() >= 2:
+            time = _plain_column(args.apply(0))
+            delay = below.get(time) if time is not None else None
+            if delay is not None and function == "session_window":
+                return None
+            return (alias or function, delay)
+        if function == "window_time" and args.size() == 1:
+            window = _plain_column(args.apply(0))
+            if window is None:
+                return (alias or "", None)
+            return (alias or f"window_time({window})", below.get(window))
+    # Other expressions carry no metadata in Spark's analysis, but its optimizer can make
+    # one mentioning an event-time column a plain reference again (a cast to the same
+    # type), which then carries it: lockgate refuses those rather than guess.
     text = str(node.toString())
-    if any(re.search(rf"\b{re.escape(name)}\b", text) for name in below) or "Star" in kind or "Regex" in kind:
+    if any(re.search(rf"\b{re.escape(name)}\b", text) for name in below):
         return None
     return (alias or "", None)
+
+
+def _sql_event_time(text: str, below: dict[str, int]) -> tuple[str, int | None] | None:
+    """:func:`_expression_event_time` for SQL text, parsed by Spark's parser into
+    Catalyst's unresolved expressions (the same rules; names follow Spark's defaults
+    for a column reference or an alias, other expressions must not mention event time)."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        return None
+    try:
+        expr = spark._jsparkSession.sessionState().sqlParser().parseExpression(text)
+    except Exception:
+        return None
+    alias = None
+    if expr.getClass().getSimpleName() == "Alias":
+        alias = str(expr.name())
+        expr = expr.child()
+    kind = expr.getClass().getSimpleName()
+    if kind == "UnresolvedAttribute" and expr.nameParts().size() == 1:
+        name = str(expr.nameParts().apply(0))
+        return (alias or name, below.get(name))
+    if kind in ("UnresolvedFunction", "UnresolvedStar", "UnresolvedRegex"):
+        return None  # window() and friends in SQL text: not followed yet
+    text = str(expr.toString())
+    if any(re.search(rf"\b{re.escape(name)}\b", text) for name in below):
+        return None
+    return (alias or "", None)
+
+
+def _plain_column(node: Any) -> str | None:
+    """The name of an unqualified column reference, else None."""
+    if node.getClass().getSimpleName() == "UnresolvedAttribute" and node.nameParts().size() == 1:
+        return str(node.nameParts().apply(0))
+    return None
 
 
 _KEEPS = ("alias", "filter", "where", "dropna", "repartition", "coalesce", "hint", "sample")
