@@ -357,22 +357,6 @@ def _micros(value: Any) -> int | None:
     return int(value)
 
 
-def check_state_partition(batch: pa.RecordBatch, partition: int) -> None:
-    """Fail the task if a row of ``batch`` belongs to another state partition."""
-    import pyarrow.compute as pc
-
-    if batch.num_rows == 0:
-        return
-    bounds = pc.min_max(batch.column("__lockgate_pid")).as_py()
-    if bounds["min"] != partition or bounds["max"] != partition:
-        other = bounds["min"] if bounds["min"] != partition else bounds["max"]
-        raise RuntimeError(
-            f"lockgate state partitioning is broken: task for partition {partition} "
-            f"received rows of partition {other}. "
-            "Adaptive query execution must be off for stateful queries."
-        )
-
-
 def report_store_metrics(
     accumulator: Any,
     operator_id: int,
@@ -429,7 +413,6 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        check_state_partition(batch, partition)
         keys = (
             list(zip(*[column_values(batch.column(n), micros=True) for n in key_names]))
             if key_names

@@ -200,7 +200,6 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
     Late rows are found with Arrow compute; keys are tuples of plain Python values
     (timestamps as int microseconds) looked up in the partition's map; expired keys are
     popped from an event-time heap rather than found by scanning the state."""
-    from lockgate.plan.aggregate import check_state_partition
     from lockgate.plan.state_udf import with_batch_params
     from lockgate.state.store import StateStore, column_values
 
@@ -220,7 +219,6 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        check_state_partition(batch, partition)
         keys = list(zip(*[column_values(batch.column(k), micros=True) for k in task.key_columns]))
         late_times = None
         if late_column and (late_us is not None or task.within_watermark):

@@ -60,7 +60,6 @@ from lockgate.plan.aggregate import (
     _UniqueNames,
     aliased_partials,
     buffer_names,
-    check_state_partition,
     final_column,
     flatten_keys,
     merge_buffers,
@@ -285,7 +284,6 @@ def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        check_state_partition(batch, partition)
         keys = zip(*[batch.column(n).to_pylist() for n in task.key_columns])
         starts = batch.column(task.start_column).cast(pa.int64()).to_pylist()
         ends = batch.column(task.end_column).cast(pa.int64()).to_pylist()
@@ -415,11 +413,12 @@ def build_session_aggregate(
         ),
     )
     key_cols = [F.col(a) for a in key_aliases]
+    tasks = ctx.state_tasks(ctx.num_partitions)  # the state step's tasks (state_udf)
     partials = aliased_partials(node.specs, buffers)
     # Shuffled by the keys, so the aggregation below needs no exchange of its own and its
     # output is in the state's partitioning.
     partial = (
-        rows.repartition(ctx.state_tasks(ctx.num_partitions), *key_cols)
+        rows.repartition(tasks, *key_cols)
         .groupBy(*key_cols, F.col(_SESSION), F.col(_MAP_PARTITION))
         .agg(*partials)
     )
@@ -489,7 +488,6 @@ def build_session_aggregate(
         accumulator=ctx.accumulator,
         operator_id=operator_id,
     )
-    tasks = ctx.state_tasks(ctx.num_partitions)
     stateful = flat.mapInArrow(partitioned(bind(run_session_task, task), ctx.num_partitions, tasks), out_struct)
 
     out: list[Column] = []

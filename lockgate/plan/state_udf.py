@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -64,32 +64,43 @@ def run_state_partitions(
     """Run ``function(partition, batches)`` for each state partition this task serves
     (inside a task). With one task per partition the input streams through; otherwise it
     is split by the rows' ``__lockgate_pid`` and every served partition runs, the ones
-    without rows too (they still commit their version and evict)."""
+    without rows too (they still commit their version and evict). Either way a row of a
+    partition the task does not serve fails the task: the plan lost the state's
+    partitioning, and state must not be written from it."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     task = ctx.partitionId() if ctx is not None else 0
+    served = range(task, num_partitions, num_tasks)
+    parts = _by_partition(batches, served)
     if num_tasks == num_partitions:
-        yield from function(task, batches)
+        yield from function(task, (batch for _, batch in parts))
         return
+    inputs: dict[int, list[Any]] = {p: [] for p in served}
+    for partition, batch in parts:
+        inputs[partition].append(batch)
+    for partition, batch_list in inputs.items():
+        yield from function(partition, iter(batch_list))
+
+
+def _by_partition(batches: Any, served: range) -> Iterator[tuple[int, Any]]:
+    """``(state partition, rows of it)`` for each non-empty batch, by ``__lockgate_pid``."""
     import pyarrow.compute as pc
 
-    served: dict[int, list[Any]] = {p: [] for p in range(task, num_partitions, num_tasks)}
     for batch in batches:
         if batch.num_rows == 0:
             continue
         pids = batch.column(_PID)
         bounds = pc.min_max(pids).as_py()
-        for pid in [bounds["min"]] if bounds["min"] == bounds["max"] else pc.unique(pids).to_pylist():
+        single = bounds["min"] == bounds["max"]
+        for pid in [bounds["min"]] if single else pc.unique(pids).to_pylist():
             if pid not in served:
                 raise RuntimeError(
                     f"lockgate state partitioning is broken: the task serving state partitions "
-                    f"{sorted(served)} received rows of partition {pid}. Adaptive query "
+                    f"{list(served)} received rows of partition {pid}. Adaptive query "
                     "execution must be off for stateful queries."
                 )
-            served[pid].append(batch if bounds["min"] == bounds["max"] else batch.filter(pc.equal(pids, pid)))
-    for partition, parts in served.items():
-        yield from function(partition, iter(parts))
+            yield pid, batch if single else batch.filter(pc.equal(pids, pid))
 
 
 def partitioned(

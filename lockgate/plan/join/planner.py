@@ -305,10 +305,7 @@ def _expression_event_time(node: Any, below: dict[str, int]) -> tuple[str, int |
     # Other expressions carry no metadata in Spark's analysis, but its optimizer can make
     # one mentioning an event-time column a plain reference again (a cast to the same
     # type), which then carries it: lockgate refuses those rather than guess.
-    text = str(node.toString())
-    if any(re.search(rf"\b{re.escape(name)}\b", text) for name in below):
-        return None
-    return (alias or "", None)
+    return None if _mentions(node, below) else (alias or "", None)
 
 
 def _sql_event_time(text: str, below: dict[str, int]) -> tuple[str, int | None] | None:
@@ -334,10 +331,13 @@ def _sql_event_time(text: str, below: dict[str, int]) -> tuple[str, int | None] 
         return (alias or name, below.get(name))
     if kind in ("UnresolvedFunction", "UnresolvedStar", "UnresolvedRegex"):
         return None  # window() and friends in SQL text: not followed yet
-    text = str(expr.toString())
-    if any(re.search(rf"\b{re.escape(name)}\b", text) for name in below):
-        return None
-    return (alias or "", None)
+    return None if _mentions(expr, below) else (alias or "", None)
+
+
+def _mentions(expression: Any, columns: dict[str, int]) -> bool:
+    """Whether a JVM expression's text names one of ``columns``."""
+    text = str(expression.toString())
+    return any(re.search(rf"\b{re.escape(name)}\b", text) for name in columns)
 
 
 def _plain_column(node: Any) -> str | None:

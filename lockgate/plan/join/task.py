@@ -191,7 +191,6 @@ def _eviction_limit_us(task: JoinTask, side: int) -> int | None:
 
 
 def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
-    from lockgate.plan.aggregate import check_state_partition
     from lockgate.plan.state_udf import with_batch_params
     from lockgate.state.store import StateStore, arrow_values, column_values
 
@@ -207,7 +206,6 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        check_state_partition(batch, partition)
         side_col = batch.column("__side").to_pylist()
         # the store's in-memory form: timestamps as int micros (timestamps_as_micros),
         # structs (a window) as hashable ((field, value), ...) pairs
