@@ -282,3 +282,9 @@ class Differential:
     def stop(self) -> None:
         for side in self.sides:
             side.stop()
+
+
+def exact_batches(batches: list[tuple[int, list[Any]]]) -> list[tuple[int, list[str]]]:
+    """Each ``(batch id, rows)`` with the rows as sorted reprs: arrays and maps compared
+    in their order, NaN and -0.0 as they print."""
+    return [(batch_id, sorted(repr(r) for r in rows)) for batch_id, rows in batches]

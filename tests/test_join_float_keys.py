@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
+from differential import exact_batches
 from test_stateful import Bench
 
 from lockgate.state.store import NAN, StateStore, StateStoreConf, clear_cache, column_values
@@ -69,23 +70,6 @@ STEPS: list[tuple[str, list[dict[str, Any]]]] = [
 RESTART_BEFORE_STEP = 3
 
 
-def _exact(batches: list[tuple[int, list[Any]]]) -> list[tuple[int, list[str]]]:
-    """Each batch's rows as sorted reprs: NaN and -0.0 compared as they print."""
-    return [(batch_id, sorted(repr(r) for r in rows)) for batch_id, rows in batches]
-
-
-@pytest.fixture
-def no_json_filter_pushdown(spark):
-    """Spark pushes the join's inferred isnotnull(k) into its JSON parser, which then
-    skips null keys before numInputRows counts them; lockgate filters them in the join
-    (a known difference, docs/stream-joins.md). Without the pushdown both count them."""
-    pushdown = "spark.sql.json.filterPushdown.enabled"
-    before = spark.conf.get(pushdown)
-    spark.conf.set(pushdown, "false")
-    yield
-    spark.conf.set(pushdown, before)
-
-
 def test_float_join_keys_match_native(spark, ls, tmp_path, no_json_filter_pushdown):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
@@ -115,7 +99,7 @@ def test_float_join_keys_match_native(spark, ls, tmp_path, no_json_filter_pushdo
     finally:
         bench.stop()
     for pair in bench.pairs:
-        assert _exact(pair.lockgate.batches) == _exact(pair.native.batches), pair.name
+        assert exact_batches(pair.lockgate.batches) == exact_batches(pair.native.batches), pair.name
     counts = [r for _, rows in bench.pairs[-1].lockgate.batches for r in rows]
     assert [r.n for r in counts if r.k != r.k] == [1, 2, 3], "one NaN group, counted across batches"
     inner = [r for _, rows in bench.pairs[0].native.batches for r in rows]

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
+from differential import exact_batches
 from test_stateful import Bench
 
 from lockgate.state.store import StateStore, StateStoreConf, _cache_put, clear_cache, column_values
@@ -137,22 +138,10 @@ RESTART_BEFORE_STEP = 4
 
 
 @pytest.fixture
-def bench(spark, ls, tmp_path):
-    # Spark pushes the join's inferred isnotnull(key) into its JSON parser, which then
-    # skips rows with null keys before numInputRows counts them; lockgate filters them
-    # in the join (same rows and state). Without the pushdown both count every row.
-    pushdown = "spark.sql.json.filterPushdown.enabled"
-    before = spark.conf.get(pushdown)
-    spark.conf.set(pushdown, "false")
+def bench(spark, ls, tmp_path, no_json_filter_pushdown):
     b = Bench(spark, ls, tmp_path)
     yield b
     b.stop()
-    spark.conf.set(pushdown, before)
-
-
-def _exact(batches: list[tuple[int, list[Any]]]) -> list[tuple[int, list[str]]]:
-    """Each batch's rows as sorted reprs: arrays and maps compared in their order."""
-    return [(batch_id, sorted(repr(r) for r in rows)) for batch_id, rows in batches]
 
 
 def test_nested_columns_in_stream_joins_match_native(bench, tmp_path):
@@ -169,7 +158,7 @@ def test_nested_columns_in_stream_joins_match_native(bench, tmp_path):
         bench.step(f"step {i} ({directory})", {tmp_path / directory: rows})
     for pair in bench.pairs:
         assert any(rows for _, rows in pair.native.batches), f"{pair.name} should emit rows"
-        assert _exact(pair.lockgate.batches) == _exact(pair.native.batches), pair.name
+        assert exact_batches(pair.lockgate.batches) == exact_batches(pair.native.batches), pair.name
     padded = {
         pair.name: [r for _, rows in pair.native.batches for r in rows if None in (r.ts, r.ts2)]
         for pair in bench.pairs

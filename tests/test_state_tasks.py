@@ -69,6 +69,9 @@ def test_rows_of_another_tasks_partition_fail_the_task():
 
     with pytest.raises(RuntimeError, match=r"serving state partitions \[0, 2\] received rows of partition 1"):
         list(run_state_partitions(step, 4, 2, iter([_batch([0, 1])])))
+    # one task per partition (rows stream through): the same check
+    with pytest.raises(RuntimeError, match=r"serving state partitions \[0\] received rows of partition 3"):
+        list(run_state_partitions(step, 4, 4, iter([_batch([0]), _batch([3, 3])])))
 
 
 def test_bad_state_tasks_conf_is_refused_at_start(spark, ls, tmp_path):
