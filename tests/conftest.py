@@ -33,6 +33,11 @@ def spark():
     tasks = os.environ.get("LOCKGATE_TEST_STATE_TASKS")
     if tasks:
         session.conf.set("spark.lockgate.stateTasks", tasks)
+    # LOCKGATE_TEST_PLAN_REUSE=false plans every batch node by node instead of reusing
+    # the analysed plan of the first batch of its shape (spark.lockgate.planReuse).
+    reuse = os.environ.get("LOCKGATE_TEST_PLAN_REUSE")
+    if reuse:
+        session.conf.set("spark.lockgate.planReuse", reuse)
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

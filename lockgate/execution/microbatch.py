@@ -38,9 +38,17 @@ from lockgate.options import Options, parse_duration_ms
 from lockgate.plan.aggregate import StatefulContext
 from lockgate.plan.cache import PlanCache
 from lockgate.plan.checks import stateful_operators
-from lockgate.plan.incremental import IncrementalExecution, observation_value, row_count
+from lockgate.plan.incremental import (
+    IncrementalExecution,
+    ObservationRole,
+    observation_name,
+    observation_value,
+    reusable,
+    row_count,
+)
 from lockgate.plan.nodes import PlanNode, source_relations, watermark_nodes
 from lockgate.plan.state_udf import TASKS_CONF, encode_params, property_key, state_task_count
+from lockgate.plan.template import NotReusable, PlanTemplate
 from lockgate.sources.base import READ_ALL_AVAILABLE, ReadLimit, Source, SourceContext
 
 if TYPE_CHECKING:
@@ -59,6 +67,20 @@ PINNED_CONFS = {
     "spark.sql.streaming.aggregation.stateFormatVersion": "2",
     "spark.sql.streaming.join.stateFormatVersion": "2",
 }
+
+
+REUSE_CONF = "spark.lockgate.planReuse"
+
+
+def _reuse_plans(spark: SparkSession) -> bool:
+    """``spark.lockgate.planReuse`` (default true): whether batches reuse the analysed
+    plan of an earlier batch of the same shape (:mod:`lockgate.plan.template`)."""
+    raw = str(spark.conf.get(REUSE_CONF, "true") or "true").strip().lower()
+    if raw not in ("true", "false"):
+        raise OptionError(
+            f"Invalid value '{raw}' for {REUSE_CONF}: use true or false.", option=REUSE_CONF
+        )
+    return raw == "true"
 
 
 def _max_state_tasks(spark: SparkSession) -> int:
@@ -131,6 +153,13 @@ class MicroBatchExecution(StreamExecution):
         self._available_now_caps: dict[int, Any] | None = None
         self.last_execution: IncrementalExecution | None = None
         self.plan_cache = PlanCache()
+        self._reuse_plans = _reuse_plans(self.spark) and reusable(plan)
+        self._templates: dict[frozenset[int], tuple[PlanTemplate, set[ObservationRole], dict[int, Any]] | None] = {}
+        """Shape (empty sources) -> the analysed plan later batches of that shape reuse,
+        its observations and state schemas; None when it cannot be reused."""
+        self.reused_plans = 0
+        self._empty_frames: dict[int, DataFrame] = {}
+        """How many batches of this run reused an earlier batch's plan (for tests)."""
         self._stateful_ops = stateful_operators(plan)
         self._op_ids = {id(node): i for i, node in enumerate(self._stateful_ops)}
         self._state_checked = False
@@ -537,8 +566,7 @@ class MicroBatchExecution(StreamExecution):
                 end_json = self.available[slot.index]
                 start_json = self.committed[slot.index]
                 if end_json is None or end_json == start_json:
-                    relation_schema = slot.source.schema
-                    frames[slot.relation_id] = spark.createDataFrame([], relation_schema)
+                    frames[slot.relation_id] = self._empty_frame(slot)
                     counts[slot.index] = 0
                     continue
                 start = self._start_offset(slot, start_json)
@@ -565,11 +593,7 @@ class MicroBatchExecution(StreamExecution):
                 cache=self.plan_cache,
                 empty_sources=empty_sources,
             )
-            result = execution.build()
-            if stateful is not None:
-                self._check_state_schemas(execution)
-            output_obs = Observation(f"lockgate_output_rows_b{batch_id}")
-            result = self.plan_cache.observe(self, "output_rows", result, output_obs, lambda: [row_count()])
+            result, output_obs = self._plan_batch(execution, frames, empty_sources)
         self.last_execution = execution
         params_key = property_key(self.id)
         if stateful is not None:
@@ -601,6 +625,48 @@ class MicroBatchExecution(StreamExecution):
             self.committed = list(self.available)
         crash_point("after_commit", batch_id)
         logger.debug("batch %s committed", batch_id)
+
+    def _empty_frame(self, slot: _SourceSlot) -> DataFrame:
+        """The empty batch of ``slot``'s source: one DataFrame per run, as building it
+        costs a few py4j calls and a plan to analyse."""
+        frame = self._empty_frames.get(slot.index)
+        if frame is None:
+            frame = self._empty_frames[slot.index] = self.spark.createDataFrame([], slot.source.schema)
+        return frame
+
+    def _plan_batch(
+        self, execution: IncrementalExecution, frames: dict[int, DataFrame], shape: frozenset[int]
+    ) -> tuple[DataFrame, Observation]:
+        """The batch's DataFrame, observed for its output rows: from the plan of an
+        earlier batch of the same shape when there is one, else built node by node."""
+        output: ObservationRole = ("output_rows", 0)
+        batch_id = execution.batch_id
+        reuse = self._templates.get(shape)
+        if reuse is not None:
+            template, roles, schemas = reuse
+            names = {role: observation_name(role, batch_id) for role in roles}
+            result, observed = template.instantiate(frames, names)
+            execution.adopt(observed)
+            execution.state_schemas = schemas
+            if execution.stateful is not None:
+                execution.set_batch_params()
+            self.reused_plans += 1
+            return result, observed[output]
+        result = execution.build()
+        if execution.stateful is not None:
+            self._check_state_schemas(execution)
+        output_obs = Observation(observation_name(output, batch_id))
+        result = self.plan_cache.observe(self, "output_rows", result, output_obs, lambda: [row_count()])
+        if self._reuse_plans and shape not in self._templates:
+            roles = execution.observation_roles()
+            roles[output_obs._name] = output
+            try:
+                template = PlanTemplate.capture(self.spark, result, frames, roles)
+                self._templates[shape] = (template, set(roles.values()), dict(execution.state_schemas))
+            except NotReusable as reason:
+                logger.debug("batches of %s are planned one by one: %s", self.pretty_id_string, reason)
+                self._templates[shape] = None
+        return result, output_obs
 
     def _event_time_stats(self, execution: IncrementalExecution) -> list[dict[str, Any] | None]:
         stats: list[dict[str, Any] | None] = []

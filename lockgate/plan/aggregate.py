@@ -676,6 +676,16 @@ def aggregate_state_layout(
     return flat, layouts, buffers
 
 
+def aggregate_params(node: Aggregate, ctx: StatefulContext, batch_id: int) -> dict[str, Any]:
+    """This batch's values for the aggregation's state step (see ``map_with_state``)."""
+    watermark = ctx.batch_watermark_ms if node.event_time_key is not None else None
+    return {
+        "version": batch_id + 1,
+        "watermark_ms": watermark,
+        "late_watermark_ms": ctx.late_events_watermark_ms if watermark is not None else None,
+    }
+
+
 def build_aggregate(
     node: Aggregate, child: DataFrame, ctx: StatefulContext, operator_id: int, batch_id: int
 ) -> tuple[DataFrame, Any]:
@@ -710,7 +720,6 @@ def build_aggregate(
         layout = layouts[node.event_time_key]
         offset = sum(len(lay.flat) for lay in layouts[: node.event_time_key])
         et_flat = offset + (layout.fields.index("end") if layout.fields else 0)
-    watermark = ctx.batch_watermark_ms if node.event_time_key is not None else None
     merges = tuple(m for spec in node.specs for m in spec.merges)
     out_struct = StructType(key_fields + value_fields)
     task = AggregateTask(
@@ -725,11 +734,7 @@ def build_aggregate(
         accumulator=ctx.accumulator,
         operator_id=operator_id,
     )
-    params = {
-        "version": batch_id + 1,
-        "watermark_ms": watermark,
-        "late_watermark_ms": ctx.late_events_watermark_ms if watermark is not None else None,
-    }
+    params = aggregate_params(node, ctx, batch_id)
     stateful = map_with_state(
         flat, ctx, node, lambda: bind(run_aggregate_task, task), out_struct, operator_id, params, num_partitions
     )

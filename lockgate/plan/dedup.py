@@ -281,6 +281,16 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
     )
 
 
+def dedup_params(node: Deduplicate, ctx: StatefulContext, batch_id: int) -> dict[str, Any]:
+    """This batch's values for the deduplication's state step (see ``map_with_state``)."""
+    watermark = ctx.batch_watermark_ms if node.evicts_by_watermark else None
+    drops_late = ctx.batch_watermark_ms is not None and (
+        node.event_time_column is not None or node.event_time_key is not None
+    )
+    late = (ctx.late_events_watermark_ms or 0) if drops_late else None
+    return {"version": batch_id + 1, "watermark_ms": watermark, "late_watermark_ms": late}
+
+
 def build_deduplicate(
     node: Deduplicate, child: DataFrame, ctx: StatefulContext, operator_id: int, batch_id: int
 ) -> tuple[DataFrame, Any]:
@@ -318,11 +328,6 @@ def build_deduplicate(
         checkpoint_id=ctx.checkpoint_id,
         timestamps_as_micros=True,
     )
-    watermark = ctx.batch_watermark_ms if node.evicts_by_watermark else None
-    drops_late = ctx.batch_watermark_ms is not None and (
-        node.event_time_column is not None or node.event_time_key is not None
-    )
-    late = (ctx.late_events_watermark_ms or 0) if drops_late else None
     task = DedupTask(
         store=store,
         version=0,  # this batch's values come with the tasks (with_batch_params)
@@ -337,7 +342,7 @@ def build_deduplicate(
         accumulator=ctx.accumulator,
         operator_id=operator_id,
     )
-    params = {"version": batch_id + 1, "watermark_ms": watermark, "late_watermark_ms": late}
+    params = dedup_params(node, ctx, batch_id)
     result = map_with_state(
         staged, ctx, node, lambda: bind(run_dedup_task, task), child.schema, operator_id, params, n
     )

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
-from lockgate.plan.aggregate import Aggregate, StatefulContext, build_aggregate
+from lockgate.plan.aggregate import Aggregate, StatefulContext, aggregate_params, build_aggregate
 from lockgate.plan.cache import PlanCache
-from lockgate.plan.dedup import Deduplicate, build_deduplicate
+from lockgate.plan.dedup import Deduplicate, build_deduplicate, dedup_params
 from lockgate.plan.join import StreamJoin, build_stream_join
+from lockgate.plan.join.planner import join_params
 from lockgate.plan.limit import StreamingLimit, build_limit
 from lockgate.plan.nodes import (
     EventTimeWatermark,
@@ -33,6 +34,42 @@ from lockgate.plan.session_window import SessionWindowAggregate, build_session_a
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+
+ObservationRole = tuple[str, int]
+"""What a batch's observation measures: ``("event_time", watermark index)``,
+``("source_rows", source index)`` or ``("output_rows", 0)``."""
+
+
+def observation_name(role: ObservationRole, batch_id: int) -> str:
+    """The name of a batch's observation (unique per query and batch)."""
+    kind, index = role
+    if kind == "event_time":
+        return f"lockgate_event_time_{index}_b{batch_id}"
+    if kind == "source_rows":
+        return f"lockgate_source_{index}_rows_b{batch_id}"
+    return f"lockgate_output_rows_b{batch_id}"
+
+
+STATE_PARAMS: dict[type, Any] = {
+    Aggregate: aggregate_params,
+    Deduplicate: dedup_params,
+    StreamJoin: join_params,
+}
+"""Stateful operators whose plan is the same every batch: their per-batch values come
+from these functions, through a local property. (Session windows and limits build a new
+state step each batch.)"""
+
+
+def reusable(plan: PlanNode) -> bool:
+    """Whether later batches of ``plan`` may reuse an earlier batch's analysed plan
+    (:mod:`lockgate.plan.template`): no per-batch literals, no per-batch state steps."""
+    for node in plan.walk():
+        if isinstance(node, Transform) and node.uses_current_time:
+            return False
+        if isinstance(node, (Aggregate, Deduplicate, StreamJoin, StreamingLimit)) and type(node) not in STATE_PARAMS:
+            return False
+    return True
 
 
 def row_count() -> Any:
@@ -116,7 +153,7 @@ class IncrementalExecution:
         index = self._watermark_index.get(id(node))
         if index is None:
             return df
-        obs = Observation(f"lockgate_event_time_{index}_b{self.batch_id}")
+        obs = Observation(observation_name(("event_time", index), self.batch_id))
 
         def stats() -> list[Any]:
             col = F.col(node.column)
@@ -148,6 +185,34 @@ class IncrementalExecution:
             df = f.apply(df, self.batch_timestamp_ms)
         return self._observe_event_time(current, df)
 
+    def set_batch_params(self) -> None:
+        """This batch's values for every state step, as :meth:`build` sets them, for a
+        batch whose plan comes from a :class:`~lockgate.plan.template.PlanTemplate`."""
+        assert self.stateful is not None
+        for node in self.plan.walk():
+            params = STATE_PARAMS.get(type(node))
+            if params is not None:
+                op_id = self.operator_ids[id(node)]
+                ctx = self.stateful.for_operator(op_id)
+                self.stateful.batch_params[op_id] = params(node, ctx, self.batch_id)
+
+    def observation_roles(self) -> dict[str, ObservationRole]:
+        """Name -> role of the observations :meth:`build` attached."""
+        roles: dict[str, ObservationRole] = {}
+        for index, obs in self.observations.event_time.items():
+            roles[obs._name] = ("event_time", index)
+        for index, obs in self.observations.source_rows.items():
+            roles[obs._name] = ("source_rows", index)
+        return roles
+
+    def adopt(self, observed: dict[ObservationRole, Observation]) -> None:
+        """Take ``observed`` (from a reused plan) as this batch's observations."""
+        for (kind, index), obs in observed.items():
+            if kind == "event_time":
+                self.observations.event_time[index] = obs
+            elif kind == "source_rows":
+                self.observations.source_rows[index] = obs
+
     def build(self) -> DataFrame:
         df = self._build(self.plan)
         for node, built in self._memo.values():
@@ -168,7 +233,7 @@ class IncrementalExecution:
             df = self._frames[id(node)]
             index = self._source_index.get(id(node))
             if index is not None and index in self._count_sources:
-                obs = Observation(f"lockgate_source_{index}_rows_b{self.batch_id}")
+                obs = Observation(observation_name(("source_rows", index), self.batch_id))
                 df = self.cache.observe(node, "row_count", df, obs, lambda: [row_count()])
                 self.observations.source_rows[index] = obs
             return df

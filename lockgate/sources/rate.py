@@ -56,7 +56,7 @@ def _num_partitions(spark: SparkSession, options: Options) -> int:
 
 def _generate(
     spark: SparkSession,
-    ranges: dict[tuple[int, int], DataFrame],
+    batches: _Batches,
     start: int,
     end: int,
     num_partitions: int,
@@ -73,28 +73,129 @@ def _generate(
     range always starts at 0: Spark's code generation inlines numeric literals and range
     bounds into the generated Java, so a batch with new numbers would compile new code
     (~10-20 ms per class, twice per batch), while array literals are passed as
-    references and the same code serves every batch of the same size. The range
-    DataFrame itself is the same for every batch of the same size: ``ranges`` (one dict
-    per source) keeps it, so a batch costs one ``selectExpr``.
+    references and the same code serves every batch of the same size. The first batch of
+    a size is planned from SQL text; later ones reuse its analysed projection with new
+    array literals (:class:`_Batches`), which costs no analysis.
     """
     values = {"start": start, **constants}
     sql: dict[str, str] = {}
-    for is_long in (True, False):  # one array literal per type: longs, doubles
+    arrays: dict[str, list[Any]] = {}
+    for kind, is_long in (("long", True), ("double", False)):  # one array literal per type
         names = [n for n, v in values.items() if isinstance(v, int) == is_long]
         if not names:
             continue
+        arrays[kind] = [int(values[n]) if is_long else float(values[n]) for n in names]
         elements = (f"{int(values[n])}L" if is_long else f"{float(values[n])!r}D" for n in names)
         array = f"array({', '.join(elements)})"
         for k, n in enumerate(names):
             sql[n] = f"element_at({array}, CAST(least(id, 0) + {k + 1} AS INT))"
     count = end - start
     shape = (count, max(1, min(num_partitions, max(count, 1))))
-    df = ranges.get(shape)
-    if df is None:
-        ranges.clear()  # a source's batches have one or two sizes: keep the last
-        df = ranges[shape] = spark.range(0, count, 1, shape[1])
+    reused = batches.reuse(shape, arrays)
+    if reused is not None:
+        return reused
     timestamp = timestamp_sql.format(i="id", **sql)
-    return df.selectExpr(f"{timestamp} AS timestamp", f"id + {sql['start']} AS value")
+    df = batches.range(shape).selectExpr(f"{timestamp} AS timestamp", f"id + {sql['start']} AS value")
+    batches.capture(shape, df, arrays)
+    return df
+
+
+class _Batches:
+    """One rate source's batch DataFrames of the last size it made.
+
+    Keeps the range of that size and the analysed projection over it with the positions
+    of its array literals, so a later batch of the size is that projection with new
+    arrays, built directly as a plan (about twenty py4j calls, no SQL parsing or
+    analysis). Falls back to SQL text for a source whose projection has another shape.
+    """
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._spark = spark
+        self._shape: tuple[int, int] | None = None
+        self._range: DataFrame | None = None
+        self._template: Any = None
+        """(project list parts, range plan) of the shape; False: not reusable."""
+
+    def range(self, shape: tuple[int, int]) -> DataFrame:
+        if shape != self._shape or self._range is None:
+            self._shape, self._template = shape, None
+            self._range = self._spark.range(0, shape[0], 1, shape[1])
+        return self._range
+
+    def capture(self, shape: tuple[int, int], df: DataFrame, arrays: dict[str, list[Any]]) -> None:
+        if self._template is not None or self._range is None:
+            return
+        self._template = False
+        try:
+            plan = df._jdf.queryExecution().analyzed()
+            child = self._range._jdf.queryExecution().analyzed()
+            if plan.nodeName() != "Project" or not plan.child().equals(child):
+                return
+            found: set[str] = set()
+            columns = [_array_slots(plan.projectList().apply(i), found) for i in range(plan.projectList().size())]
+        except Exception:  # noqa: BLE001 - an unexpected plan shape: plan from SQL text
+            logger.debug("rate source batches are planned from SQL text", exc_info=True)
+            return
+        if found == set(arrays):
+            self._template = (columns, child)
+
+    def reuse(self, shape: tuple[int, int], arrays: dict[str, list[Any]]) -> DataFrame | None:
+        """The batch of ``shape`` with these ``arrays``, when a projection was captured."""
+        if shape != self._shape or not self._template:
+            return None
+        from lockgate.plan.template import analysed_frame, jvm_name, scala_list
+
+        columns, child = self._template
+        spark = self._spark
+        gateway, jvm = spark.sparkContext._gateway, spark.sparkContext._jvm
+        assert gateway is not None and jvm is not None
+        expressions = "org.apache.spark.sql.catalyst.expressions."
+        literals: dict[str, Any] = {}
+        for kind, values in arrays.items():
+            array = gateway.new_array(jvm_name(jvm, kind), len(values))
+            for i, value in enumerate(values):
+                array[i] = value
+            literals[kind] = jvm_name(jvm, expressions + "UnsafeArrayData").fromPrimitiveArray(array)
+
+        def build(part: Any) -> Any:
+            if isinstance(part, _ArraySlot):
+                return jvm_name(jvm, expressions + "Literal")(literals[part.kind], part.data_type)
+            if not isinstance(part, _ExpressionPath):
+                return part
+            return part.node.withNewChildren(scala_list(jvm, [build(c) for c in part.children]))
+
+        project = jvm_name(jvm, "org.apache.spark.sql.catalyst.plans.logical.Project")
+        return analysed_frame(spark, project(scala_list(jvm, [build(c) for c in columns]), child))
+
+
+class _ArraySlot:
+    """An ``array(...)`` of per-batch numbers in the captured projection."""
+
+    def __init__(self, kind: str, data_type: Any) -> None:
+        self.kind, self.data_type = kind, data_type
+
+
+class _ExpressionPath:
+    """An expression above an array slot: copied over its rebuilt children."""
+
+    def __init__(self, node: Any, children: list[Any]) -> None:
+        self.node, self.children = node, children
+
+
+def _array_slots(expression: Any, found: set[str]) -> Any:
+    """``expression`` with its ``array(...)`` of numbers marked as slots."""
+    if expression.nodeName() == "CreateArray":
+        element = expression.dataType().elementType().typeName()
+        kind = {"long": "long", "double": "double"}.get(element)
+        if kind is None:
+            raise ValueError(f"unexpected array of {element}")
+        found.add(kind)
+        return _ArraySlot(kind, expression.dataType())
+    seq = expression.children()
+    children = [_array_slots(seq.apply(i), found) for i in range(seq.size())]
+    if any(isinstance(c, (_ArraySlot, _ExpressionPath)) for c in children):
+        return _ExpressionPath(expression, children)
+    return expression
 
 
 class _StartTimeLog(MetadataLog[int]):
@@ -134,7 +235,7 @@ class RateSource(Source):
         num_partitions: int,
     ) -> None:
         self._spark = context.spark
-        self._ranges: dict[tuple[int, int], DataFrame] = {}
+        self._batches = _Batches(context.spark)
         self._clock = context.clock
         self.rows_per_second = rows_per_second
         self.ramp_up_seconds = ramp_up_seconds
@@ -175,7 +276,7 @@ class RateSource(Source):
         ts = "timestamp_millis(floor({i} * {ms_per_value} + 0.5D) + {local_start_ms})"
         return _generate(
             self._spark,
-            self._ranges,
+            self._batches,
             range_start,
             range_end,
             self.num_partitions,
@@ -251,7 +352,7 @@ class RatePerMicroBatchSource(Source):
         advance_ms: int,
     ) -> None:
         self._spark = spark
-        self._ranges: dict[tuple[int, int], DataFrame] = {}
+        self._batches = _Batches(spark)
         self.rows_per_batch = rows_per_batch
         self.num_partitions = num_partitions
         self.start_timestamp = start_timestamp
@@ -291,7 +392,7 @@ class RatePerMicroBatchSource(Source):
         if s == e:
             return self._spark.createDataFrame([], RATE_SCHEMA)
         ts = "timestamp_millis({batch_ms})"
-        return _generate(self._spark, self._ranges, s, e, self.num_partitions, ts, batch_ms=int(start["timestamp"]))
+        return _generate(self._spark, self._batches, s, e, self.num_partitions, ts, batch_ms=int(start["timestamp"]))
 
     def numRowsBetween(self, start: Any, end: Any) -> int:  # noqa: N802
         s = 0 if start is None else int(start["offset"])

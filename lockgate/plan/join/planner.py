@@ -659,6 +659,20 @@ def _late_events_watermark_ms(ctx: StatefulContext, batch_id: int) -> int:
     return int(ctx.late_events_watermark_ms or 0)
 
 
+def join_params(node: StreamJoin, ctx: StatefulContext, batch_id: int) -> dict[str, Any]:
+    """This batch's values for the join's state step (see ``map_with_state``)."""
+    evict_wm = ctx.batch_watermark_ms if ctx.batch_watermark_ms is not None else 0
+    has_wm = ctx.batch_watermark_ms is not None
+    # by the join key (evict_watermark_ms) when it carries event time, else per side
+    state_wms = node.state_watermarks_ms(evict_wm) if has_wm and node.key_watermark_ordinal is None else (None, None)
+    return {
+        "version": batch_id + 1,
+        "late_watermark_ms": _late_events_watermark_ms(ctx, batch_id) if has_wm else 0,
+        "evict_watermark_ms": evict_wm,
+        "state_watermark_ms": list(state_wms),
+    }
+
+
 def _reads_stateful(plan: PlanNode) -> bool:
     from lockgate.plan.checks import stateful_operators
 
@@ -739,10 +753,7 @@ def build_stream_join(
 
     lstore = store_conf("left", list(lf), node.left_keys)
     rstore = store_conf("right", list(rf), node.right_keys)
-    evict_wm = ctx.batch_watermark_ms if ctx.batch_watermark_ms is not None else 0
     has_wm = ctx.batch_watermark_ms is not None
-    # by the join key (evict_watermark_ms) when it carries event time, else per side
-    state_wms = node.state_watermarks_ms(evict_wm) if has_wm and node.key_watermark_ordinal is None else (None, None)
     out_struct = _joined_schema(node)
     task = JoinTask(
         left_store=lstore,
@@ -765,12 +776,7 @@ def build_stream_join(
         accumulator=ctx.accumulator,
         operator_id=operator_id,
     )
-    params = {
-        "version": batch_id + 1,
-        "late_watermark_ms": _late_events_watermark_ms(ctx, batch_id) if has_wm else 0,
-        "evict_watermark_ms": evict_wm,
-        "state_watermark_ms": list(state_wms),
-    }
+    params = join_params(node, ctx, batch_id)
     # watermark_columns and key_watermark_ordinal depend on whether the query has a
     # watermark at all, which is the same in every batch of a run.
     result = map_with_state(

@@ -1,0 +1,234 @@
+"""PlanTemplate: one batch's analysed plan, reused by the next batches of the run.
+
+Building a batch's DataFrame operation by operation makes the driver's JVM analyse a new
+Dataset per operation: ~35 ms a batch for a deduplication, most of a stateful batch's
+``queryPlanning``. Yet a batch's plan differs from the previous batch's only in its
+sources' data and in the names of its observations; the state steps read their per-batch
+values from a local property (:mod:`lockgate.plan.state_udf`), not from the plan.
+
+So, as Spark's own ``MicroBatchExecution`` swaps each source's new data into the same
+logical plan, lockgate captures the analysed plan of the first batch of each shape
+(which sources are empty) and, for later batches, rebuilds only the nodes on the paths
+from the root to
+
+- each source's subtree, replaced by the batch's source plan under a ``Project`` that
+  gives its columns the captured expression ids, so every node above still resolves;
+- each ``CollectMetrics`` (``observe``), renamed for the batch and registered with a
+  fresh ``Observation``.
+
+The rebuilt plan is marked analysed (its nodes are copies of analysed nodes over
+children of the same output), so ``Dataset.ofRows`` does not analyse it again: a
+batch's planning costs a few dozen py4j calls instead of a Dataset per operation.
+
+A plan is captured only when it is safe to reuse: the caller excludes queries with
+per-batch literals (current-time functions) or operators whose state step is built per
+batch, and :meth:`PlanTemplate.capture` refuses a plan in which a source's data appears
+other than as its own subtree (Spark's analyser copies a relation used twice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from lockgate.plan.incremental import ObservationRole
+
+
+class NotReusable(Exception):
+    """The plan cannot serve later batches; they are planned one by one."""
+
+
+@dataclass
+class _Source:
+    """A source's subtree in the captured plan: replaced by each batch's source plan."""
+
+    relation_id: int
+    output: list[Any]
+    """The captured subtree's output attributes (JVM), whose ids the plan above uses."""
+
+
+@dataclass
+class _Metrics:
+    """A ``CollectMetrics`` node: renamed and observed afresh every batch."""
+
+    role: ObservationRole
+    metrics: Any
+    dataframe_id: int
+
+
+@dataclass
+class _Path:
+    """A node above a substitution point: copied over its rebuilt children."""
+
+    node: Any
+    children: list[_Part]
+    metrics: _Metrics | None = None
+
+
+_Part = Union[Any, _Source, _Path]
+"""A captured JVM subtree kept as is, a source to substitute, or a node to rebuild."""
+
+
+class PlanTemplate:
+    """The analysed plan of one batch, ready to take another batch's sources."""
+
+    def __init__(self, spark: SparkSession, root: _Path, sources: list[_Source]) -> None:
+        self._spark = spark
+        self._root = root
+        self._sources = sources
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        self._jvm = jvm
+        catalyst = jvm.org.apache.spark.sql.catalyst
+        self._alias = catalyst.expressions.Alias
+        self._project = catalyst.plans.logical.Project
+        self._collect_metrics = catalyst.plans.logical.CollectMetrics
+        self._nil = scala_list(jvm, [])
+        self._none = jvm.scala.Option.empty()
+        self._observations = spark._jsparkSession.observationManager()
+        self._observation = jvm.org.apache.spark.sql.Observation
+
+    @classmethod
+    def capture(
+        cls,
+        spark: SparkSession,
+        result: DataFrame,
+        sources: dict[int, DataFrame],
+        roles: dict[str, ObservationRole],
+    ) -> PlanTemplate:
+        """The template of ``result``, whose sources were ``sources`` (relation id ->
+        the batch's source DataFrame) and whose observations are named as ``roles``
+        says. Raises :class:`NotReusable` when the plan cannot be reused safely."""
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        identity = jvm.java.lang.System.identityHashCode
+        wanted: dict[int, list[tuple[int, Any]]] = {}
+        source_leaves: list[Any] = []
+        for relation_id, df in sources.items():
+            plan = df._jdf.queryExecution().analyzed()
+            wanted.setdefault(identity(plan), []).append((relation_id, plan))
+            source_leaves += _leaves(plan)
+        found_sources: list[_Source] = []
+        found_roles: set[ObservationRole] = set()
+        other_leaves: list[Any] = []
+
+        def visit(node: Any) -> _Part:
+            for relation_id, plan in wanted.get(identity(node), ()):
+                if node.equals(plan):
+                    found_sources.append(_Source(relation_id, _seq(node.output())))
+                    return found_sources[-1]
+            children = [visit(child) for child in _seq(node.children())]
+            if not children:
+                other_leaves.append(node)
+            metrics = None
+            if node.nodeName() == "CollectMetrics":
+                role = roles.get(node.name())
+                if role is None or role in found_roles:
+                    raise NotReusable(f"observation {node.name()} is not lockgate's own")
+                found_roles.add(role)
+                metrics = _Metrics(role, node.metrics(), node.dataframeId())
+            if metrics is None and not any(isinstance(c, (_Source, _Path)) for c in children):
+                return node
+            return _Path(node, children, metrics)
+
+        root = visit(result._jdf.queryExecution().analyzed())
+        if {s.relation_id for s in found_sources} != set(sources) or found_roles != set(roles.values()):
+            raise NotReusable("a source or an observation is not where the plan was built")
+        for leaf in other_leaves:
+            if any(leaf.sameResult(own) for own in source_leaves):
+                raise NotReusable("a source's data appears in the plan a second time")
+        if not isinstance(root, _Path):
+            raise NotReusable("the plan reads no source")
+        return cls(spark, root, found_sources)
+
+    def instantiate(
+        self, sources: dict[int, DataFrame], names: dict[ObservationRole, str]
+    ) -> tuple[DataFrame, dict[ObservationRole, Any]]:
+        """This batch's DataFrame over ``sources`` with observations named ``names``,
+        and those observations (PySpark ``Observation`` objects) by role."""
+        from pyspark.sql import Observation
+
+        observations: dict[ObservationRole, Any] = {}
+        rewired = {id(s): self._rewire(sources[s.relation_id], s.output) for s in self._sources}
+
+        def build(part: _Part) -> Any:
+            if isinstance(part, _Source):
+                return rewired[id(part)]
+            if not isinstance(part, _Path):
+                return part
+            children = [build(child) for child in part.children]
+            if part.metrics is None:
+                return part.node.withNewChildren(self._list(children))
+            metrics = part.metrics
+            name = names[metrics.role]
+            observation = Observation(name)
+            observation._jvm = self._jvm
+            observation._jo = self._observation(name)
+            self._observations.register(observation._jo, metrics.dataframe_id)
+            observations[metrics.role] = observation
+            return self._collect_metrics(name, metrics.metrics, children[0], metrics.dataframe_id)
+
+        return analysed_frame(self._spark, build(self._root)), observations
+
+    def _rewire(self, df: DataFrame, output: list[Any]) -> Any:
+        """``df``'s analysed plan with its columns renamed to the ids in ``output``."""
+        plan = df._jdf.queryExecution().analyzed()
+        columns = _seq(plan.output())
+        if len(columns) != len(output):
+            raise NotReusable("a source's batch has other columns than the captured one")
+        aliases = [
+            self._alias(new, old.name(), old.exprId(), old.qualifier(), self._none, self._nil)
+            for new, old in zip(columns, output)
+        ]
+        return self._project(self._list(aliases), plan)
+
+    def _list(self, items: list[Any]) -> Any:
+        return scala_list(self._jvm, items)
+
+
+_JVM_NAMES: dict[tuple[int, str], Any] = {}
+
+
+def jvm_name(jvm: Any, name: str) -> Any:
+    """The JVM class or Scala object ``name`` (``Nil$.MODULE$`` style for objects),
+    looked up once per gateway: each lookup costs a py4j call per part of the name."""
+    key = (id(jvm), name)
+    found = _JVM_NAMES.get(key)
+    if found is None:
+        found = jvm
+        for part in name.split("."):
+            found = getattr(found, part)
+        _JVM_NAMES[key] = found
+    return found
+
+
+def scala_list(jvm: Any, items: list[Any]) -> Any:
+    """A Scala ``List`` of ``items`` (JVM objects or strings): one py4j call per item."""
+    result = jvm_name(jvm, "scala.collection.immutable.Nil$.MODULE$")
+    for item in reversed(items):
+        result = getattr(result, "$colon$colon")(item)
+    return result
+
+
+def analysed_frame(spark: SparkSession, plan: Any) -> DataFrame:
+    """A DataFrame of ``plan``, a plan built from analysed parts with the same outputs:
+    marked analysed, so Spark does not analyse it again."""
+    from pyspark.sql import DataFrame as PySparkDataFrame
+
+    plan.setAnalyzed()
+    dataset = jvm_name(spark.sparkContext._jvm, "org.apache.spark.sql.classic.Dataset")
+    return PySparkDataFrame(dataset.ofRows(spark._jsparkSession, plan), spark)
+
+
+def _seq(seq: Any) -> list[Any]:
+    return [seq.apply(i) for i in range(seq.size())]
+
+
+def _leaves(plan: Any) -> list[Any]:
+    children = _seq(plan.children())
+    if not children:
+        return [plan]
+    return [leaf for child in children for leaf in _leaves(child)]
