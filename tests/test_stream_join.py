@@ -89,7 +89,18 @@ def q_left_outer_between(reader: Any, ldir: Path, rdir: Path) -> Any:
     return left.join(right, cond, "left_outer")
 
 
+def q_aliased_sides(reader: Any, ldir: Path, rdir: Path) -> Any:
+    """Aliased sides: the join's columns keep their qualifiers, as in Spark."""
+    left, right = sides(reader, ldir, rdir)
+    cond = F.expr(
+        "l.leftId = r.rightId AND r.rightTime >= l.leftTime AND r.rightTime <= l.leftTime + interval 30 seconds"
+    )
+    joined = left.alias("l").join(right.alias("r"), cond, "left_outer")
+    return joined.select(F.col("l.leftId").alias("id"), "l.lv", "r.*")
+
+
 QUERIES: dict[str, Callable[[Any, Path, Path], Any]] = {
+    "aliased_sides": q_aliased_sides,
     "inner_between": q_inner_between,
     "left_outer_between": q_left_outer_between,
     "inner_plain": q_inner_plain,

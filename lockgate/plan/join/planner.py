@@ -93,6 +93,9 @@ class StreamJoin(PlanNode):
     using_keys: tuple[str, ...] | None = None
     output_names: tuple[str, ...] = ()
     output_types: tuple[Any, ...] = ()
+    output_qualifiers: tuple[tuple[str, ...], ...] = ()
+    """Per output column, the qualifier Spark gives it (a side's ``alias``), so
+    ``col("l.value")`` resolves after the join as in Spark."""
     several_event_times: tuple[tuple[str, int], ...] = ()
     """A side's event-time columns when it has more than one (Spark fails the query)."""
 
@@ -556,6 +559,7 @@ def make_stream_join(
         check_watermark_ok=check_ok,
         using_keys=using,
         output_names=tuple(template.columns),
+        output_qualifiers=_qualifiers(plan.output()),
         output_types=tuple(f.dataType for f in template.schema.fields),
         several_event_times=tuple(several.items()) if several else (),
     )
@@ -623,8 +627,42 @@ def _joined_schema(node: StreamJoin) -> StructType:
     return StructType(fields)
 
 
+def _qualifiers(attributes: Any) -> tuple[tuple[str, ...], ...]:
+    """The qualifier of each of Spark's output attributes (a JVM ``Seq``)."""
+    out = []
+    for i in range(attributes.size()):
+        qualifier = attributes.apply(i).qualifier()
+        out.append(tuple(str(qualifier.apply(j)) for j in range(qualifier.size())))
+    return tuple(out)
+
+
 def _project(node: StreamJoin, df: DataFrame, ctx: StatefulContext) -> DataFrame:
-    return frame(df, df._jdf.select(ctx.cache.java_columns(node, "output", lambda: _output_columns(node))))
+    projected = frame(df, df._jdf.select(ctx.cache.java_columns(node, "output", lambda: _output_columns(node))))
+    if not any(node.output_qualifiers):
+        return projected
+    return _qualified(projected, node.output_qualifiers)
+
+
+def _qualified(df: DataFrame, qualifiers: tuple[tuple[str, ...], ...]) -> DataFrame:
+    """``df`` (a projection of aliases) with its columns qualified as ``qualifiers``
+    says: the DataFrame API cannot set a qualifier, so the projection is rebuilt."""
+    from lockgate.plan.template import analysed_frame, jvm_name, scala_list
+
+    jvm = df._sc._jvm
+    plan = df._jdf.queryExecution().analyzed()
+    aliases = plan.projectList()
+    alias = jvm_name(jvm, "org.apache.spark.sql.catalyst.expressions.Alias")
+    qualified = []
+    for i, qualifier in enumerate(qualifiers):
+        a = aliases.apply(i)
+        qualified.append(
+            alias(
+                a.child(), a.name(), a.exprId(), scala_list(jvm, list(qualifier)),
+                a.explicitMetadata(), a.nonInheritableMetadataKeys(),
+            )
+        )
+    project = jvm_name(jvm, "org.apache.spark.sql.catalyst.plans.logical.Project")
+    return analysed_frame(df.sparkSession, project(scala_list(jvm, qualified), plan.child()))
 
 
 def _output_columns(node: StreamJoin) -> list[Column]:
