@@ -209,6 +209,24 @@ def join_of_join(a: Path, b: Path, c: Path) -> Any:
     return build
 
 
+def projected_sessions_joined_by_fields(a: Path, b: Path, c: Path) -> Any:
+    """A side whose event time is a ``session_window`` made in a select (each row's
+    ``[ts2, ts2 + 5 s]``): it carries the raw side's watermark, and the join evicts that
+    side by the session's end, as Spark does."""
+
+    def build(reader: Any) -> Any:
+        sessions = _src(reader, b, "2", "5 seconds").select(
+            "k", F.session_window("ts2", "5 seconds").alias("sw"), "v2"
+        )
+        raw = _src(reader, a)
+        return raw.join(
+            sessions,
+            (raw.k == sessions.k) & (raw.ts >= sessions.sw.start) & (raw.ts <= sessions.sw.end),
+        )
+
+    return build
+
+
 def join_of_limit(a: Path, b: Path, c: Path) -> Any:
     def build(reader: Any) -> Any:
         return _src(reader, a).limit(3).join(_src(reader, b, "2", "5 seconds"), "k")
@@ -229,6 +247,7 @@ def join_of_limit(a: Path, b: Path, c: Path) -> Any:
         expressions_beside_event_time,
         join_of_join,
         join_of_limit,
+        projected_sessions_joined_by_fields,
     ],
     ids=lambda q: q.__name__,
 )

@@ -81,6 +81,13 @@ class StreamJoin(PlanNode):
     right_schema: StructType = field(default_factory=StructType)
     left_keys: tuple[int, ...] = ()
     right_keys: tuple[int, ...] = ()
+    """Per join key, the side's column it is, or -1 for a key on an expression
+    (``key_expressions``)."""
+    key_expressions: tuple[tuple[Any, Any], ...] = ()
+    """Per join key, (left, right) Columns computing it from each side's columns, or
+    None on a side whose key is a plain column."""
+    key_types: tuple[Any, ...] = ()
+    """Per join key, its type (the same on both sides, after Spark's casts)."""
     pushed: tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]] = ((), ())
     """Per side: conjuncts Spark's optimizer pushes below the join (incl. isnotnull)."""
     pre_join: tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]] = ((), ())
@@ -263,9 +270,10 @@ def _column_event_time(column: Any, below: dict[str, int]) -> tuple[str, int | N
     plain column (over an expression they carry none: their metadata is fixed at
     analysis); ``window_time`` carries its window column's. Other expressions carry
     none, but lockgate cannot tell when one that mentions an event-time column is
-    optimized back into a reference to it, and refuses those (None), as it refuses
-    ``session_window`` over an event-time column (a join does not follow a session as
-    event time).
+    optimized back into a reference to it, and refuses those (None). A
+    ``session_window`` in a projection is the struct ``[t, t + gap]`` of each row
+    (Spark's ``SessionWindowing`` of a ``Project``) and carries ``t``'s delay, as
+    ``window`` does; the join evicts by its ``end`` as by a window's.
     """
     try:
         node = column._jc.node()
@@ -297,8 +305,6 @@ def _expression_event_time(node: Any, below: dict[str, int]) -> tuple[str, int |
         if function in ("window", "session_window") and args.size() >= 2:
             time = _plain_column(args.apply(0))
             delay = below.get(time) if time is not None else None
-            if delay is not None and function == "session_window":
-                return None
             return (alias or function, delay)
         if function == "window_time" and args.size() == 1:
             window = _plain_column(args.apply(0))
@@ -416,42 +422,56 @@ def make_stream_join(
     lkeys: list[int] = []
     rkeys: list[int] = []
     others: list[Any] = []
+    null_safe: set[int] = set()  # indexes of keys compared with <=> (null matches null)
+    key_exprs: list[tuple[Any, Any]] = []
+    key_types: list[Any] = []
+    key_attr_refs: set[tuple[int, int]] = set()  # the columns key expressions read
+    key_not_null: set[tuple[int, int, tuple[int, ...]]] = set()  # Spark's isnotnull from them
     for c in _split_and(cond.get()):
         name = c.getClass().getSimpleName()
-        if name == "EqualTo":
+        if name in ("EqualTo", "EqualNullSafe"):
             a, b = c.left(), c.right()
             ra, rb = _refs(a, attrs), _refs(b, attrs)
             sides_a, sides_b = {s for s, _ in ra}, {s for s, _ in rb}
             if sides_a and sides_b and len(sides_a) == 1 and len(sides_b) == 1 and sides_a != sides_b:
-                if a.getClass().getSimpleName() != "AttributeReference" or b.getClass().getSimpleName() != "AttributeReference":
-                    raise NotSupportedYetError(
-                        f"The stream-stream join key {str(c.toString())!r} on expressions",
-                        "Compute the key as a column of each side (withColumn) and join on the columns.",
-                    )
-                (sa, ia), (_sb, ib) = next(iter(ra)), next(iter(rb))
-                if sa == RIGHT:
-                    ia, ib = ib, ia
-                key_type = lschema.fields[ia].dataType.simpleString()
-                other_type = rschema.fields[ib].dataType.simpleString()
-                if not _key_type_ok(lschema.fields[ia].dataType) or key_type != other_type:
+                if sides_a == {RIGHT}:
+                    a, b, ra, rb = b, a, rb, ra
+                exprs: list[Any] = []
+                indexes: list[int] = []
+                for e, refs in ((a, ra), (b, rb)):
+                    if e.getClass().getSimpleName() == "AttributeReference":
+                        exprs.append(None)
+                        indexes.append(next(iter(refs))[1])
+                    else:
+                        exprs.append(_key_column(e))
+                        indexes.append(-1)
+                        key_attr_refs.update(refs)
+                if name == "EqualTo" and -1 in indexes:
+                    key_not_null.update(_null_intolerant_refs(c, attrs))
+                data_type = a.dataType()
+                key_type, other_type = data_type.simpleString(), b.dataType().simpleString()
+                if not _key_type_ok(_python_type(data_type)) or key_type != other_type:
                     raise NotSupportedYetError(
                         f"A stream-stream join key of type {key_type}"
                         + (f" = {other_type}" if key_type != other_type else ""),
                         f"Supported key types: {', '.join(_OK_KEY_TYPES)}, and arrays and "
-                        "structs of them, the same on both sides.",
+                        "structs of them.",
                     )
-                lkeys.append(ia)
-                rkeys.append(ib)
+                if name == "EqualNullSafe":
+                    null_safe.add(len(lkeys))
+                lkeys.append(indexes[0])
+                rkeys.append(indexes[1])
+                key_exprs.append((exprs[0], exprs[1]))
+                key_types.append(_python_type(data_type))
                 continue
-        if name == "EqualNullSafe":
-            raise NotSupportedYetError(f"The null-safe stream-stream join key {str(c.toString())!r}")
         others.append(c)
     if not lkeys:
         raise NotSupportedYetError(
             "A stream-stream join without equality join keys",
             "Join on at least one column equality (e.g. leftId = rightId).",
         )
-    key_refs = {(LEFT, i) for i in lkeys} | {(RIGHT, i) for i in rkeys}
+    key_refs = {(LEFT, i) for i in lkeys if i >= 0} | {(RIGHT, i) for i in rkeys if i >= 0}
+    key_refs |= key_attr_refs
     conjuncts: list[_Conjunct] = []
     for c in others:
         refs = frozenset(_refs(c, attrs))
@@ -488,11 +508,16 @@ def make_stream_join(
     # Spark infers isnotnull for the equi-join keys too (its scan's PushedFilters show
     # IsNotNull(k)): a null key never joins on those sides. On a side that can be
     # null-padded it does not, and there null keys do match each other (binary key
-    # equality in the state store), as they do in lockgate's task.
+    # equality in the state store), as they do in lockgate's task. A null-safe key
+    # (<=>) is not null-intolerant: Spark infers nothing from it, and null matches null.
+    strict = [j for j in range(len(lkeys)) if j not in null_safe]
     not_null: list[set[tuple[int, tuple[int, ...]]]] = [
-        {(i, ()) for i in lkeys} if LEFT in push_to else set(),
-        {(i, ()) for i in rkeys} if RIGHT in push_to else set(),
+        {(lkeys[j], ()) for j in strict if lkeys[j] >= 0} if LEFT in push_to else set(),
+        {(rkeys[j], ()) for j in strict if rkeys[j] >= 0} if RIGHT in push_to else set(),
     ]
+    for s, i, path in key_not_null:
+        if s in push_to:
+            not_null[s].add((i, path))
     for c in conjuncts:
         sides = {s for s, _ in c.refs}
         for s, i, path in c.not_null:
@@ -550,6 +575,8 @@ def make_stream_join(
         right_schema=rschema,
         left_keys=tuple(lkeys),
         right_keys=tuple(rkeys),
+        key_expressions=tuple(key_exprs),
+        key_types=tuple(key_types),
         pushed=(tuple(pushed[LEFT]), tuple(pushed[RIGHT])),
         pre_join=(tuple(pre_join[LEFT]), tuple(pre_join[RIGHT])),
         post_join=tuple(post_join),
@@ -572,6 +599,39 @@ def make_stream_join(
             f"lockgate would produce {probe.columns}, Spark {template.columns}.",
         )
     return node, template
+
+
+def _python_type(data_type: Any) -> Any:
+    """The PySpark type of a JVM ``DataType``."""
+    from pyspark.sql.types import _parse_datatype_json_string
+
+    return _parse_datatype_json_string(data_type.json())
+
+
+def _key_column(expression: Any) -> Column:
+    """A Column computing ``expression`` (resolved, from Spark's analysed join) on a
+    side's batch: its attribute references become references by name, which resolve
+    against the batch's columns (same names and types as the side's template)."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.classic.column import Column as ClassicColumn
+
+    from lockgate.plan.template import jvm_name, scala_list
+
+    spark = SparkSession.getActiveSession()
+    assert spark is not None
+    jvm = spark.sparkContext._jvm
+    unresolved = jvm_name(jvm, "org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute")
+
+    def rebuild(e: Any) -> Any:
+        if e.getClass().getSimpleName() == "AttributeReference":
+            return unresolved.quoted(e.name())
+        children = e.children()
+        if children.size() == 0:
+            return e
+        return e.withNewChildren(scala_list(jvm, [rebuild(children.apply(i)) for i in range(children.size())]))
+
+    column = jvm_name(jvm, "org.apache.spark.sql.classic.ExpressionUtils").column(rebuild(expression))
+    return ClassicColumn(column)
 
 
 def _key_type_ok(data_type: Any) -> bool:
@@ -692,6 +752,17 @@ def _output_columns(node: StreamJoin) -> list[Column]:
     return [c.alias(n) for c, n in zip(cols, node.output_names)]
 
 
+def _key(node: StreamJoin, j: int, side: int) -> Column:
+    """Join key ``j`` computed from ``side``'s columns."""
+    expression = node.key_expressions[j][side] if node.key_expressions else None
+    if expression is not None:
+        return expression
+    fields, index = (node.left_schema.fields, node.left_keys[j]) if side == LEFT else (
+        node.right_schema.fields, node.right_keys[j]
+    )
+    return F.col(f"`{fields[index].name}`")
+
+
 def _late_events_watermark_ms(ctx: StatefulContext, batch_id: int) -> int:
     """The previous batch's watermark: Spark drops late rows by it (evicts by the current)."""
     return int(ctx.late_events_watermark_ms or 0)
@@ -740,13 +811,13 @@ def build_stream_join(
         rnull = [F.lit(None).cast(f.dataType).alias(f"__r{i}") for i, f in enumerate(rf)]
         lcols = [
             F.lit(LEFT).alias("__side"),
-            *[F.col(f"`{lf[i].name}`").alias(f"__k{j}") for j, i in enumerate(node.left_keys)],
+            *[_key(node, j, LEFT).alias(f"__k{j}") for j in range(nkeys)],
             *[F.col(f"`{f.name}`").alias(f"__l{i}") for i, f in enumerate(lf)],
             *rnull,
         ]
         rcols = [
             F.lit(RIGHT).alias("__side"),
-            *[F.col(f"`{rf[i].name}`").alias(f"__k{j}") for j, i in enumerate(node.right_keys)],
+            *[_key(node, j, RIGHT).alias(f"__k{j}") for j in range(nkeys)],
             *lnull,
             *[F.col(f"`{f.name}`").alias(f"__r{i}") for i, f in enumerate(rf)],
         ]
@@ -772,7 +843,12 @@ def build_stream_join(
 
     def store_conf(name: str, fields: list[StructField], key_idx: tuple[int, ...]) -> StateStoreConf:
         names = _UniqueNames()
-        key_fields = [StructField(names.take(f"key_{fields[i].name}"), fields[i].dataType, True) for i in key_idx]
+        key_fields = [
+            StructField(names.take(f"key_{fields[i].name}"), fields[i].dataType, True)
+            if i >= 0
+            else StructField(names.take(f"key_expr{j}"), node.key_types[j], True)
+            for j, i in enumerate(key_idx)
+        ]
         key_fields.append(StructField(names.take("index"), LongType(), True))
         value_fields = [StructField(names.take(f.name), f.dataType, True) for f in fields]
         value_fields.append(StructField(names.take("matched"), BooleanType(), True))

@@ -202,7 +202,7 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
         _Side(StateStore(task.left_store, partition, task.version - 1), left_time),
         _Side(StateStore(task.right_store, partition, task.version - 1), _eviction_time(task, RIGHT)),
     ]
-    inputs: list[list[list[Any]]] = [[], []]
+    inputs: list[list[tuple[tuple[Any, ...], list[Any]]]] = [[], []]
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -211,17 +211,18 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
         # structs (a window) as hashable ((field, value), ...) pairs
         lcols = [column_values(batch.column(f"__l{i}"), micros=True) for i in range(task.left_width)]
         rcols = [column_values(batch.column(f"__r{i}"), micros=True) for i in range(task.right_width)]
+        # the join key as computed for the row's side (a column, or an expression of them)
+        keys = list(zip(*[column_values(batch.column(f"__k{k}"), micros=True) for k in range(len(task.left_keys))]))
         for j, s in enumerate(side_col):
             if s == LEFT:
-                inputs[LEFT].append([c[j] for c in lcols])
+                inputs[LEFT].append((keys[j], [c[j] for c in lcols]))
             else:
-                inputs[RIGHT].append([c[j] for c in rcols])
+                inputs[RIGHT].append((keys[j], [c[j] for c in rcols]))
     jt = task.join_type
     semi = jt == "left_semi"
     pushed = [_all_true([compile_expr(e) for e in task.pushed[s]]) for s in (LEFT, RIGHT)]
     pre = [_all_true([compile_expr(e) for e in task.pre_join[s]]) for s in (LEFT, RIGHT)]
     post = _all_true([compile_expr(e) for e in task.post_join])
-    keys = (task.left_keys, task.right_keys)
     late_us = task.late_watermark_ms * 1000
     null_rows = ([None] * task.left_width, [None] * task.right_width)
 
@@ -244,7 +245,7 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
         other = 1 - side
         mine, theirs = sides[side], sides[other]
         wm_col = task.watermark_columns[side]
-        for row in inputs[side]:
+        for key, row in inputs[side]:
             lr, rr = (row, null_rows[RIGHT]) if side == LEFT else (null_rows[LEFT], row)
             if not pushed[side](lr, rr):
                 continue
@@ -259,7 +260,6 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
                 elif side == RIGHT and jt in ("right_outer", "full_outer"):
                     out.append(null_rows[LEFT] + row)
                 continue
-            key = tuple(row[k] for k in keys[side])
             matched = False
             for idx in list(theirs.index.get(key, ())):
                 skey = key + (idx,)
