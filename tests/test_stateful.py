@@ -674,12 +674,12 @@ NOT_YET = [
             .join(
                 _src(r, i)
                 .withWatermark("ts", "10 seconds")
-                .select("k", F.session_window("ts", "5 seconds").alias("sw")),
+                .selectExpr("k", "window(ts, '5 seconds') AS w"),
                 "k",
             )
         ),
         "append",
-        id="window-aggregation-joined-with-a-session-window-column",
+        id="window-aggregation-joined-with-a-window-in-sql-text",
     ),
 ]
 

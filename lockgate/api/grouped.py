@@ -25,19 +25,33 @@ def event_time_columns(plan: PlanNode) -> dict[str, int]:
     joins; an aggregation's output carries event time only in its event-time grouping
     key (a watermarked column, or a window over one), so a second stateful operator
     can use it as its own event time.
+
+    Projections are followed as Spark propagates watermark metadata (an alias or a
+    rename keeps it, ``window()`` over the column carries it; the rules of
+    ``_event_time_outputs`` in :mod:`lockgate.plan.join.planner`); where those cannot
+    tell, every ``withWatermark`` column below that is still present counts.
     """
+    from lockgate.plan.join.planner import _event_time_outputs
+
+    followed = _event_time_outputs(plan)
+    if followed is not None:
+        return followed
+    return _event_time_columns_below(plan)
+
+
+def _event_time_columns_below(plan: PlanNode) -> dict[str, int]:
     if isinstance(plan, EventTimeWatermark):
-        return {**event_time_columns(plan.child), plan.column: plan.delay_ms}
+        return {**_event_time_columns_below(plan.child), plan.column: plan.delay_ms}
     if isinstance(plan, Aggregate):
         if plan.event_time_key is None:
             return {}
-        below = event_time_columns(plan.child)
+        below = _event_time_columns_below(plan.child)
         keys = {name: below[name] for name in plan.key_names if name in below}
         keys[plan.key_names[plan.event_time_key]] = max(below.values(), default=0)
         return keys
     found: dict[str, int] = {}
     for child in plan.children:
-        found.update(event_time_columns(child))
+        found.update(_event_time_columns_below(child))
     return found
 
 

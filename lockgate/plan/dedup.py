@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, LongType, MapType, StructField, StructType
+from pyspark.sql.types import LongType, MapType, StructField, StructType
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
-from lockgate.plan.aggregate import StatefulContext, schema_to_arrow
+from lockgate.plan.aggregate import StatefulContext, _micros, schema_to_arrow
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
 
@@ -84,9 +84,9 @@ def make_deduplicate(
                 f"[UNRESOLVED_COLUMN.WITH_SUGGESTION] Cannot resolve column name \"{key}\" among "
                 f"({', '.join(names)})."
             )
-        if isinstance(schema[key].dataType, (StructType, MapType, ArrayType)):
+        if isinstance(schema[key].dataType, MapType):
             raise NotSupportedYetError(
-                f"Deduplicating on the nested column {key!r}", "Deduplicate on its fields instead."
+                f"Deduplicating on the map column {key!r}", "Deduplicate on other columns instead."
             )
     if within_watermark:
         event_cols = [c for c in names if c in watermarks]
@@ -177,7 +177,14 @@ def _expiry_time_function(task: DedupTask) -> Callable[[Key, Any], int | None]:
     if task.within_watermark:
         return lambda key, value: value[0]  # type: ignore[no-any-return]
     ordinal = task.event_time_key
-    return lambda key, value: key[ordinal]  # type: ignore[index,no-any-return]
+    return lambda key, value: _key_micros(key[ordinal])  # type: ignore[index]
+
+
+def _key_micros(value: Any) -> Any:
+    """The event time of an event-time key (int microseconds): a time window, held in a
+    key as its hashable ((field, value), ...) pairs, counts by its end, as Spark's
+    ``WatermarkSupport.watermarkExpression`` compares field 1 of a struct."""
+    return _micros(value[1][1] if isinstance(value, tuple) else value)
 
 
 def _expiry_index(task: DedupTask, store: Any) -> _ExpiryIndex:
@@ -240,7 +247,7 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
                 t = (expires[i] or 0) + task.delay_ms * 1000
                 store.put(key, [t])
             else:
-                t = key[task.event_time_key] if task.event_time_key is not None else None
+                t = _key_micros(key[task.event_time_key]) if task.event_time_key is not None else None
                 store.put(key, [True])
             if index is not None and t is not None:
                 index.push(t, key)
