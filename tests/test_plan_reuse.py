@@ -199,3 +199,41 @@ def test_bad_reuse_setting_is_refused_at_start(spark, ls, tmp_path):
     stream = lockgate.MemoryStream(ls, "value INT")
     with spark_conf(spark, REUSE_CONF, "sometimes"), pytest.raises(OptionError, match=REUSE_CONF):
         stream.toDF().writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck")).start()
+
+
+def test_a_plan_that_stops_fitting_is_built_node_by_node(ls, tmp_path, monkeypatch):
+    """If a batch cannot take the captured plan (NotReusable), that batch and the later
+    ones of its shape are planned node by node, with the same rows."""
+    from lockgate.plan.template import NotReusable, PlanTemplate
+
+    calls = {"n": 0}
+    real = PlanTemplate.instantiate
+
+    def second_call_fails(self: Any, sources: Any, names: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise NotReusable("this batch does not fit")
+        return real(self, sources, names)
+
+    monkeypatch.setattr(PlanTemplate, "instantiate", second_call_fails)
+    stream = lockgate.MemoryStream(ls, "value INT")
+    seen: dict[int, list[int]] = {}
+
+    def collect(batch: Any, batch_id: int) -> None:
+        seen[batch_id] = sorted(r.doubled for r in batch.collect())
+
+    with spark_conf(ls.spark, REUSE_CONF, "true"):
+        q = (
+            stream.toDF().select((F.col("value") * 2).alias("doubled"))
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .start()
+        )
+    try:
+        for rows in ([1], [2], [3], [4]):
+            feed(q, stream, rows)
+    finally:
+        q.stop()
+    assert seen == {0: [2], 1: [4], 2: [6], 3: [8]}
+    assert calls["n"] == 2
+    assert _execution(q).reused_plans == 1

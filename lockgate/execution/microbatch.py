@@ -645,7 +645,12 @@ class MicroBatchExecution(StreamExecution):
         if reuse is not None:
             template, roles, schemas = reuse
             names = {role: observation_name(role, batch_id) for role in roles}
-            result, observed = template.instantiate(frames, names)
+            try:
+                result, observed = template.instantiate(frames, names)
+            except NotReusable as reason:  # a source's batch no longer fits the plan
+                logger.debug("%s stops reusing its plan: %s", self.pretty_id_string, reason)
+                self._templates[shape] = None
+                return self._plan_batch(execution, frames, shape)
             execution.adopt(observed)
             execution.state_schemas = schemas
             if execution.stateful is not None:
