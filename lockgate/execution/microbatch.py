@@ -154,12 +154,12 @@ class MicroBatchExecution(StreamExecution):
         self.last_execution: IncrementalExecution | None = None
         self.plan_cache = PlanCache()
         self._reuse_plans = _reuse_plans(self.spark) and reusable(plan)
-        self._templates: dict[frozenset[int], tuple[PlanTemplate, set[ObservationRole], dict[int, Any]] | None] = {}
-        """Shape (empty sources) -> the analysed plan later batches of that shape reuse,
-        its observations and state schemas; None when it cannot be reused."""
+        self._templates: dict[frozenset[int], tuple[PlanTemplate, set[ObservationRole]] | None] = {}
+        """Shape (empty sources) -> the analysed plan later batches of that shape reuse
+        and its observations; None when it cannot be reused."""
         self.reused_plans = 0
-        self._empty_frames: dict[int, DataFrame] = {}
         """How many batches of this run reused an earlier batch's plan (for tests)."""
+        self._empty_frames: dict[int, DataFrame] = {}
         self._stateful_ops = stateful_operators(plan)
         self._op_ids = {id(node): i for i, node in enumerate(self._stateful_ops)}
         self._state_checked = False
@@ -643,7 +643,7 @@ class MicroBatchExecution(StreamExecution):
         batch_id = execution.batch_id
         reuse = self._templates.get(shape)
         if reuse is not None:
-            template, roles, schemas = reuse
+            template, roles = reuse
             names = {role: observation_name(role, batch_id) for role in roles}
             try:
                 result, observed = template.instantiate(frames, names)
@@ -651,8 +651,7 @@ class MicroBatchExecution(StreamExecution):
                 logger.debug("%s stops reusing its plan: %s", self.pretty_id_string, reason)
                 self._templates[shape] = None
                 return self._plan_batch(execution, frames, shape)
-            execution.adopt(observed)
-            execution.state_schemas = schemas
+            execution.adopt(observed)  # state schemas were checked when the plan was built
             if execution.stateful is not None:
                 execution.set_batch_params()
             self.reused_plans += 1
@@ -667,7 +666,7 @@ class MicroBatchExecution(StreamExecution):
             roles[output_obs._name] = output
             try:
                 template = PlanTemplate.capture(self.spark, result, frames, roles)
-                self._templates[shape] = (template, set(roles.values()), dict(execution.state_schemas))
+                self._templates[shape] = (template, set(roles.values()))
             except NotReusable as reason:
                 logger.debug("batches of %s are planned one by one: %s", self.pretty_id_string, reason)
                 self._templates[shape] = None
