@@ -150,12 +150,7 @@ def test_nested_columns_in_stream_joins_match_native(bench, tmp_path):
     b.mkdir()
     for name, query in QUERIES.items():
         bench.add(name, lambda reader, q=query: q(reader, a, b), sink="foreachBatch")
-    bench.start()
-    for i, (directory, rows) in enumerate(STEPS):
-        if i == RESTART_BEFORE_STEP:
-            bench.stop()
-            bench.start()
-        bench.step(f"step {i} ({directory})", {tmp_path / directory: rows})
+    bench.run_steps(tmp_path, STEPS, RESTART_BEFORE_STEP)
     for pair in bench.pairs:
         assert any(rows for _, rows in pair.native.batches), f"{pair.name} should emit rows"
         assert exact_batches(pair.lockgate.batches) == exact_batches(pair.native.batches), pair.name

@@ -252,13 +252,27 @@ def _latest_per_key_with_ops(table: pa.Table, key_names: list[str]) -> pa.Table:
         return table.take(pa.array(sorted(last.values()), type=pa.int64()))
     # Arrow groups by scalar columns only: a struct key (a window) is grouped by its
     # fields, and by its validity, so that a null struct and a struct of nulls differ.
-    flat = [a for c in columns for a in _scalar_parts(c)]
+    flat = [_normalized(a) for c in columns for a in _scalar_parts(c)]
     names = [f"__lockgate_k{i}" for i in range(len(flat))]
     keys = pa.table(flat, names=names)
     ordinal = pa.array(range(table.num_rows), type=pa.int64())
     keys = keys.append_column("__lockgate_ord", ordinal)
     grouped = keys.group_by(names, use_threads=False).aggregate([("__lockgate_ord", "max")])
     return table.take(grouped.column("__lockgate_ord_max"))
+
+
+def _normalized(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A floating-point key column as the in-memory map compares its keys (and Spark
+    normalizes them): -0.0 as 0.0 and every NaN as one NaN. Arrow groups floats by their
+    bits, so without this a key put as -0.0 and removed as 0.0 (a join's matched flag
+    set through the other side's key) would come back on replay."""
+    if not pa.types.is_floating(column.type):
+        return column
+    import pyarrow.compute as pc
+
+    zero = pa.scalar(0.0, type=column.type)
+    column = pc.if_else(pc.equal(column, zero), zero, column)
+    return pc.if_else(pc.is_nan(column), pa.scalar(float("nan"), type=column.type), column)
 
 
 def _groupable(t: pa.DataType) -> bool:
