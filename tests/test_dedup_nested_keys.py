@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from test_stateful import SCHEMA, Bench, ev
 
-from lockgate import NotSupportedYetError
 
 STEPS = [
     [ev(1, "a", 1.0), ev(2, "a", 1.0), ev(3, "b", 2.0)],
@@ -85,9 +85,15 @@ def test_nested_and_window_keys_match_native(bench, tmp_path):
         assert sum(removed) > 0, f"{name}: state should have been evicted by the watermark"
 
 
-def test_map_keys_are_refused(ls, tmp_path):
+def test_map_keys_are_refused_like_spark(spark, ls, tmp_path):
+    """Spark refuses map keys when dropDuplicates is called (a set operation on a map);
+    lockgate raises the same AnalysisException."""
     inp = tmp_path / "in"
     inp.mkdir()
-    df = ls.readStream.schema(SCHEMA).json(str(inp)).select(F.create_map("k", "v").alias("m"))
-    with pytest.raises(NotSupportedYetError, match="map column 'm'"):
-        df.dropDuplicates(["m"])
+    messages = []
+    for reader in (spark.readStream, ls.readStream):
+        df = reader.schema(SCHEMA).json(str(inp)).select(F.create_map("k", "v").alias("m"))
+        with pytest.raises(AnalysisException, match="SET_OPERATION_ON_MAP_TYPE") as refused:
+            df.dropDuplicates(["m"])
+        messages.append(str(refused.value).split("\n")[0])
+    assert messages[0] == messages[1]

@@ -100,6 +100,18 @@ def window_joined_with_projected_window(a: Path, b: Path, c: Path) -> Any:
     return build
 
 
+def window_in_sql_text_joined(a: Path, b: Path, c: Path) -> Any:
+    """As above, with the raw side's window and the join written as SQL text
+    (``selectExpr("window(ts2, '5 seconds') AS window")``): the same event time."""
+
+    def build(reader: Any) -> Any:
+        counts = _src(reader, a).groupBy(F.expr("window(ts, '5 seconds')"), "k").count()
+        raw = _src(reader, b, "2", "5 seconds").selectExpr("k", "window(ts2, '5 seconds') AS window", "v2")
+        return counts.join(raw, ["window", "k"])
+
+    return build
+
+
 def _within_5_seconds(t: Any, around: Any) -> Any:
     """An event-time range condition: ``around - 5 s <= t <= around + 5 s``."""
     return (t >= around - F.expr("interval 5 seconds")) & (t <= around + F.expr("interval 5 seconds"))
@@ -239,6 +251,7 @@ def join_of_limit(a: Path, b: Path, c: Path) -> Any:
     [
         windows_joined,
         window_joined_with_projected_window,
+        window_in_sql_text_joined,
         renamed_event_time_joined_by_range,
         aggregation_joined_by_range,
         aggregation_joined_by_window_fields,

@@ -264,13 +264,6 @@ NOT_YET = [
         lambda r, i: _src(r, i)
         .groupBy(F.window("ts", "5 seconds"), "k")
         .count()
-        .join(_right(r, i).selectExpr("k", "window(ts2, '5 seconds') AS w"), "k"),
-        id="window-aggregation-joined-with-a-window-in-sql-text",
-    ),
-    pytest.param(
-        lambda r, i: _src(r, i)
-        .groupBy(F.window("ts", "5 seconds"), "k")
-        .count()
         .join(_right(r, i).select("k", "ts2", F.col("ts2").cast("string").alias("when")), "k"),
         id="window-aggregation-joined-with-a-side-casting-its-event-time",
     ),

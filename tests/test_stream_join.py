@@ -62,13 +62,6 @@ def q_outer(how: str) -> Callable[[Any, Path, Path], Any]:
     return query
 
 
-def q_full_filter(reader: Any, ldir: Path, rdir: Path) -> Any:
-    """Full outer with single-side terms (pre-join filters emitting null rows at once)."""
-    left, right = sides(reader, ldir, rdir)
-    cond = F.expr(RANGE + " AND lv <> 'skip' AND rv <> 'skip'")
-    return left.join(right, cond, "full_outer")
-
-
 BETWEEN = "leftId = rightId AND leftTime BETWEEN rightTime - interval 20 seconds AND rightTime + interval 5 seconds"
 
 
@@ -113,7 +106,23 @@ def q_key_types(reader: Any, ldir: Path, rdir: Path) -> Any:
     return left.join(right, F.expr("small = rightId AND " + RANGE.split(" AND ", 1)[1]))
 
 
+def q_single_side_functions(how: str, terms: str) -> Callable[[Any, Path, Path], Any]:
+    """Single-side terms lockgate's task does not evaluate (functions, LIKE, IN): Spark
+    computes them, below the join on a side it pushes them to, in the side's projection
+    on a side whose rows can come out null-padded (beside terms the task evaluates)."""
+
+    def query(reader: Any, ldir: Path, rdir: Path) -> Any:
+        left, right = sides(reader, ldir, rdir)
+        return left.join(right, F.expr(RANGE + terms), how)
+
+    return query
+
+
 QUERIES: dict[str, Callable[[Any, Path, Path], Any]] = {
+    "left_outer_functions": q_single_side_functions("left_outer", " AND upper(lv) <> 'SKIP' AND rv NOT LIKE 'sk%'"),
+    "full_outer_functions": q_single_side_functions(
+        "full_outer", " AND lv <> 'skip' AND length(lv) = 1 AND rv <> 'skip' AND rv NOT IN ('w', 'late-maker')"
+    ),
     "aliased_sides": q_aliased_sides,
     "key_expression": q_key_expression,
     "key_types": q_key_types,
@@ -121,10 +130,8 @@ QUERIES: dict[str, Callable[[Any, Path, Path], Any]] = {
     "left_outer_between": q_left_outer_between,
     "inner_plain": q_inner_plain,
     "inner_range": q_inner_range,
-    "left_outer": q_outer("left_outer"),
     "right_outer": q_outer("right_outer"),
     "left_semi": q_outer("left_semi"),
-    "full_filter": q_full_filter,
 }
 
 # (side, rows): one file per step

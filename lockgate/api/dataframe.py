@@ -16,6 +16,8 @@ from pyspark.sql import functions as F
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.options import parse_duration_ms
+from lockgate.plan.aggregate import Aggregate
+from lockgate.plan.join import StreamJoin
 from lockgate.plan.nodes import (
     EventTimeWatermark,
     PlanNode,
@@ -24,6 +26,7 @@ from lockgate.plan.nodes import (
     Transform,
     Union,
 )
+from lockgate.plan.pushdown import push_below_aggregate, push_below_join
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -182,7 +185,14 @@ class StreamingDataFrame:
             _reject_nested_stream(value)
         base = self._bound(args, kwargs)
         template = getattr(base._template, method)(*args, **kwargs)
-        node = Transform(base._plan, method, tuple(args), tuple(sorted(kwargs.items())))
+        child = base._plan
+        if method in ("where", "filter") and type(child) is Aggregate:
+            # Spark's optimizer moves conditions on grouping columns below the aggregation
+            child = push_below_aggregate(child, template) or child
+        elif method in ("where", "filter") and isinstance(child, StreamJoin):
+            # ... and a join's single-side conditions into its sides
+            child = push_below_join(child, template) or child
+        node = Transform(child, method, tuple(args), tuple(sorted(kwargs.items())))
         return self._derive(node, template)
 
     # -- schema ------------------------------------------------------------------------
@@ -391,11 +401,12 @@ class StreamingDataFrame:
 
         if subset is not None and not isinstance(subset, (list, tuple)):
             raise TypeError(f"subset should be a list or tuple of column names, got {subset!r}")
+        # Spark's analysis errors first (a missing column, a map column: SET_OPERATION_ON_MAP_TYPE)
+        template = self._template.dropDuplicates(list(subset) if subset else None)
         watermarks = event_time_columns(self._plan)
         node = make_deduplicate(
             self._plan, self._template.schema, list(subset) if subset else None, watermarks, within_watermark
         )
-        template = self._template.dropDuplicates(list(node.keys))
         return self._derive(node, template)
 
     def agg(self, *exprs: Any) -> StreamingDataFrame:

@@ -114,6 +114,7 @@ class StreamingGroupedData:
                 output_schema=template.schema,
                 key_names=key_names,
                 event_time_key=event_time_key,
+                input_columns=tuple(self._df.columns),
             )
         return self._df._derive(node, template)
 

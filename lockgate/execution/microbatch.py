@@ -157,6 +157,9 @@ class MicroBatchExecution(StreamExecution):
         self._templates: dict[frozenset[int], tuple[PlanTemplate, set[ObservationRole]] | None] = {}
         """Shape (empty sources) -> the analysed plan later batches of that shape reuse
         and its observations; None when it cannot be reused."""
+        self._pushdown_probed: set[frozenset[int]] = set()
+        """Shapes whose first build was searched for filters Spark pushes below
+        ``withWatermark`` (:mod:`lockgate.plan.pushdown`)."""
         self.reused_plans = 0
         """How many batches of this run reused an earlier batch's plan (for tests)."""
         self._empty_frames: dict[int, DataFrame] = {}
@@ -657,6 +660,12 @@ class MicroBatchExecution(StreamExecution):
             self.reused_plans += 1
             return result, observed[output]
         result = execution.build()
+        if shape not in self._pushdown_probed:
+            # once per shape: what Spark's optimizer pushes below withWatermark
+            self._pushdown_probed.add(shape)
+            if execution.find_pushed_down(result):
+                execution.reset()
+                result = execution.build()
         if execution.stateful is not None:
             self._check_state_schemas(execution)
         output_obs = Observation(observation_name(output, batch_id))

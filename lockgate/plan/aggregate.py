@@ -292,6 +292,12 @@ class Aggregate(PlanNode):
     event_time_key: int | None
     """Index of the grouping key carrying event time (a watermarked column or a
     window over one), used for late rows and eviction; None without watermark."""
+    input_columns: tuple[str, ...] = ()
+    """The columns of the aggregation's input."""
+    input_filters: tuple[Column, ...] = ()
+    """Conditions on grouping columns of a filter right above the aggregation, which
+    Spark's optimizer pushes below it (and on, below ``withWatermark``): the input is
+    filtered by them, so their rows never reach the state (:func:`push_below_aggregate`)."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -696,6 +702,11 @@ def build_aggregate(
     from lockgate.state.schema import OperatorStateSchema
     from lockgate.state.store import StateStoreConf
 
+    if node.input_filters:
+        from lockgate.plan.pushdown import all_of
+
+        condition = ctx.cache.get(node, "input_filters", lambda: all_of(list(node.input_filters)))
+        child = frame(child, child._jdf.filter(condition._jc))
     flat, layouts, buffer_cols = aggregate_state_layout(node, child, ctx)
     num_partitions = ctx.num_partitions if layouts else 1
     tz = ctx.session_timezone

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, MapType, StructField, StructType
+from pyspark.sql.types import LongType, StructField, StructType
 
-from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.errors import AnalysisError
 from lockgate.plan.aggregate import StatefulContext, _micros, schema_to_arrow
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
@@ -83,10 +83,6 @@ def make_deduplicate(
             raise AnalysisError(
                 f"[UNRESOLVED_COLUMN.WITH_SUGGESTION] Cannot resolve column name \"{key}\" among "
                 f"({', '.join(names)})."
-            )
-        if isinstance(schema[key].dataType, MapType):
-            raise NotSupportedYetError(
-                f"Deduplicating on the map column {key!r}", "Deduplicate on other columns instead."
             )
     if within_watermark:
         event_cols = [c for c in names if c in watermarks]

@@ -17,7 +17,7 @@ from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
 from lockgate.plan.aggregate import Aggregate, StatefulContext, aggregate_params, build_aggregate
-from lockgate.plan.cache import PlanCache
+from lockgate.plan.cache import PlanCache, frame
 from lockgate.plan.dedup import Deduplicate, build_deduplicate, dedup_params
 from lockgate.plan.join import StreamJoin, build_stream_join
 from lockgate.plan.join.planner import join_params
@@ -30,6 +30,7 @@ from lockgate.plan.nodes import (
     Transform,
     Union,
 )
+from lockgate.plan.pushdown import all_of, filters_below_watermarks
 from lockgate.plan.session_window import SessionWindowAggregate, build_session_aggregate
 
 if TYPE_CHECKING:
@@ -144,6 +145,8 @@ class IncrementalExecution:
         self.operator_ids = operator_ids or {}
         self.state_schemas: dict[int, Any] = {}
         self._memo: dict[int, tuple[PlanNode, DataFrame]] = {}
+        self._builds = 0
+        """How many builds were reset (:meth:`reset`)."""
         self.cache = cache if cache is not None else PlanCache()
         self._shape = empty_sources
         """Which sources have an empty batch: their DataFrames (and so the schemas above
@@ -153,7 +156,7 @@ class IncrementalExecution:
         index = self._watermark_index.get(id(node))
         if index is None:
             return df
-        obs = Observation(observation_name(("event_time", index), self.batch_id))
+        obs = Observation(self._observation_name(("event_time", index)))
 
         def stats() -> list[Any]:
             col = F.col(node.column)
@@ -180,10 +183,54 @@ class IncrementalExecution:
             return None
         if any(current.column in str(f.args[0] if f.args else "") for f in filters):
             return None
-        df = self._build(current.child)
+        df = self._pushed_down(current, self._build(current.child))
         for f in reversed(filters):
             df = f.apply(df, self.batch_timestamp_ms)
         return self._observe_event_time(current, df)
+
+    def _pushed_down(self, node: EventTimeWatermark, df: DataFrame) -> DataFrame:
+        """``df`` filtered by what Spark's optimizer pushes below ``node``, as found in
+        an earlier build (:meth:`find_pushed_down`)."""
+        conditions = self.cache.below_watermark.get(id(node))
+        if not conditions:
+            return df
+        condition = self.cache.get(node, f"below_watermark/{len(conditions)}", lambda: all_of([c for _, c in conditions]))
+        return frame(df, df._jdf.filter(condition._jc))
+
+    def find_pushed_down(self, result: DataFrame) -> bool:
+        """Record, from the optimized plan of ``result`` (this execution's build), the
+        filters Spark would push below each ``withWatermark`` that this build applies
+        above its event-time statistics. Whether there were any: then build again."""
+        nodes = {id(n): n for n in self.plan.walk() if isinstance(n, EventTimeWatermark)}
+        names: dict[str, EventTimeWatermark] = {}
+        for index, obs in self.observations.event_time.items():
+            node = next((n for n in nodes.values() if self._watermark_index.get(id(n)) == index), None)
+            if node is not None:
+                names[obs._name] = node
+        if not names:
+            return False
+        found = filters_below_watermarks(result, {name: node.column for name, node in names.items()})
+        added = False
+        for name, conditions in found.items():
+            known = self.cache.below_watermark.setdefault(id(names[name]), [])
+            for sql, column in conditions:
+                if all(sql != k for k, _ in known):
+                    known.append((sql, column))
+                    added = True
+        return added
+
+    def _observation_name(self, role: ObservationRole) -> str:
+        name = observation_name(role, self.batch_id)
+        return f"{name}_{self._builds}" if self._builds else name
+
+    def reset(self) -> None:
+        """Forget this execution's build, to build the batch again. The next build's
+        observations get new names: Spark keys an observation by its name and the
+        Dataset it observes, and a source's Dataset is the same in both builds."""
+        self._builds += 1
+        self._memo.clear()
+        self.observations = BatchObservations()
+        self.state_schemas.clear()
 
     def set_batch_params(self) -> None:
         """This batch's values for every state step, as :meth:`build` sets them, for a
@@ -233,7 +280,7 @@ class IncrementalExecution:
             df = self._frames[id(node)]
             index = self._source_index.get(id(node))
             if index is not None and index in self._count_sources:
-                obs = Observation(observation_name(("source_rows", index), self.batch_id))
+                obs = Observation(self._observation_name(("source_rows", index)))
                 df = self.cache.observe(node, "row_count", df, obs, lambda: [row_count()])
                 self.observations.source_rows[index] = obs
             return df
@@ -250,7 +297,7 @@ class IncrementalExecution:
         if isinstance(node, StaticJoin):
             return self._build(node.child).join(node.other, node.on, node.how)
         if isinstance(node, EventTimeWatermark):
-            return self._observe_event_time(node, self._build(node.child))
+            return self._observe_event_time(node, self._pushed_down(node, self._build(node.child)))
 
         if isinstance(node, StreamJoin):
             if self.stateful is None:

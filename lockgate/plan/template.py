@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from lockgate.plan.incremental import ObservationRole
 
@@ -221,6 +221,30 @@ def analysed_frame(spark: SparkSession, plan: Any) -> DataFrame:
     plan.setAnalyzed()
     dataset = jvm_name(spark.sparkContext._jvm, "org.apache.spark.sql.classic.Dataset")
     return PySparkDataFrame(dataset.ofRows(spark._jsparkSession, plan), spark)
+
+
+def unresolved_column(expression: Any, spark: SparkSession | None = None) -> Column:
+    """A Column computing ``expression``, a resolved Catalyst expression, with its
+    attribute references made references by name again: it resolves against any frame
+    with columns of those names (and types). ``spark`` defaults to the active session."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.classic.column import Column as ClassicColumn
+
+    spark = spark or SparkSession.getActiveSession()
+    assert spark is not None
+    jvm = spark.sparkContext._jvm
+    unresolved = jvm_name(jvm, "org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute")
+
+    def rebuild(e: Any) -> Any:
+        if e.getClass().getSimpleName() == "AttributeReference":
+            return unresolved.quoted(e.name())
+        children = e.children()
+        if children.size() == 0:
+            return e
+        return e.withNewChildren(scala_list(jvm, [rebuild(children.apply(i)) for i in range(children.size())]))
+
+    column = jvm_name(jvm, "org.apache.spark.sql.classic.ExpressionUtils").column(rebuild(expression))
+    return ClassicColumn(column)
 
 
 def _seq(seq: Any) -> list[Any]:

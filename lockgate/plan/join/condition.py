@@ -34,7 +34,9 @@ MICROS_PER_DAY = 86_400_000_000
 
 @dataclass
 class _Conjunct:
-    expr: tuple[Any, ...]
+    expr: tuple[Any, ...] | None
+    """The term in the task's form (:func:`compile_expr`), or None for a single-side
+    term only Spark evaluates."""
     refs: frozenset[tuple[int, int]]
     """(side, column index) of the attributes it uses."""
     not_null: frozenset[tuple[int, int, tuple[int, ...]]]
@@ -43,6 +45,8 @@ class _Conjunct:
     watermark_forms: dict[int, Any]
     """side -> its state watermark form (see :func:`_state_watermark_form`) or None."""
     text: str
+    source: Any = None
+    """The conjunct as Spark's analysed expression."""
 
 
 def _kind(type_name: str) -> str:

@@ -39,6 +39,8 @@ from lockgate.plan.join.condition import (
 )
 from lockgate.plan.join.task import JoinTask, run_join_task
 from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
+from lockgate.plan.pushdown import all_of
+from lockgate.plan.template import unresolved_column
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -91,6 +93,13 @@ class StreamJoin(PlanNode):
     pushed: tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]] = ((), ())
     """Per side: conjuncts Spark's optimizer pushes below the join (incl. isnotnull)."""
     pre_join: tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]] = ((), ())
+    pre_join_columns: tuple[tuple[Column, ...], tuple[Column, ...]] = ((), ())
+    """Per side: single-side terms of the condition, on a side whose rows can come out
+    null-padded (so Spark does not push them below the join), that lockgate's task does
+    not evaluate (functions, arithmetic, ``LIKE``, ``IN``, ...): Spark computes them in
+    the side's projection (column ``__pre``), and the task reads the result as it would
+    evaluate ``pre_join``. (Such terms on the other sides are filters below the join,
+    ``pushdown``.)"""
     post_join: tuple[tuple[Any, ...], ...] = ()
     watermark_columns: tuple[int | None, int | None] = (None, None)
     key_watermark_ordinal: int | None = None
@@ -105,6 +114,11 @@ class StreamJoin(PlanNode):
     ``col("l.value")`` resolves after the join as in Spark."""
     several_event_times: tuple[tuple[str, int], ...] = ()
     """A side's event-time columns when it has more than one (Spark fails the query)."""
+    pushdown: tuple[tuple[Column, ...], tuple[Column, ...]] = ((), ())
+    """Per side: the filters of ``pushed`` as Columns over the side's batch. They filter
+    the side's batch before the join, as Spark's optimizer pushes them down: below the
+    side's ``withWatermark`` too when they do not read its event-time column
+    (:mod:`lockgate.plan.pushdown`)."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -292,8 +306,8 @@ def _expression_event_time(node: Any, below: dict[str, int]) -> tuple[str, int |
     kind = node.getClass().getSimpleName()
     if "Star" in kind or "Regex" in kind:
         return None  # several columns
-    if kind == "SqlExpression" and alias is None:  # F.expr / selectExpr text
-        return _sql_event_time(str(node.expression()), below)
+    if kind == "SqlExpression":  # F.expr / selectExpr text
+        return _sql_event_time(str(node.expression()), below, alias)
     if kind == "UnresolvedAttribute":
         if node.nameParts().size() != 1:
             return (alias or "", None)  # a struct field: no metadata in Spark
@@ -317,10 +331,12 @@ def _expression_event_time(node: Any, below: dict[str, int]) -> tuple[str, int |
     return None if _mentions(node, below) else (alias or "", None)
 
 
-def _sql_event_time(text: str, below: dict[str, int]) -> tuple[str, int | None] | None:
+def _sql_event_time(text: str, below: dict[str, int], alias: str | None = None) -> tuple[str, int | None] | None:
     """:func:`_expression_event_time` for SQL text, parsed by Spark's parser into
     Catalyst's unresolved expressions (the same rules; names follow Spark's defaults
-    for a column reference or an alias, other expressions must not mention event time)."""
+    for a column reference, ``window``/``session_window``/``window_time`` or an alias,
+    other expressions must not mention event time). ``alias`` names the column when the
+    text is aliased outside (``F.expr(text).alias(alias)``)."""
     from pyspark.sql import SparkSession
 
     spark = SparkSession.getActiveSession()
@@ -330,16 +346,26 @@ def _sql_event_time(text: str, below: dict[str, int]) -> tuple[str, int | None] 
         expr = spark._jsparkSession.sessionState().sqlParser().parseExpression(text)
     except Exception:
         return None
-    alias = None
     if expr.getClass().getSimpleName() == "Alias":
-        alias = str(expr.name())
+        alias = alias or str(expr.name())
         expr = expr.child()
     kind = expr.getClass().getSimpleName()
     if kind == "UnresolvedAttribute" and expr.nameParts().size() == 1:
         name = str(expr.nameParts().apply(0))
         return (alias or name, below.get(name))
-    if kind in ("UnresolvedFunction", "UnresolvedStar", "UnresolvedRegex"):
-        return None  # window() and friends in SQL text: not followed yet
+    if kind == "UnresolvedFunction" and expr.nameParts().size() == 1 and not expr.isDistinct():
+        function = str(expr.nameParts().apply(0)).lower()
+        args = [expr.arguments().apply(i) for i in range(expr.arguments().size())]
+        if function in ("window", "session_window") and len(args) >= 2:
+            time = _plain_column(args[0])
+            return (alias or function, below.get(time) if time is not None else None)
+        if function == "window_time" and len(args) == 1:
+            window = _plain_column(args[0])
+            if window is None:
+                return (alias or "", None)
+            return (alias or f"window_time({window})", below.get(window))
+    if kind in ("UnresolvedStar", "UnresolvedRegex"):
+        return None  # several columns
     return None if _mentions(expr, below) else (alias or "", None)
 
 
@@ -443,7 +469,7 @@ def make_stream_join(
                         exprs.append(None)
                         indexes.append(next(iter(refs))[1])
                     else:
-                        exprs.append(_key_column(e))
+                        exprs.append(unresolved_column(e))
                         indexes.append(-1)
                         key_attr_refs.update(refs)
                 if name == "EqualTo" and -1 in indexes:
@@ -487,10 +513,15 @@ def make_stream_join(
             "LessThan", "LessThanOrEqual", "GreaterThan", "GreaterThanOrEqual"
         ):
             raise conv.refuse(c)  # Spark's optimizer rewrites it into a range condition
-        expr = conv.convert(c)
+        try:
+            expr: tuple[Any, ...] | None = conv.convert(c)
+        except NotSupportedYetError:
+            if len({s for s, _ in refs}) != 1 or not c.deterministic():
+                raise
+            expr = None  # a single-side term: Spark evaluates it (see StreamJoin.pre_join_columns)
         forms = {s: _state_watermark_form(c, s, attrs, wm_cols) for s in (LEFT, RIGHT)}
         conjuncts.append(
-            _Conjunct(expr, refs, frozenset(_null_intolerant_refs(c, attrs)), forms, text)
+            _Conjunct(expr, refs, frozenset(_null_intolerant_refs(c, attrs)), forms, text, c)
         )
     # Spark's optimizer: single-side conjuncts pushed below the join, and inferred
     # isnotnull filters, on the sides whose rows cannot appear null-padded.
@@ -502,7 +533,10 @@ def make_stream_join(
         "full_outer": set(),
     }[jt]
     pushed: list[list[tuple[Any, ...]]] = [[], []]
+    pushdown: list[list[Column]] = [[], []]
+    schemas = {LEFT: lschema, RIGHT: rschema}
     pre_join: list[list[tuple[Any, ...]]] = [[], []]
+    pre_join_columns: list[list[Column]] = [[], []]
     post_join: list[tuple[Any, ...]] = []
     remaining: list[_Conjunct] = []
     # Spark infers isnotnull for the equi-join keys too (its scan's PushedFilters show
@@ -526,9 +560,14 @@ def make_stream_join(
         if len(sides) == 1:
             (s,) = sides
             if s in push_to:
-                pushed[s].append(c.expr)
+                if c.expr is not None:
+                    pushed[s].append(c.expr)
+                pushdown[s].append(unresolved_column(c.source))
                 continue
-            pre_join[s].append(c.expr)
+            if c.expr is None:
+                pre_join_columns[s].append(unresolved_column(c.source))
+            else:
+                pre_join[s].append(c.expr)
         else:
             post_join.append(c.expr)
         remaining.append(c)
@@ -536,9 +575,14 @@ def make_stream_join(
         kind_of = lambda i, s=side: _kind(attrs_type(attrs, s, i))  # noqa: E731
         for i, path in sorted(not_null[side]):
             checked: tuple[Any, ...] = ("attr", side, i, "other" if path else kind_of(i))
+            column = F.col(f"`{schemas[side].fields[i].name}`")
+            data_type = schemas[side].fields[i].dataType
             for ordinal in path:  # a field of a struct column: isnotnull(s.a.x)
                 checked = ("field", checked, ordinal, "other")
+                column = column.getField(data_type.fields[ordinal].name)
+                data_type = data_type.fields[ordinal].dataType
             pushed[side].append(("isnotnull", checked))
+            pushdown[side].append(column.isNotNull())
     # event-time join key (Spark's findJoinKeyOrdinalForWatermark)
     key_ord = next((j for j, i in enumerate(lkeys) if wm_cols[LEFT] == i), None)
     if key_ord is None:
@@ -579,6 +623,7 @@ def make_stream_join(
         key_types=tuple(key_types),
         pushed=(tuple(pushed[LEFT]), tuple(pushed[RIGHT])),
         pre_join=(tuple(pre_join[LEFT]), tuple(pre_join[RIGHT])),
+        pre_join_columns=(tuple(pre_join_columns[LEFT]), tuple(pre_join_columns[RIGHT])),
         post_join=tuple(post_join),
         watermark_columns=(wm_cols[LEFT], wm_cols[RIGHT]),
         key_watermark_ordinal=key_ord,
@@ -589,6 +634,7 @@ def make_stream_join(
         output_qualifiers=_qualifiers(plan.output()),
         output_types=tuple(f.dataType for f in template.schema.fields),
         several_event_times=tuple(several.items()) if several else (),
+        pushdown=(tuple(pushdown[LEFT]), tuple(pushdown[RIGHT])),
     )
     # the projection must give exactly Spark's output columns
     spark = template.sparkSession
@@ -606,32 +652,6 @@ def _python_type(data_type: Any) -> Any:
     from pyspark.sql.types import _parse_datatype_json_string
 
     return _parse_datatype_json_string(data_type.json())
-
-
-def _key_column(expression: Any) -> Column:
-    """A Column computing ``expression`` (resolved, from Spark's analysed join) on a
-    side's batch: its attribute references become references by name, which resolve
-    against the batch's columns (same names and types as the side's template)."""
-    from pyspark.sql import SparkSession
-    from pyspark.sql.classic.column import Column as ClassicColumn
-
-    from lockgate.plan.template import jvm_name, scala_list
-
-    spark = SparkSession.getActiveSession()
-    assert spark is not None
-    jvm = spark.sparkContext._jvm
-    unresolved = jvm_name(jvm, "org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute")
-
-    def rebuild(e: Any) -> Any:
-        if e.getClass().getSimpleName() == "AttributeReference":
-            return unresolved.quoted(e.name())
-        children = e.children()
-        if children.size() == 0:
-            return e
-        return e.withNewChildren(scala_list(jvm, [rebuild(children.apply(i)) for i in range(children.size())]))
-
-    column = jvm_name(jvm, "org.apache.spark.sql.classic.ExpressionUtils").column(rebuild(expression))
-    return ClassicColumn(column)
 
 
 def _key_type_ok(data_type: Any) -> bool:
@@ -763,6 +783,16 @@ def _key(node: StreamJoin, j: int, side: int) -> Column:
     return F.col(f"`{fields[index].name}`")
 
 
+def _pre_join_flag(node: StreamJoin, side: int) -> list[Column]:
+    """The ``__pre`` column of a side's rows (whether its ``pre_join_columns`` hold, a
+    null as false), when any side has such terms; else no column."""
+    if not any(node.pre_join_columns):
+        return []
+    terms = node.pre_join_columns[side]
+    flag = F.coalesce(all_of(list(terms)), F.lit(False)) if terms else F.lit(True)
+    return [flag.alias("__pre")]
+
+
 def _late_events_watermark_ms(ctx: StatefulContext, batch_id: int) -> int:
     """The previous batch's watermark: Spark drops late rows by it (evicts by the current)."""
     return int(ctx.late_events_watermark_ms or 0)
@@ -809,22 +839,32 @@ def build_stream_join(
     def tagging() -> tuple[list[Column], list[Column], list[Column], Column]:
         lnull = [F.lit(None).cast(f.dataType).alias(f"__l{i}") for i, f in enumerate(lf)]
         rnull = [F.lit(None).cast(f.dataType).alias(f"__r{i}") for i, f in enumerate(rf)]
+        pre = [_pre_join_flag(node, side) for side in (LEFT, RIGHT)]
         lcols = [
             F.lit(LEFT).alias("__side"),
             *[_key(node, j, LEFT).alias(f"__k{j}") for j in range(nkeys)],
             *[F.col(f"`{f.name}`").alias(f"__l{i}") for i, f in enumerate(lf)],
             *rnull,
+            *pre[LEFT],
         ]
         rcols = [
             F.lit(RIGHT).alias("__side"),
             *[_key(node, j, RIGHT).alias(f"__k{j}") for j in range(nkeys)],
             *lnull,
             *[F.col(f"`{f.name}`").alias(f"__r{i}") for i, f in enumerate(rf)],
+            *pre[RIGHT],
         ]
         key_cols = [F.col(f"__k{j}") for j in range(nkeys)]
         return lcols, rcols, key_cols, F.pmod(F.hash(*key_cols), F.lit(n))
 
     lcols, rcols, key_cols, pid = ctx.cache.get(node, f"tagging/{n}", tagging)
+    for side, conditions in enumerate(node.pushdown):
+        if conditions:
+            condition = ctx.cache.get(node, f"pushdown/{side}", lambda c=conditions: all_of(list(c)))
+            if side == LEFT:
+                left = frame(left, left._jdf.filter(condition._jc))
+            else:
+                right = frame(right, right._jdf.filter(condition._jc))
     java_keys = ctx.cache.java_columns(node, f"keys/{n}", lambda: key_cols)
     lpart = frame(left, left._jdf.select(ctx.cache.java_columns(node, f"left/{n}", lambda: lcols)))
     rpart = frame(right, right._jdf.select(ctx.cache.java_columns(node, f"right/{n}", lambda: rcols)))
@@ -878,6 +918,7 @@ def build_stream_join(
         right_keys=node.right_keys,
         pushed=node.pushed,
         pre_join=node.pre_join,
+        spark_pre_join=any(node.pre_join_columns),
         post_join=node.post_join,
         watermark_columns=node.watermark_columns if has_wm else (None, None),
         late_watermark_ms=0,

@@ -29,6 +29,9 @@ class JoinTask:
     right_keys: tuple[int, ...]
     pushed: Any
     pre_join: Any
+    spark_pre_join: bool
+    """Whether rows carry ``__pre``: single-side terms Spark evaluated (a row failing
+    them is treated as one failing ``pre_join``)."""
     post_join: Any
     watermark_columns: tuple[int | None, int | None]
     late_watermark_ms: int
@@ -202,7 +205,7 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
         _Side(StateStore(task.left_store, partition, task.version - 1), left_time),
         _Side(StateStore(task.right_store, partition, task.version - 1), _eviction_time(task, RIGHT)),
     ]
-    inputs: list[list[tuple[tuple[Any, ...], list[Any]]]] = [[], []]
+    inputs: list[list[tuple[tuple[Any, ...], list[Any], bool]]] = [[], []]
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -213,11 +216,12 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
         rcols = [column_values(batch.column(f"__r{i}"), micros=True) for i in range(task.right_width)]
         # the join key as computed for the row's side (a column, or an expression of them)
         keys = list(zip(*[column_values(batch.column(f"__k{k}"), micros=True) for k in range(len(task.left_keys))]))
-        for j, s in enumerate(side_col):
+        flags = batch.column("__pre").to_pylist() if task.spark_pre_join else itertools.repeat(True)
+        for j, (s, ok) in enumerate(zip(side_col, flags)):
             if s == LEFT:
-                inputs[LEFT].append((keys[j], [c[j] for c in lcols]))
+                inputs[LEFT].append((keys[j], [c[j] for c in lcols], ok))
             else:
-                inputs[RIGHT].append((keys[j], [c[j] for c in rcols]))
+                inputs[RIGHT].append((keys[j], [c[j] for c in rcols], ok))
     jt = task.join_type
     semi = jt == "left_semi"
     pushed = [_all_true([compile_expr(e) for e in task.pushed[s]]) for s in (LEFT, RIGHT)]
@@ -245,7 +249,7 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
         other = 1 - side
         mine, theirs = sides[side], sides[other]
         wm_col = task.watermark_columns[side]
-        for key, row in inputs[side]:
+        for key, row, pre_ok in inputs[side]:
             lr, rr = (row, null_rows[RIGHT]) if side == LEFT else (null_rows[LEFT], row)
             if not pushed[side](lr, rr):
                 continue
@@ -254,7 +258,7 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
                 if t is not None and t <= late_us:
                     dropped += 1
                     continue
-            if not pre[side](lr, rr):
+            if not pre_ok or not pre[side](lr, rr):
                 if side == LEFT and jt in ("left_outer", "full_outer"):
                     out.append(row + null_rows[RIGHT])
                 elif side == RIGHT and jt in ("right_outer", "full_outer"):
