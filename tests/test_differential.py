@@ -312,15 +312,24 @@ def test_with_watermark_stateless(diff, inp):
 # -- progress --------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lockgate bug: numInputRows counts the rows of the files, Spark counts the rows its "
-    "file scan outputs after the filters pushed into it (native 1, lockgate 4)",
-)
 def test_num_input_rows_with_filter_pushed_into_scan(diff, inp):
     d = diff(lambda rs: json_stream(inp)(rs).where("score > 3"))
     write_json(inp, rows(0, 4))
     assert len(d.run()) == 1
+
+
+def test_num_input_rows_with_partition_and_data_filters(diff, tmp_path):
+    """Spark's scan prunes the files of other partitions and its JSON reader skips the
+    rows a pushed data filter removes, before numInputRows counts them; a filter it
+    cannot push (``id % 2 = 0``) is applied after the count."""
+    inp = tmp_path / "in"
+    for part in ("a", "b"):
+        (inp / f"part={part}").mkdir(parents=True)
+    schema = SCHEMA + ", part STRING"
+    d = diff(lambda rs: rs.schema(schema).json(str(inp)).where("part = 'a' AND score > 1 AND id % 2 = 0"))
+    write_json(inp / "part=a", rows(0, 5))
+    write_json(inp / "part=b", rows(5, 4))
+    assert len(d.run()) == 2
 
 
 def test_idle_trigger_progress(diff, inp):

@@ -570,11 +570,6 @@ def test_available_now_restarts_match_native(spark, ls, tmp_path):
         d.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="numInputRows counts the rows a where() on the source removes; Spark pushes the "
-    "filter into the file scan and counts only the rows that pass it",
-)
 def test_num_input_rows_with_filter_on_file_source(spark, ls, tmp_path):
     inp = tmp_path / "in"
     inp.mkdir()

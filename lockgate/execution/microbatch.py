@@ -158,8 +158,8 @@ class MicroBatchExecution(StreamExecution):
         """Shape (empty sources) -> the analysed plan later batches of that shape reuse
         and its observations; None when it cannot be reused."""
         self._pushdown_probed: set[frozenset[int]] = set()
-        """Shapes whose first build was searched for filters Spark pushes below
-        ``withWatermark`` (:mod:`lockgate.plan.pushdown`)."""
+        """Shapes whose first build was searched for filters Spark applies below an
+        observation (:mod:`lockgate.plan.pushdown`)."""
         self.reused_plans = 0
         """How many batches of this run reused an earlier batch's plan (for tests)."""
         self._empty_frames: dict[int, DataFrame] = {}
@@ -661,9 +661,12 @@ class MicroBatchExecution(StreamExecution):
             return result, observed[output]
         result = execution.build()
         if shape not in self._pushdown_probed:
-            # once per shape: what Spark's optimizer pushes below withWatermark
+            # once per shape: the filters Spark applies below the observations (a filter
+            # moved below withWatermark can then travel on to a source's row count)
             self._pushdown_probed.add(shape)
-            if execution.find_pushed_down(result):
+            for _ in range(3):
+                if not execution.find_pushed_down(result):
+                    break
                 execution.reset()
                 result = execution.build()
         if execution.stateful is not None:

@@ -42,9 +42,10 @@ class PlanCache:
     def __init__(self) -> None:
         self._values: dict[tuple[int, str], Any] = {}
         self._schemas: dict[tuple[int, str, Hashable], StructType] = {}
-        self.below_watermark: dict[int, list[tuple[str, Any]]] = {}
-        """``id(EventTimeWatermark) ->`` ``(sql, Column)`` of the filters Spark's
-        optimizer pushes below it (:mod:`lockgate.plan.pushdown`)."""
+        self.below_metrics: dict[int, list[tuple[str, Any]]] = {}
+        """``id(EventTimeWatermark or StreamingRelation) ->`` ``(sql, Column)`` of the
+        filters Spark applies below its event-time statistics or its row count
+        (:mod:`lockgate.plan.pushdown`)."""
 
     def get(self, owner: object, name: str, make: Callable[[], T]) -> T:
         """The value ``make()`` built for ``(owner, name)`` the first time it was asked."""

@@ -30,7 +30,7 @@ from lockgate.plan.nodes import (
     Transform,
     Union,
 )
-from lockgate.plan.pushdown import all_of, filters_below_watermarks
+from lockgate.plan.pushdown import all_of, filters_below_metrics
 from lockgate.plan.session_window import SessionWindowAggregate, build_session_aggregate
 
 if TYPE_CHECKING:
@@ -188,31 +188,41 @@ class IncrementalExecution:
             df = f.apply(df, self.batch_timestamp_ms)
         return self._observe_event_time(current, df)
 
-    def _pushed_down(self, node: EventTimeWatermark, df: DataFrame) -> DataFrame:
-        """``df`` filtered by what Spark's optimizer pushes below ``node``, as found in
+    def _pushed_down(self, node: PlanNode, df: DataFrame) -> DataFrame:
+        """``df`` filtered by what Spark applies below ``node``'s observation (a
+        ``withWatermark``'s event-time statistics, a source's row count), as found in
         an earlier build (:meth:`find_pushed_down`)."""
-        conditions = self.cache.below_watermark.get(id(node))
+        conditions = self.cache.below_metrics.get(id(node))
         if not conditions:
             return df
-        condition = self.cache.get(node, f"below_watermark/{len(conditions)}", lambda: all_of([c for _, c in conditions]))
+        condition = self.cache.get(node, f"below_metrics/{len(conditions)}", lambda: all_of([c for _, c in conditions]))
         return frame(df, df._jdf.filter(condition._jc))
 
     def find_pushed_down(self, result: DataFrame) -> bool:
         """Record, from the optimized plan of ``result`` (this execution's build), the
-        filters Spark would push below each ``withWatermark`` that this build applies
-        above its event-time statistics. Whether there were any: then build again."""
-        nodes = {id(n): n for n in self.plan.walk() if isinstance(n, EventTimeWatermark)}
-        names: dict[str, EventTimeWatermark] = {}
-        for index, obs in self.observations.event_time.items():
-            node = next((n for n in nodes.values() if self._watermark_index.get(id(n)) == index), None)
-            if node is not None:
-                names[obs._name] = node
-        if not names:
+        filters Spark would apply below an observation that this build applies above
+        it: below each ``withWatermark``'s event-time statistics, and below a file
+        source's row count (:func:`~lockgate.plan.pushdown.filters_below_metrics`).
+        Whether there were new ones: then build again."""
+        owners: dict[str, PlanNode] = {}
+        event_times: dict[str, str] = {}
+        scans: dict[str, DataFrame] = {}
+        for node in self.plan.walk():
+            if isinstance(node, EventTimeWatermark):
+                obs = self.observations.event_time.get(self._watermark_index.get(id(node), -1))
+                if obs is not None:
+                    owners[obs._name] = node
+                    event_times[obs._name] = node.column
+            elif isinstance(node, StreamingRelation):
+                obs = self.observations.source_rows.get(self._source_index.get(id(node), -1))
+                if obs is not None:
+                    owners[obs._name] = node
+                    scans[obs._name] = self._frames[id(node)]
+        if not owners:
             return False
-        found = filters_below_watermarks(result, {name: node.column for name, node in names.items()})
         added = False
-        for name, conditions in found.items():
-            known = self.cache.below_watermark.setdefault(id(names[name]), [])
+        for name, conditions in filters_below_metrics(result, event_times, scans).items():
+            known = self.cache.below_metrics.setdefault(id(owners[name]), [])
             for sql, column in conditions:
                 if all(sql != k for k, _ in known):
                     known.append((sql, column))
@@ -281,6 +291,7 @@ class IncrementalExecution:
             index = self._source_index.get(id(node))
             if index is not None and index in self._count_sources:
                 obs = Observation(self._observation_name(("source_rows", index)))
+                df = self._pushed_down(node, df)
                 df = self.cache.observe(node, "row_count", df, obs, lambda: [row_count()])
                 self.observations.source_rows[index] = obs
             return df

@@ -1,5 +1,5 @@
 """Filters that Spark's optimizer pushes below ``withWatermark``, below a streaming
-aggregation and into a stream-stream join's sides.
+aggregation, into a stream-stream join's sides and into a file source's scan.
 
 Spark's ``PushPredicateThroughNonJoin`` moves a filter's conjuncts below an
 ``EventTimeWatermark`` when they are deterministic and do not read its event-time
@@ -16,6 +16,11 @@ first batch of each plan shape asks the optimizer where the pushed filters stop:
 have pushed down to its ``EventTimeWatermark``. Its conjuncts that Spark would push on
 are applied below the statistics in this and every later batch
 (:meth:`~lockgate.plan.incremental.IncrementalExecution.build`).
+
+The same holds for a file source's row count (``numInputRows``): Spark counts the rows
+its scan outputs, after the partition filters and, for JSON and CSV, the data filters
+it pushed into the reader; lockgate counts with a ``CollectMetrics`` over the source's
+batch, so those filters are moved below it.
 """
 
 from __future__ import annotations
@@ -32,33 +37,88 @@ if TYPE_CHECKING:
     from lockgate.plan.join import StreamJoin
 
 
-def filters_below_watermarks(result: DataFrame, event_times: dict[str, str]) -> dict[str, list[tuple[str, Column]]]:
-    """Per event-time observation name: the ``(sql, Column)`` of each conjunct Spark
-    would push below that ``withWatermark``, found in the optimized plan of ``result``.
+def filters_below_metrics(
+    result: DataFrame, event_times: dict[str, str], scans: dict[str, DataFrame]
+) -> dict[str, list[tuple[str, Column]]]:
+    """Per observation name: the ``(sql, Column)`` of each conjunct of the filter right
+    above that observation in the optimized plan of ``result`` that Spark would apply
+    below it.
 
-    ``event_times`` maps the observation names to their event-time column names."""
+    ``event_times`` maps event-time observations to their event-time column: Spark moves
+    a conjunct below ``withWatermark`` when it does not read that column. ``scans`` maps
+    a source's row-count observation to the source's batch DataFrame: Spark's file scan
+    applies a conjunct itself, before its rows are counted for ``numInputRows``, when it
+    reads only partition columns (the files are pruned) or, for JSON and CSV with their
+    ``filterPushdown`` on, when it is a data source filter (the reader skips the rows);
+    see :func:`_scan_applies`."""
     found: dict[str, list[tuple[str, Column]]] = {}
     plan = result._jdf.queryExecution().optimizedPlan()
     for node in _nodes(plan):
         if node.getClass().getSimpleName() != "Filter":
             continue
         child = node.child()
-        if child.getClass().getSimpleName() != "CollectMetrics" or child.name() not in event_times:
+        if child.getClass().getSimpleName() != "CollectMetrics":
             continue
-        column = event_times[child.name()].lower()
+        name = child.name()
         output = _seq(child.output())
         names = [a.name().lower() for a in output]
-        event_time = [a for a in output if a.name().lower() == column]
-        if len(event_time) != 1:
+        if name in event_times:
+            column = event_times[name].lower()
+            event_time = [a for a in output if a.name().lower() == column]
+            if len(event_time) != 1:
+                continue
+            applies = lambda c, t=event_time[0]: not c.references().contains(t)  # noqa: E731
+        elif name in scans:
+            scan = _Scan.of(scans[name])
+            if scan is None:
+                continue
+            applies = scan.applies
+        else:
             continue
         for conjunct in _conjuncts(node.condition()):
-            if not conjunct.deterministic() or conjunct.references().contains(event_time[0]):
+            if not conjunct.deterministic() or _has_subquery(conjunct) or not applies(conjunct):
                 continue
             reads = [a.name().lower() for a in _seq(conjunct.references().toSeq())]
-            if any(names.count(n) != 1 for n in reads) or _has_subquery(conjunct):
+            if any(names.count(n) != 1 for n in reads):
                 continue  # not expressible by column name over the observed frame
-            found.setdefault(child.name(), []).append((str(conjunct.sql()), unresolved_column(conjunct, result.sparkSession)))
+            found.setdefault(name, []).append((str(conjunct.sql()), unresolved_column(conjunct, result.sparkSession)))
     return found
+
+
+class _Scan:
+    """What a source batch's file scan applies itself (Spark's ``FileSourceStrategy``)."""
+
+    def __init__(self, spark: Any, relation: Any) -> None:
+        self._spark = spark
+        self._partitions = {n.lower() for n in relation.partitionSchema().fieldNames()}
+        fmt = relation.fileFormat().getClass().getSimpleName()
+        conf = {"JsonFileFormat": "spark.sql.json.filterPushdown.enabled", "CSVFileFormat": "spark.sql.csv.filterPushdown.enabled"}
+        key = conf.get(fmt)
+        self._reader_filters = key is not None and str(spark.conf.get(key, "true")).lower() == "true"
+
+    @classmethod
+    def of(cls, frame: DataFrame) -> _Scan | None:
+        """The scan of ``frame`` (a file source's batch: a relation, maybe under a
+        projection), or None for other sources."""
+        node = frame._jdf.queryExecution().analyzed()
+        while node.children().size() == 1 and node.getClass().getSimpleName() == "Project":
+            node = node.children().apply(0)
+        if node.getClass().getSimpleName() != "LogicalRelation":
+            return None
+        relation = node.relation()
+        if relation.getClass().getSimpleName() != "HadoopFsRelation":
+            return None
+        return cls(frame.sparkSession, relation)
+
+    def applies(self, conjunct: Any) -> bool:
+        reads = {a.name().lower() for a in _seq(conjunct.references().toSeq())}
+        if reads and reads <= self._partitions:
+            return True  # a partition filter: the files it rules out are not read
+        if not self._reader_filters or reads & self._partitions:
+            return False
+        jvm = self._spark.sparkContext._jvm
+        strategy = getattr(getattr(jvm.org.apache.spark.sql.execution.datasources, "DataSourceStrategy$"), "MODULE$")
+        return bool(strategy.translateFilter(conjunct, False).isDefined())
 
 
 def push_below_aggregate(node: Aggregate, filtered: DataFrame) -> Aggregate | None:
