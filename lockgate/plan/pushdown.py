@@ -15,7 +15,7 @@ first batch of each plan shape asks the optimizer where the pushed filters stop:
 ``Filter`` right above an event-time ``CollectMetrics`` holds exactly what Spark would
 have pushed down to its ``EventTimeWatermark``. Its conjuncts that Spark would push on
 are applied below the statistics in this and every later batch
-(:meth:`~lockgate.plan.incremental.IncrementalExecution.build`).
+(:meth:`~lockgate.plan.incremental.IncrementalExecution.find_pushed_down`).
 
 The same holds for a file source's row count (``numInputRows``): Spark counts the rows
 its scan outputs, after the partition filters and, for JSON and CSV, the data filters
@@ -50,7 +50,7 @@ def filters_below_metrics(
     applies a conjunct itself, before its rows are counted for ``numInputRows``, when it
     reads only partition columns (the files are pruned) or, for JSON and CSV with their
     ``filterPushdown`` on, when it is a data source filter (the reader skips the rows);
-    see :func:`_scan_applies`."""
+    see :meth:`_Scan.applies`."""
     found: dict[str, list[tuple[str, Column]]] = {}
     plan = result._jdf.queryExecution().optimizedPlan()
     for node in _nodes(plan):
@@ -127,8 +127,9 @@ def push_below_aggregate(node: Aggregate, filtered: DataFrame) -> Aggregate | No
     moves below an ``Aggregate`` as its input filters; None when there are none.
 
     Spark moves the deterministic conjuncts that read only grouping columns when every
-    aggregate expression is deterministic and there are grouping keys. lockgate follows the keys that are input columns kept as they are (a
-    filter on a ``window`` or on a renamed key stays above, as before)."""
+    aggregate expression is deterministic and there are grouping keys. lockgate follows
+    the keys that are input columns kept as they are (a filter on a ``window`` or on a
+    renamed key stays above, as before)."""
     plan = filtered._jdf.queryExecution().analyzed()
     if plan.getClass().getSimpleName() != "Filter":
         return None
