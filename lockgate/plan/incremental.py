@@ -171,23 +171,6 @@ class IncrementalExecution:
         self.observations.event_time[index] = obs
         return self.cache.observe(node, "event_time_stats", df, obs, stats)
 
-    def _filters_below_watermark(self, node: Transform) -> DataFrame | None:
-        """Filters right above ``withWatermark`` that do not use the event-time column
-        run before the event-time statistics, as Spark pushes them below the watermark."""
-        filters: list[Transform] = []
-        current: PlanNode = node
-        while isinstance(current, Transform) and current.method in ("where", "filter"):
-            filters.append(current)
-            current = current.child
-        if not filters or not isinstance(current, EventTimeWatermark):
-            return None
-        if any(current.column in str(f.args[0] if f.args else "") for f in filters):
-            return None
-        df = self._pushed_down(current, self._build(current.child))
-        for f in reversed(filters):
-            df = f.apply(df, self.batch_timestamp_ms)
-        return self._observe_event_time(current, df)
-
     def _pushed_down(self, node: PlanNode, df: DataFrame) -> DataFrame:
         """``df`` filtered by what Spark applies below ``node``'s observation (a
         ``withWatermark``'s event-time statistics, a source's row count), as found in
@@ -296,9 +279,6 @@ class IncrementalExecution:
                 self.observations.source_rows[index] = obs
             return df
         if isinstance(node, Transform):
-            pushed = self._filters_below_watermark(node)
-            if pushed is not None:
-                return pushed
             return node.apply(self._build(node.child), self.batch_timestamp_ms)
         if isinstance(node, Union):
             left, right = self._build(node.left), self._build(node.right)

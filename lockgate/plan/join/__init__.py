@@ -1,20 +1,20 @@
 """Stream-stream joins: Spark's symmetric hash join (StreamingSymmetricHashJoinExec).
 
-Each batch, both sides' new rows are tagged with their side, hash-partitioned together by
-the join keys into the state's partitions, and one ``mapInArrow`` task per partition:
+Each batch, both sides' new rows are filtered as Spark's optimizer filters them below
+the join (single-side conjuncts pushed to a non-preserved side, and the inferred
+``isnotnull`` of keys and of columns used by null-intolerant conjuncts; Spark evaluates
+them, ``StreamJoin.pushdown``), tagged with their side, hash-partitioned together by the
+join keys into the state's partitions, and one ``mapInArrow`` task per partition:
 
-1. drops rows Spark's optimizer would have filtered out below the join (single-side
-   conjuncts pushed to a non-preserved side, and the inferred ``isnotnull`` of keys and
-   of columns used by null-intolerant conjuncts);
-2. processes the new **left** rows: drops late rows (event time <= the previous batch's
+1. processes the new **left** rows: drops late rows (event time <= the previous batch's
    watermark, counted as ``numRowsDroppedByWatermark``), joins each with the right state
    rows of its key that pass the condition (marking them matched), and buffers it in the
    left state (left semi: only when it matched nothing);
-3. processes the new **right** rows the same way against the left state, which now holds
+2. processes the new **right** rows the same way against the left state, which now holds
    this batch's left rows too (so each new pair is produced exactly once); a right row is
    buffered unless the state watermark would evict it at once (and, for right/full
    outer, it matched);
-4. evicts state rows at or below each side's state watermark; for outer joins the
+3. evicts state rows at or below each side's state watermark; for outer joins the
    evicted rows of the preserved side(s) that never matched are emitted with nulls.
 
 The join condition is read from Spark's analysed plan of the same join on the

@@ -30,7 +30,6 @@ from lockgate.plan.join.condition import (
     RIGHT,
     _Conjunct,
     _Converter,
-    _kind,
     _null_intolerant_refs,
     _refs,
     _split_and,
@@ -90,8 +89,6 @@ class StreamJoin(PlanNode):
     None on a side whose key is a plain column."""
     key_types: tuple[Any, ...] = ()
     """Per join key, its type (the same on both sides, after Spark's casts)."""
-    pushed: tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]] = ((), ())
-    """Per side: conjuncts Spark's optimizer pushes below the join (incl. isnotnull)."""
     pre_join: tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]] = ((), ())
     pre_join_columns: tuple[tuple[Column, ...], tuple[Column, ...]] = ((), ())
     """Per side: single-side terms of the condition, on a side whose rows can come out
@@ -115,9 +112,12 @@ class StreamJoin(PlanNode):
     several_event_times: tuple[tuple[str, int], ...] = ()
     """A side's event-time columns when it has more than one (Spark fails the query)."""
     pushdown: tuple[tuple[Column, ...], tuple[Column, ...]] = ((), ())
-    """Per side: the filters of ``pushed`` as Columns over the side's batch. They filter
-    the side's batch before the join, as Spark's optimizer pushes them down: below the
-    side's ``withWatermark`` too when they do not read its event-time column
+    """Per side: the conjuncts Spark's optimizer pushes below the join (single-side
+    terms on a side whose rows cannot come out null-padded, the inferred ``isnotnull``
+    of keys and of columns in null-intolerant terms; and a filter right after the join,
+    :func:`~lockgate.plan.pushdown.push_below_join`), as Columns over the side's batch.
+    Spark filters the side's batch by them before the join: below the side's
+    ``withWatermark`` too when they do not read its event-time column
     (:mod:`lockgate.plan.pushdown`)."""
 
     @property
@@ -532,7 +532,6 @@ def make_stream_join(
         "right_outer": {LEFT},
         "full_outer": set(),
     }[jt]
-    pushed: list[list[tuple[Any, ...]]] = [[], []]
     pushdown: list[list[Column]] = [[], []]
     schemas = {LEFT: lschema, RIGHT: rschema}
     pre_join: list[list[tuple[Any, ...]]] = [[], []]
@@ -560,8 +559,6 @@ def make_stream_join(
         if len(sides) == 1:
             (s,) = sides
             if s in push_to:
-                if c.expr is not None:
-                    pushed[s].append(c.expr)
                 pushdown[s].append(unresolved_column(c.source))
                 continue
             if c.expr is None:
@@ -572,16 +569,12 @@ def make_stream_join(
             post_join.append(c.expr)
         remaining.append(c)
     for side in (LEFT, RIGHT):
-        kind_of = lambda i, s=side: _kind(attrs_type(attrs, s, i))  # noqa: E731
         for i, path in sorted(not_null[side]):
-            checked: tuple[Any, ...] = ("attr", side, i, "other" if path else kind_of(i))
             column = F.col(f"`{schemas[side].fields[i].name}`")
             data_type = schemas[side].fields[i].dataType
             for ordinal in path:  # a field of a struct column: isnotnull(s.a.x)
-                checked = ("field", checked, ordinal, "other")
                 column = column.getField(data_type.fields[ordinal].name)
                 data_type = data_type.fields[ordinal].dataType
-            pushed[side].append(("isnotnull", checked))
             pushdown[side].append(column.isNotNull())
     # event-time join key (Spark's findJoinKeyOrdinalForWatermark)
     key_ord = next((j for j, i in enumerate(lkeys) if wm_cols[LEFT] == i), None)
@@ -621,7 +614,6 @@ def make_stream_join(
         right_keys=tuple(rkeys),
         key_expressions=tuple(key_exprs),
         key_types=tuple(key_types),
-        pushed=(tuple(pushed[LEFT]), tuple(pushed[RIGHT])),
         pre_join=(tuple(pre_join[LEFT]), tuple(pre_join[RIGHT])),
         pre_join_columns=(tuple(pre_join_columns[LEFT]), tuple(pre_join_columns[RIGHT])),
         post_join=tuple(post_join),
@@ -667,13 +659,6 @@ def _key_type_ok(data_type: Any) -> bool:
     if isinstance(data_type, ArrayType):
         return _key_type_ok(data_type.elementType)
     return data_type.typeName() in _OK_KEY_TYPES
-
-
-def attrs_type(attrs: dict[int, tuple[int, int, Any]], side: int, index: int) -> str:
-    for s, i, a in attrs.values():
-        if s == side and i == index:
-            return str(a.dataType().typeName())
-    raise KeyError((side, index))
 
 
 def check_stream_join(node: StreamJoin, output_mode: str) -> None:
@@ -916,7 +901,6 @@ def build_stream_join(
         join_type=node.join_type,
         left_keys=node.left_keys,
         right_keys=node.right_keys,
-        pushed=node.pushed,
         pre_join=node.pre_join,
         spark_pre_join=any(node.pre_join_columns),
         post_join=node.post_join,

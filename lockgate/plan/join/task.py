@@ -27,7 +27,6 @@ class JoinTask:
     join_type: str
     left_keys: tuple[int, ...]
     right_keys: tuple[int, ...]
-    pushed: Any
     pre_join: Any
     spark_pre_join: bool
     """Whether rows carry ``__pre``: single-side terms Spark evaluated (a row failing
@@ -224,7 +223,6 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
                 inputs[RIGHT].append((keys[j], [c[j] for c in rcols], ok))
     jt = task.join_type
     semi = jt == "left_semi"
-    pushed = [_all_true([compile_expr(e) for e in task.pushed[s]]) for s in (LEFT, RIGHT)]
     pre = [_all_true([compile_expr(e) for e in task.pre_join[s]]) for s in (LEFT, RIGHT)]
     post = _all_true([compile_expr(e) for e in task.post_join])
     late_us = task.late_watermark_ms * 1000
@@ -251,8 +249,6 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
         wm_col = task.watermark_columns[side]
         for key, row, pre_ok in inputs[side]:
             lr, rr = (row, null_rows[RIGHT]) if side == LEFT else (null_rows[LEFT], row)
-            if not pushed[side](lr, rr):
-                continue
             if wm_col is not None:
                 t = _event_micros(row[wm_col])
                 if t is not None and t <= late_us:
