@@ -43,16 +43,40 @@ STEPS: list[tuple[str, list[dict[str, Any]]]] = [
 
 
 def test_pushed_filters_run_below_the_watermark(spark: Any, ls: Any, tmp_path: Path) -> None:
+    """Each query has rows that Spark's optimizer filters out below the join's sides,
+    some of them far in the future or with a null key:
+
+    - inner: both sides' null keys and the condition's 'skip' rows;
+    - left outer: only the right side's null keys (the left side's rows can come out
+      null-padded: nothing is pushed there from the condition), and the left side's
+      'skip' rows from the filter after the join (Spark pushes its left-only terms into
+      the preserved left side);
+    - left outer under a filter that null-padded rows fail: Spark makes it an inner
+      join, and pushes into both sides (the null keys too);
+    - keyed: key conditions before the join and in it, carried to the other side;
+    - inner with a filter after a projection that renames the key: its 'skip' terms
+      through it into their sides, and its key term into the left side and, inferred
+      from the key equality, into the right side.
+    """
     extra = " AND lv <> 'skip' AND rv <> 'skip'"
-    # inner: both sides' null keys and 'skip' rows; left outer: only the right side's
-    # null keys (the left side's rows can come out null-padded: nothing is pushed there
-    # from the condition), and the left side's 'skip' rows from a filter after the join
-    # (Spark pushes a filter's left-only terms into the preserved left side); inner with
-    # the filter after the join: both sides' 'skip' rows
+
+    def projected(reader: Any, ldir: Path, rdir: Path) -> Any:
+        left, right = sides(reader, ldir, rdir)
+        joined = left.join(right, F.expr(RANGE), "inner")
+        renamed = joined.select(F.col("leftId").alias("id"), "lv", F.upper("rv").alias("rv"), "rightTime")
+        return renamed.where("id <> 2 AND lv <> 'skip' AND rv <> 'SKIP'")
+
+    def keyed(reader: Any, ldir: Path, rdir: Path) -> Any:
+        # the right side's far-future row of key 2 is filtered too
+        left, right = sides(reader, ldir, rdir)
+        return left.where("leftId <> 2").join(right, F.expr(RANGE + " AND leftId <> 3"), "inner")
+
     queries = {
         "inner": q("inner", extra),
+        "keyed": keyed,
         "left_outer": q("left_outer", after="lv <> 'skip'"),
-        "inner_filtered_after": q("inner", after="lv <> 'skip' AND rv <> 'skip'"),
+        "left_outer_made_inner": q("left_outer", after="lv <> 'skip' AND rv <> 'skip'"),
+        "inner_projected": projected,
     }
     _run_steps(spark, ls, tmp_path, queries, STEPS)
 
@@ -86,10 +110,24 @@ def test_filters_run_below_the_watermark_and_the_aggregation(spark, bench, tmp_p
         return kept.groupBy(F.window("ts", "10 seconds")).count()
 
     def windows_filtered_by_key(reader: Any) -> Any:
-        """A filter on a grouping column after the aggregation: below it, and below
-        withWatermark, in Spark."""
+        """A filter on a renamed grouping column after the aggregation: through the
+        projection, below the aggregation, and below withWatermark, in Spark."""
         stream = reader.schema(SCHEMA).json(str(inp)).withWatermark("ts", "5 seconds")
-        return stream.groupBy(F.window("ts", "10 seconds"), "k").count().where(F.col("k") != "b")
+        counts = stream.groupBy(F.window("ts", "10 seconds"), "k").count()
+        return counts.select(F.col("k").alias("key"), "window", "count").where(F.col("key") != "b")
+
+    def windows_filtered_by_window(reader: Any) -> Any:
+        """A filter on the window: below the aggregation (its rows never reach the
+        state), but not below withWatermark (it reads the event time)."""
+        stream = reader.schema(SCHEMA).json(str(inp)).withWatermark("ts", "5 seconds")
+        counts = stream.groupBy(F.window("ts", "10 seconds"), "k").count()
+        return counts.where(F.minute("window.start") < 10)
+
+    def sessions_filtered_by_key(reader: Any) -> Any:
+        """The same over session windows."""
+        stream = reader.schema(SCHEMA).json(str(inp)).withWatermark("ts", "5 seconds")
+        counts = stream.groupBy(F.session_window("ts", "4 seconds"), "k").count()
+        return counts.select(F.col("k").alias("key"), "session_window", "count").where("key <> 'b'")
 
     def latest_per_key(reader: Any) -> Any:
         """Update mode: the filtered key never reaches the state (numRowsTotal)."""
@@ -100,6 +138,8 @@ def test_filters_run_below_the_watermark_and_the_aggregation(spark, bench, tmp_p
     bench.add("static_join", joined, "append", sink="foreachBatch")
     bench.add("projected_filter", projected_filter, "append", sink="foreachBatch")
     bench.add("windows_filtered_by_key", windows_filtered_by_key, "append", sink="foreachBatch")
+    bench.add("windows_filtered_by_window", windows_filtered_by_window, "update", sink="foreachBatch")
+    bench.add("sessions_filtered_by_key", sessions_filtered_by_key, "append", sink="foreachBatch")
     bench.add("latest_per_key", latest_per_key, "update", sink="foreachBatch")
     bench.start()
     steps = [

@@ -16,8 +16,6 @@ from pyspark.sql import functions as F
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.options import parse_duration_ms
-from lockgate.plan.aggregate import Aggregate
-from lockgate.plan.join import StreamJoin
 from lockgate.plan.nodes import (
     EventTimeWatermark,
     PlanNode,
@@ -26,7 +24,7 @@ from lockgate.plan.nodes import (
     Transform,
     Union,
 )
-from lockgate.plan.pushdown import push_below_aggregate, push_below_join
+from lockgate.plan.pushdown import push_into_stateful
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -185,14 +183,11 @@ class StreamingDataFrame:
             _reject_nested_stream(value)
         base = self._bound(args, kwargs)
         template = getattr(base._template, method)(*args, **kwargs)
-        child = base._plan
-        if method in ("where", "filter") and type(child) is Aggregate:
-            # Spark's optimizer moves conditions on grouping columns below the aggregation
-            child = push_below_aggregate(child, template) or child
-        elif method in ("where", "filter") and isinstance(child, StreamJoin):
-            # ... and a join's single-side conditions into its sides
-            child = push_below_join(child, template) or child
-        node = Transform(child, method, tuple(args), tuple(sorted(kwargs.items())))
+        node: PlanNode = Transform(base._plan, method, tuple(args), tuple(sorted(kwargs.items())))
+        if method in ("where", "filter"):
+            # Spark's optimizer moves a filter's conditions on grouping keys below an
+            # aggregation, and single-side ones into a join's sides, through projections
+            node = push_into_stateful(node, base._template, template) or node
         return self._derive(node, template)
 
     # -- schema ------------------------------------------------------------------------

@@ -85,6 +85,7 @@ class StreamingGroupedData:
         key_names = tuple(template.columns[:key_count])
         event_time_key = self._event_time_key(template.schema, key_count)
         session_key = session_key_index(template.schema, key_count)
+        input_plan = self._df._template._jdf.queryExecution().analyzed()
         node: Aggregate
         if session_key is not None:
             if any(spec.kind == "approx_count_distinct" for spec in specs):
@@ -104,6 +105,7 @@ class StreamingGroupedData:
                 session_key=session_key,
                 watermarked=watermarked_columns(self._df),
                 other_event_time_key=None if event_time_key == session_key else event_time_key,
+                input_plan=input_plan,
             )
         else:
             node = Aggregate(
@@ -114,7 +116,7 @@ class StreamingGroupedData:
                 output_schema=template.schema,
                 key_names=key_names,
                 event_time_key=event_time_key,
-                input_columns=tuple(self._df.columns),
+                input_plan=input_plan,
             )
         return self._df._derive(node, template)
 

@@ -292,12 +292,13 @@ class Aggregate(PlanNode):
     event_time_key: int | None
     """Index of the grouping key carrying event time (a watermarked column or a
     window over one), used for late rows and eviction; None without watermark."""
-    input_columns: tuple[str, ...] = ()
-    """The columns of the aggregation's input."""
     input_filters: tuple[Column, ...] = ()
-    """Conditions on grouping columns of a filter right above the aggregation, which
-    Spark's optimizer pushes below it (and on, below ``withWatermark``): the input is
-    filtered by them, so their rows never reach the state (:func:`push_below_aggregate`)."""
+    """Conditions on grouping keys of a filter above the aggregation, which Spark's
+    optimizer pushes below it (and on, below ``withWatermark``), as Columns over the
+    input: the input is filtered by them, so their rows never reach the state
+    (:func:`~lockgate.plan.pushdown.push_into_stateful`)."""
+    input_plan: Any = field(default=None, repr=False)
+    """The analysed plan (JVM) of the input's template, where a filter above stops."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -692,6 +693,16 @@ def aggregate_params(node: Aggregate, ctx: StatefulContext, batch_id: int) -> di
     }
 
 
+def filtered_input(node: Aggregate, child: DataFrame, ctx: StatefulContext) -> DataFrame:
+    """The aggregation's input batch, filtered by its ``input_filters``."""
+    if not node.input_filters:
+        return child
+    from lockgate.plan.pushdown import all_of
+
+    condition = ctx.cache.get(node, "input_filters", lambda: all_of(list(node.input_filters)))
+    return frame(child, child._jdf.filter(condition._jc))
+
+
 def build_aggregate(
     node: Aggregate, child: DataFrame, ctx: StatefulContext, operator_id: int, batch_id: int
 ) -> tuple[DataFrame, Any]:
@@ -702,11 +713,7 @@ def build_aggregate(
     from lockgate.state.schema import OperatorStateSchema
     from lockgate.state.store import StateStoreConf
 
-    if node.input_filters:
-        from lockgate.plan.pushdown import all_of
-
-        condition = ctx.cache.get(node, "input_filters", lambda: all_of(list(node.input_filters)))
-        child = frame(child, child._jdf.filter(condition._jc))
+    child = filtered_input(node, child, ctx)
     flat, layouts, buffer_cols = aggregate_state_layout(node, child, ctx)
     num_partitions = ctx.num_partitions if layouts else 1
     tz = ctx.session_timezone

@@ -1,6 +1,11 @@
 """Filters that Spark's optimizer pushes below ``withWatermark``, below a streaming
 aggregation, into a stream-stream join's sides and into a file source's scan.
 
+A filter defined above an aggregation or a join, through projections, is moved below it
+when it is defined (:func:`push_into_stateful`), and what Spark infers for a join's
+side from the other side's filters when the join is (:func:`push_inferred_into_join`):
+lockgate runs Spark's own rules over the analysed templates to find them.
+
 Spark's ``PushPredicateThroughNonJoin`` moves a filter's conjuncts below an
 ``EventTimeWatermark`` when they are deterministic and do not read its event-time
 column. The rows they remove then never reach the watermark's event-time statistics, so
@@ -28,13 +33,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from lockgate.plan.template import unresolved_column
+from lockgate.plan.template import jvm_name, scala_list, unresolved_column
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import Column, DataFrame
 
-    from lockgate.plan.aggregate import Aggregate
     from lockgate.plan.join import StreamJoin
+    from lockgate.plan.nodes import PlanNode, Transform
 
 
 def filters_below_metrics(
@@ -121,88 +128,170 @@ class _Scan:
         return bool(strategy.translateFilter(conjunct, False).isDefined())
 
 
-def push_below_aggregate(node: Aggregate, filtered: DataFrame) -> Aggregate | None:
-    """``node`` with the conjuncts of the filter in ``filtered`` (the template of a
-    ``where``/``filter`` right above it) that Spark's ``PushPredicateThroughNonJoin``
-    moves below an ``Aggregate`` as its input filters; None when there are none.
+def push_into_stateful(top: Transform, before: DataFrame, after: DataFrame) -> PlanNode | None:
+    """``top`` (a ``where``/``filter`` over a chain of stateless steps over a streaming
+    aggregation or a stream-stream join) with the stateful node taking the filter's
+    conjuncts that Spark's optimizer moves below it; None when there are none.
 
-    Spark moves the deterministic conjuncts that read only grouping columns when every
-    aggregate expression is deterministic and there are grouping keys. lockgate follows
-    the keys that are input columns kept as they are (a filter on a ``window`` or on a
-    renamed key stays above, as before)."""
-    plan = filtered._jdf.queryExecution().analyzed()
-    if plan.getClass().getSimpleName() != "Filter":
+    ``before`` and ``after`` are the templates without and with the filter. Spark's
+    ``PushDownPredicates`` moves a filter through projections (substituting aliases), an
+    aggregation (conjuncts on grouping keys, a ``window`` too) and a join (single-side
+    conjuncts, into the sides the join type allows, after ``EliminateOuterJoin`` made an
+    outer join under a null-intolerant filter an inner one), and
+    ``InferFiltersFromConstraints`` carries a join key's condition to the other side.
+    lockgate runs those rules on the analysed templates, with a marker that stops them at
+    the stateful node's input, and takes what reaches the marker with the filter and did
+    not without it: for an aggregation, its ``input_filters``; for a join, each side's
+    ``pushdown``. Their rows never reach the state, nor (through the event-time
+    statistics, see :func:`filters_below_metrics`) the watermark, as in Spark."""
+    from lockgate.plan.aggregate import Aggregate
+    from lockgate.plan.join import StreamJoin
+    from lockgate.plan.nodes import Transform
+
+    chain: list[Transform] = []
+    node: PlanNode = top
+    while isinstance(node, Transform):
+        if node.uses_current_time:
+            return None  # its literals are the batch's: not a definition-time filter
+        chain.append(node)
+        node = node.child
+    stateful: PlanNode
+    if isinstance(node, Aggregate) and node.input_plan is not None:
+        input_plan = node.input_plan
+        added = _pushed_to_inputs(before, after, lambda p: [input_plan] if p.fastEquals(input_plan) else None)
+        if added is None or not added[0]:
+            return None
+        stateful = replace(node, input_filters=node.input_filters + tuple(added[0]))
+    elif isinstance(node, StreamJoin):
+        added = _pushed_to_inputs(before, after, _join_sides)
+        if added is None or not (added[0] or added[1]):
+            return None
+        stateful = replace(
+            node, pushdown=(node.pushdown[0] + tuple(added[0]), node.pushdown[1] + tuple(added[1]))
+        )
+    else:
         return None
-    aggregate = plan.child()
-    if aggregate.getClass().getSimpleName() != "Aggregate" or aggregate.groupingExpressions().isEmpty():
-        return None
-    if not all(e.deterministic() for e in _seq(aggregate.aggregateExpressions())):
-        return None
-    inputs = {n.lower() for n in node.input_columns}
-    child_output = aggregate.child().outputSet()
-    grouping = [
-        e for e in _seq(aggregate.groupingExpressions())
-        if e.getClass().getSimpleName() == "AttributeReference" and child_output.contains(e)
-    ]
-    keys = {int(e.exprId().id()) for e in grouping if e.name().lower() in inputs}
-    names = [n.lower() for n in node.input_columns]
-    pushed: list[Column] = []
-    for conjunct in _conjuncts(plan.condition()):
-        refs = _seq(conjunct.references().toSeq())
-        if not conjunct.deterministic() or not refs or _has_subquery(conjunct):
-            continue
-        if all(int(a.exprId().id()) in keys and names.count(a.name().lower()) == 1 for a in refs):
-            pushed.append(unresolved_column(conjunct, filtered.sparkSession))
-    if not pushed:
-        return None
-    return replace(node, input_filters=node.input_filters + tuple(pushed))
+    for step in reversed(chain):
+        stateful = replace(step, child=stateful)
+    return stateful
 
 
-_PUSH_THROUGH_JOIN = {
-    "inner": (True, True),
-    "left_semi": (True, False),
-    "left_outer": (True, False),
-    "right_outer": (False, True),
-    "full_outer": (False, False),
-}
-"""Per join type, whether Spark's ``PushPredicateThroughJoin`` moves a filter's
-left-only and right-only conjuncts from above the join into each side."""
+def push_inferred_into_join(node: StreamJoin, template: DataFrame) -> StreamJoin:
+    """``node`` (just made from the join ``template``) with each side's ``pushdown``
+    taking what Spark's optimizer filters that side's input by: beyond the terms of the
+    join's own condition, what ``InferFiltersFromConstraints`` carries across its key
+    equality from the other side (``a.k = b.k`` with ``a.k > 5``, in the condition or
+    filtered before the join, filters ``b`` by ``b.k > 5``). Terms lockgate already
+    pushes come again; Spark's optimizer drops the repeats."""
+    added = _pushed_to_inputs(None, template, _join_sides)
+    if added is None or not (added[0] or added[1]):
+        return node
+    return replace(node, pushdown=(node.pushdown[0] + tuple(added[0]), node.pushdown[1] + tuple(added[1])))
 
 
-def push_below_join(node: StreamJoin, filtered: DataFrame) -> StreamJoin | None:
-    """``node`` with the single-side conjuncts of the filter in ``filtered`` (the
-    template of a ``where``/``filter`` right above the join) that Spark pushes into a
-    side added to that side's filters (``StreamJoin.pushdown``); None when there are
-    none. Rows they remove never reach the side's state (and, through the event-time
-    statistics, the watermark), as in Spark."""
-    plan = filtered._jdf.queryExecution().analyzed()
-    if plan.getClass().getSimpleName() != "Filter":
+def _join_sides(plan: Any) -> list[Any] | None:
+    return [plan.left(), plan.right()] if plan.getClass().getSimpleName() == "Join" else None
+
+
+_MARKER_SEED = -(2**40) - 7_340
+"""The seed of the first marker (see :func:`_conjuncts_at_inputs`); the next count down."""
+
+
+def _pushed_to_inputs(
+    before: DataFrame | None, after: DataFrame, inputs_of: Callable[[Any], list[Any] | None]
+) -> list[list[Column]] | None:
+    """Per input of the stateful node (the first plan node, from the root, for which
+    ``inputs_of`` gives its input subtrees): the conjuncts that reach that input in
+    ``after`` and not in ``before`` (if given), as Columns over the input's columns;
+    None when the stateful node is not found."""
+    pushed_after = _conjuncts_at_inputs(after, inputs_of)
+    if pushed_after is None:
         return None
-    below = plan.child()
-    # a join with a USING key list sits under a Project of its output columns
-    join = below.child() if below.getClass().getSimpleName() == "Project" else below
-    if join.getClass().getSimpleName() != "Join":
+    pushed_before = _conjuncts_at_inputs(before, inputs_of) if before is not None else [([], [])] * len(pushed_after)
+    if pushed_before is None or len(pushed_before) != len(pushed_after):
         return None
-    output = {int(a.exprId().id()) for a in _seq(below.output())}
-    sides = [{int(a.exprId().id()) for a in _seq(join.left().output())}, {int(a.exprId().id()) for a in _seq(join.right().output())}]
-    schemas = (node.left_schema, node.right_schema)
-    added: list[list[Column]] = [[], []]
-    for conjunct in _conjuncts(plan.condition()):
-        refs = _seq(conjunct.references().toSeq())
-        ids = {int(a.exprId().id()) for a in refs}
-        if not conjunct.deterministic() or not ids or not ids <= output or _has_subquery(conjunct):
-            continue
-        for side in (0, 1):
-            if not _PUSH_THROUGH_JOIN[node.join_type][side] or not ids <= sides[side]:
+    spark = after.sparkSession
+    added: list[list[Column]] = []
+    for (_, known), (output, found) in zip(pushed_before, pushed_after):
+        seen = {str(c.sql()) for c in known}
+        ids = {int(a.exprId().id()) for a in output}
+        names = [a.name().lower() for a in output]
+        columns = []
+        for conjunct in found:
+            refs = _seq(conjunct.references().toSeq())
+            if str(conjunct.sql()) in seen or not refs or not conjunct.deterministic() or _has_subquery(conjunct):
                 continue
-            names = [f.name.lower() for f in schemas[side].fields]
-            if all(names.count(a.name().lower()) == 1 for a in refs):
-                added[side].append(unresolved_column(conjunct, filtered.sparkSession))
-    if not added[0] and not added[1]:
+            if all(int(a.exprId().id()) in ids and names.count(a.name().lower()) == 1 for a in refs):
+                columns.append(unresolved_column(conjunct, spark))
+        added.append(columns)
+    return added
+
+
+def _conjuncts_at_inputs(
+    frame: DataFrame, inputs_of: Callable[[Any], list[Any] | None]
+) -> list[tuple[list[Any], list[Any]]] | None:
+    """Per input of the stateful node in ``frame``'s analysed plan: its output
+    attributes, and the conjuncts of the filter that Spark's pushdown rules leave right
+    above it. ``inputs_of`` gives the input subtrees of the stateful node (or ``[node]``
+    when the node is itself the one input), None for other nodes."""
+    jvm = frame.sparkSession.sparkContext._jvm
+    # The marker: a ``Sample`` with a seed of its own, taken from a plan Spark builds
+    # (its constructor differs between Spark versions) and moved over the subtree.
+    # Spark pushes no filter through a ``Sample``, and its constraints are its child's.
+    spark = frame.sparkSession
+    outputs: list[list[Any]] = []
+
+    def marked(subtree: Any) -> Any:
+        seed = _MARKER_SEED - len(outputs)
+        outputs.append(_seq(subtree.output()))
+        sample = spark.range(0).sample(fraction=1.0, seed=seed)._jdf.queryExecution().analyzed()
+        return sample.withNewChildren(scala_list(jvm, [subtree]))
+
+    def mark(plan: Any) -> Any:
+        inputs = inputs_of(plan)
+        if inputs is not None:
+            if len(inputs) == 1 and plan.fastEquals(inputs[0]):
+                return marked(plan)  # the node is the input
+            return plan.withNewChildren(scala_list(jvm, [marked(i) for i in inputs]))
+        children = _seq(plan.children())
+        if not children:
+            return plan
+        rebuilt = [mark(c) for c in children]
+        if outputs:
+            return plan.withNewChildren(scala_list(jvm, rebuilt))
+        return plan
+
+    plan = mark(frame._jdf.queryExecution().analyzed())
+    if not outputs:
         return None
-    return replace(
-        node, pushdown=(node.pushdown[0] + tuple(added[0]), node.pushdown[1] + tuple(added[1]))
-    )
+    optimizer = "org.apache.spark.sql.catalyst.optimizer."
+    # as Spark's optimizer orders them: its "Operator Optimization" batches (to a fixed
+    # point) around "Infer Filters" (once)
+    operator = [jvm_name(jvm, optimizer + r) for r in ("EliminateOuterJoin$.MODULE$", "PushDownPredicates$.MODULE$")]
+    infer = jvm_name(jvm, optimizer + "InferFiltersFromConstraints$.MODULE$")
+    plan = _fixed_point(operator, infer.apply(_fixed_point(operator, plan)))
+    found: list[list[Any]] = [[] for _ in outputs]
+    for node in _nodes(plan):
+        if node.getClass().getSimpleName() != "Filter" or node.child().getClass().getSimpleName() != "Sample":
+            continue
+        seed = node.child().seed()
+        if not isinstance(seed, int):  # an Option in recent Spark versions
+            seed = seed.get() if seed.isDefined() else None
+        index = _MARKER_SEED - seed if seed is not None else -1
+        if 0 <= index < len(outputs):
+            found[index].extend(_conjuncts(node.condition()))
+    return list(zip(outputs, found))
+
+
+def _fixed_point(rules: list[Any], plan: Any, limit: int = 10) -> Any:
+    for _ in range(limit):
+        changed = plan
+        for rule in rules:
+            changed = rule.apply(changed)
+        if changed.fastEquals(plan):
+            break
+        plan = changed
+    return plan
 
 
 def all_of(conditions: list[Column]) -> Column:

@@ -60,6 +60,7 @@ from lockgate.plan.aggregate import (
     _UniqueNames,
     aliased_partials,
     buffer_names,
+    filtered_input,
     final_column,
     flatten_keys,
     merge_buffers,
@@ -159,6 +160,7 @@ def session_window_aggregate(
     session_key: int,
     watermarked: set[str],
     other_event_time_key: int | None,
+    input_plan: Any,
 ) -> SessionWindowAggregate:
     """The plan node, once the grouping is known to hold a session window."""
     time_column = _session_time_column(spark, grouping[session_key])
@@ -178,6 +180,7 @@ def session_window_aggregate(
         key_names=key_names,
         event_time_key=session_key if time_column in watermarked else None,
         session_key=session_key,
+        input_plan=input_plan,
     )
 
 
@@ -385,6 +388,7 @@ def build_session_aggregate(
     from lockgate.state.schema import OperatorStateSchema
     from lockgate.state.store import StateStoreConf
 
+    child = filtered_input(node, child, ctx)
     tz = ctx.session_timezone
     key_count = len(node.key_names)
     others = [i for i in range(key_count) if i != node.session_key]

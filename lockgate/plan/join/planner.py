@@ -38,7 +38,7 @@ from lockgate.plan.join.condition import (
 )
 from lockgate.plan.join.task import JoinTask, run_join_task
 from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
-from lockgate.plan.pushdown import all_of
+from lockgate.plan.pushdown import all_of, push_inferred_into_join
 from lockgate.plan.template import unresolved_column
 
 if TYPE_CHECKING:
@@ -451,7 +451,6 @@ def make_stream_join(
     null_safe: set[int] = set()  # indexes of keys compared with <=> (null matches null)
     key_exprs: list[tuple[Any, Any]] = []
     key_types: list[Any] = []
-    key_attr_refs: set[tuple[int, int]] = set()  # the columns key expressions read
     key_not_null: set[tuple[int, int, tuple[int, ...]]] = set()  # Spark's isnotnull from them
     for c in _split_and(cond.get()):
         name = c.getClass().getSimpleName()
@@ -471,7 +470,6 @@ def make_stream_join(
                     else:
                         exprs.append(unresolved_column(e))
                         indexes.append(-1)
-                        key_attr_refs.update(refs)
                 if name == "EqualTo" and -1 in indexes:
                     key_not_null.update(_null_intolerant_refs(c, attrs))
                 data_type = a.dataType()
@@ -496,19 +494,12 @@ def make_stream_join(
             "A stream-stream join without equality join keys",
             "Join on at least one column equality (e.g. leftId = rightId).",
         )
-    key_refs = {(LEFT, i) for i in lkeys if i >= 0} | {(RIGHT, i) for i in rkeys if i >= 0}
-    key_refs |= key_attr_refs
     conjuncts: list[_Conjunct] = []
     for c in others:
         refs = frozenset(_refs(c, attrs))
         text = str(c.toString())
         if not refs:
             raise NotSupportedYetError(f"The constant stream-stream join condition term {text!r}")
-        if refs & key_refs:
-            raise NotSupportedYetError(
-                f"The stream-stream join condition term {text!r} on a join key column",
-                "Spark infers extra filters from such terms; filter the sides before the join.",
-            )
         if c.getClass().getSimpleName() == "Not" and c.child().getClass().getSimpleName() in (
             "LessThan", "LessThanOrEqual", "GreaterThan", "GreaterThanOrEqual"
         ):
@@ -628,6 +619,8 @@ def make_stream_join(
         several_event_times=tuple(several.items()) if several else (),
         pushdown=(tuple(pushdown[LEFT]), tuple(pushdown[RIGHT])),
     )
+    # what Spark infers from the key equality and the sides' filters
+    node = push_inferred_into_join(node, template)
     # the projection must give exactly Spark's output columns
     spark = template.sparkSession
     probe = spark.createDataFrame([], _joined_schema(node)).select(*_output_columns(node))
