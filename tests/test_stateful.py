@@ -594,6 +594,9 @@ def _src(reader: Any, inp: str) -> Any:
     return reader.schema(SCHEMA).json(inp)
 
 
+def _as_is(batches: Any) -> Any:
+    yield from batches
+
 
 UNSUPPORTED = [
     pytest.param(
@@ -607,6 +610,17 @@ UNSUPPORTED = [
         "append",
         "start",
         id="append-aggregation-watermark-not-grouped",
+    ),
+    pytest.param(
+        # mapInPandas outputs new columns, without the watermark's event-time metadata
+        lambda r, i: _src(r, i)
+        .withWatermark("ts", "10 seconds")
+        .mapInPandas(_as_is, SCHEMA)
+        .groupBy(F.window("ts", "5 seconds"))
+        .count(),
+        "append",
+        "start",
+        id="append-aggregation-after-map-in-pandas",
     ),
     pytest.param(
         lambda r, i: _src(r, i).select("k"),
@@ -665,6 +679,28 @@ def test_unsupported_operation_rejected_like_spark(spark, ls, tmp_path, build, m
     assert not (tmp_path / "lockgate").exists() or not any(
         (tmp_path / "lockgate" / "offsets").glob("*")
     )
+
+
+EVENT_TIME_STEPS = {
+    "withColumnsRenamed": lambda df: df.withColumnsRenamed({"ts": "t", "k": "key"}),
+    "withColumns": lambda df: df.withColumns({"t": F.col("ts"), "ts": F.lit(None).cast("timestamp")}),
+    "fillna_replace_sort": lambda df: df.fillna(0).replace("a", "b").orderBy("k"),
+    "toDF": lambda df: df.toDF("t", "key", "v"),
+    "mapInPandas": lambda df: df.mapInPandas(_as_is, SCHEMA),
+}
+
+
+@pytest.mark.parametrize("step", EVENT_TIME_STEPS.values(), ids=EVENT_TIME_STEPS.keys())
+def test_event_time_columns_follow_sparks_watermark_metadata(spark, ls, tmp_path, step):
+    """The columns lockgate treats as event time after a step are those to which Spark
+    gives the watermark's metadata (seen in a native streaming DataFrame's schema)."""
+    from lockgate.api.grouped import event_time_columns
+
+    native = step(_src(spark.readStream, str(tmp_path)).withWatermark("ts", "10 seconds"))
+    delay = "spark.watermarkDelayMs"
+    expected = {f.name: int(f.metadata[delay]) for f in native.schema.fields if delay in f.metadata}
+    ours = step(_src(ls.readStream, str(tmp_path)).withWatermark("ts", "10 seconds"))
+    assert event_time_columns(ours._plan) == expected
 
 
 NOT_YET = [

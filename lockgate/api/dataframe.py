@@ -259,6 +259,13 @@ class StreamingDataFrame:
         return f"StreamingDataFrame[{cols}]"
 
     # -- operations with their own nodes -------------------------------------------------
+    def toDF(self, *cols: str) -> StreamingDataFrame:  # noqa: N802
+        self._template.toDF(*cols)  # Spark's errors (a wrong number of names)
+        if len(set(self.columns)) != len(self.columns):
+            return self._transform("toDF", *cols)
+        # Spark's toDF is a projection of aliases (which keep watermark metadata)
+        return self.select(*[F.col(_quoted(old)).alias(new) for old, new in zip(self.columns, cols)])
+
     def where(self, condition: Column | str) -> StreamingDataFrame:
         return self._transform("where", condition)
 
@@ -443,6 +450,10 @@ class StreamingDataFrame:
         from lockgate.api.writer import DataStreamWriter
 
         return DataStreamWriter(self)
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _flatten(values: Any) -> list[Any]:

@@ -222,6 +222,23 @@ def _event_time_outputs(node: PlanNode) -> dict[str, int] | None:
         return below
     if node.method in _KEEPS:
         return below
+    if node.method in ("mapInPandas", "mapInArrow"):
+        return {}  # new output attributes, without Spark's watermark metadata
+    if node.method == "withColumnsRenamed" and len(node.args) == 1 and isinstance(node.args[0], dict):
+        renames = node.args[0]
+        if any(new in below and new not in renames for new in renames.values()):
+            return None
+        return {renames.get(n, n): d for n, d in below.items()}
+    if node.method == "withColumns" and len(node.args) == 1 and isinstance(node.args[0], dict):
+        replaced = dict(below)
+        for name, column in node.args[0].items():
+            made = _column_event_time(column, below)
+            if made is None:
+                return None
+            replaced.pop(name, None)
+            if made[1] is not None:
+                replaced[name] = made[1]
+        return replaced
     if node.method == "drop" and all(isinstance(a, str) for a in node.args):
         return {n: d for n, d in below.items() if n not in node.args}
     if node.method == "withColumn" and isinstance(node.args[0], str) and len(node.args) == 2:
@@ -382,7 +399,13 @@ def _plain_column(node: Any) -> str | None:
     return None
 
 
-_KEEPS = ("alias", "filter", "where", "dropna", "repartition", "coalesce", "hint", "sample")
+_KEEPS = (
+    "alias", "filter", "where", "dropna", "fillna", "replace", "repartition", "repartitionByRange",
+    "coalesce", "hint", "sample", "orderBy", "sort",
+)
+"""Row-by-row methods that keep every column as it is, with its watermark metadata
+(``fillna`` and ``replace`` change only numeric, string and boolean columns, never an
+event-time timestamp or window)."""
 
 
 def _normalize_how(how: str | None) -> str:
