@@ -264,6 +264,9 @@ def _conjuncts_at_inputs(
     plan = mark(frame._jdf.queryExecution().analyzed())
     if not outputs:
         return None
+    # Spark's optimizer drops subquery aliases (``df.alias``) first: they stop no filter
+    analysis = "org.apache.spark.sql.catalyst.analysis."
+    plan = jvm_name(jvm, analysis + "EliminateSubqueryAliases$.MODULE$").apply(plan)
     optimizer = "org.apache.spark.sql.catalyst.optimizer."
     # as Spark's optimizer orders them: its "Operator Optimization" batches (to a fixed
     # point) around "Infer Filters" (once)
