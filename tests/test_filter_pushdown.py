@@ -116,6 +116,13 @@ def test_filters_run_below_the_watermark_and_the_aggregation(spark, bench, tmp_p
         counts = stream.groupBy(F.window("ts", "10 seconds"), "k").count()
         return counts.select(F.col("k").alias("key"), "window", "count").where(F.col("key") != "b")
 
+    def windows_joined_and_filtered(reader: Any) -> Any:
+        """A filter after a stream-static join of the aggregation: into the stream side
+        and on, through the aggregation, below withWatermark."""
+        stream = reader.schema(SCHEMA).json(str(inp)).withWatermark("ts", "5 seconds")
+        counts = stream.groupBy(F.window("ts", "10 seconds"), "k").count()
+        return counts.join(static, "k").where("k <> 'b'")
+
     def windows_filtered_by_window(reader: Any) -> Any:
         """A filter on the window: below the aggregation (its rows never reach the
         state), but not below withWatermark (it reads the event time)."""
@@ -139,6 +146,7 @@ def test_filters_run_below_the_watermark_and_the_aggregation(spark, bench, tmp_p
     bench.add("static_join", joined, "append", sink="foreachBatch")
     bench.add("projected_filter", projected_filter, "append", sink="foreachBatch")
     bench.add("windows_filtered_by_key", windows_filtered_by_key, "append", sink="foreachBatch")
+    bench.add("windows_joined_and_filtered", windows_joined_and_filtered, "append", sink="foreachBatch")
     bench.add("windows_filtered_by_window", windows_filtered_by_window, "update", sink="foreachBatch")
     bench.add("sessions_filtered_by_key", sessions_filtered_by_key, "append", sink="foreachBatch")
     bench.add("latest_per_key", latest_per_key, "update", sink="foreachBatch")

@@ -129,9 +129,10 @@ class _Scan:
 
 
 def push_into_stateful(top: Transform, before: DataFrame, after: DataFrame) -> PlanNode | None:
-    """``top`` (a ``where``/``filter`` over a chain of stateless steps over a streaming
-    aggregation or a stream-stream join) with the stateful node taking the filter's
-    conjuncts that Spark's optimizer moves below it; None when there are none.
+    """``top`` (a ``where``/``filter`` over a chain of stateless steps and stream-static
+    joins over a streaming aggregation, or of stateless steps over a stream-stream join)
+    with the stateful node taking the filter's conjuncts that Spark's optimizer moves
+    below it; None when there are none.
 
     ``before`` and ``after`` are the templates without and with the filter. Spark's
     ``PushDownPredicates`` moves a filter through projections (substituting aliases), an
@@ -146,15 +147,17 @@ def push_into_stateful(top: Transform, before: DataFrame, after: DataFrame) -> P
     statistics, see :func:`filters_below_metrics`) the watermark, as in Spark."""
     from lockgate.plan.aggregate import Aggregate
     from lockgate.plan.join import StreamJoin
-    from lockgate.plan.nodes import Transform
+    from lockgate.plan.nodes import StaticJoin, Transform
 
-    chain: list[Transform] = []
+    chain: list[Transform | StaticJoin] = []
     node: PlanNode = top
-    while isinstance(node, Transform):
-        if node.uses_current_time:
+    while isinstance(node, (Transform, StaticJoin)):
+        if isinstance(node, Transform) and node.uses_current_time:
             return None  # its literals are the batch's: not a definition-time filter
         chain.append(node)
         node = node.child
+    # the input of a stream-stream join is found as the first join from the root
+    below_static_join = any(isinstance(step, StaticJoin) for step in chain)
     stateful: PlanNode
     if isinstance(node, Aggregate) and node.input_plan is not None:
         input_plan = node.input_plan
@@ -162,7 +165,7 @@ def push_into_stateful(top: Transform, before: DataFrame, after: DataFrame) -> P
         if added is None or not added[0]:
             return None
         stateful = replace(node, input_filters=node.input_filters + tuple(added[0]))
-    elif isinstance(node, StreamJoin):
+    elif isinstance(node, StreamJoin) and not below_static_join:
         added = _pushed_to_inputs(before, after, _join_sides)
         if added is None or not (added[0] or added[1]):
             return None
