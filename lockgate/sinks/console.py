@@ -11,17 +11,28 @@ if TYPE_CHECKING:
 
 
 class ConsoleSink(Sink):
-    """Prints at most ``numRows`` rows of each batch; only those rows reach the driver."""
+    """Prints at most ``numRows`` rows of each batch; only those rows reach the driver,
+    though the whole batch is computed."""
 
     def __init__(self, num_rows: int, truncate: bool) -> None:
         self.num_rows = num_rows
         self.truncate = truncate
 
     def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+        from pyspark import StorageLevel
+
         line = "-" * 43
         print(f"{line}\nBatch: {batchId}\n{line}", flush=True)
-        # show() fetches only numRows rows; the full batch never comes to the driver.
-        data.show(self.num_rows, self.truncate)
+        # Spark's console sink takes every row of the batch, so its state steps run on
+        # every partition and its metrics count every row; show() alone computes only
+        # the partitions it needs for numRows rows. So the batch is computed in full and
+        # kept on the executors, and only numRows rows come to the driver.
+        kept = data.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            kept.write.format("noop").mode("overwrite").save()
+            kept.show(self.num_rows, self.truncate)
+        finally:
+            kept.unpersist()
 
     def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]  # noqa: N802
         from lockgate.sinks.continuous import ConsoleContinuousSink

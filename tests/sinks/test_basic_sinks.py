@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import uuid
@@ -71,6 +72,7 @@ def test_console_num_rows_and_truncate(ls, spark, capsys):
     assert "only showing top 2 rows" in out
     assert long_text in out
     assert last_batch(q).sink.description == "ConsoleSink[numRows=2, truncate=false]"
+    assert last_batch(q).sink.numOutputRows == 3  # every row, as Spark's console sink
 
     stream2 = MemoryStream(ls, SCHEMA)
     stream2.addData(rows)
@@ -79,6 +81,43 @@ def test_console_num_rows_and_truncate(ls, spark, capsys):
     out = capsys.readouterr().out
     assert long_text not in out  # truncated to 20 characters by default
     assert "x" * 17 + "..." in out
+
+
+def test_console_runs_the_whole_stateful_batch_like_spark(ls, spark, tmp_path, capsys):
+    """numRows=1 shows one row, yet every state partition runs and every row counts:
+    numOutputRows and the state's row counts match native Spark's, batch by batch."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+
+    def write(name: str, n: int) -> None:
+        (inp / name).write_text("".join(f'{{"k": "k{i % 20}", "v": {i}}}\n' for i in range(n)))
+
+    write("a.json", 100)
+    figures = {}
+    for engine, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
+        counts = reader.schema("k STRING, v LONG").json(str(inp)).groupBy("k").count()
+        q = (counts.writeStream.format("console").option("numRows", 1).outputMode("update")
+             .option("checkpointLocation", str(tmp_path / engine)).start())
+        try:
+            q.processAllAvailable()
+            write(f"b_{engine}.json", 40)
+            q.processAllAvailable()
+            progress = [_as_dict(p) for p in q.recentProgress]
+        finally:
+            q.stop()
+            (inp / f"b_{engine}.json").unlink()
+        figures[engine] = [
+            (p["batchId"], p["sink"]["numOutputRows"], [o["numRowsTotal"] for o in p["stateOperators"]])
+            for p in progress
+            if p["numInputRows"] > 0
+        ]
+    capsys.readouterr()
+    assert figures["lockgate"] == figures["native"] == [(0, 20, [20]), (1, 20, [20])]
+
+
+def _as_dict(progress) -> dict:
+    """A progress report of either engine as parsed JSON."""
+    return json.loads(progress.json) if hasattr(progress, "json") else dict(progress)
 
 
 @pytest.mark.parametrize(("key", "value"), [("numRows", "-1"), ("numRows", "many"), ("truncate", "maybe")])
