@@ -124,7 +124,7 @@ class _Scan:
         if not self._reader_filters or reads & self._partitions:
             return False
         jvm = self._spark.sparkContext._jvm
-        strategy = getattr(getattr(jvm.org.apache.spark.sql.execution.datasources, "DataSourceStrategy$"), "MODULE$")
+        strategy = jvm_name(jvm, "org.apache.spark.sql.execution.datasources.DataSourceStrategy$.MODULE$")
         return bool(strategy.translateFilter(conjunct, False).isDefined())
 
 
@@ -166,12 +166,10 @@ def push_into_stateful(top: Transform, before: DataFrame, after: DataFrame) -> P
             return None
         stateful = replace(node, input_filters=node.input_filters + tuple(added[0]))
     elif isinstance(node, StreamJoin) and not below_static_join:
-        added = _pushed_to_inputs(before, after, _join_sides)
-        if added is None or not (added[0] or added[1]):
+        joined = _with_side_filters(node, _pushed_to_inputs(before, after, _join_sides))
+        if joined is None:
             return None
-        stateful = replace(
-            node, pushdown=(node.pushdown[0] + tuple(added[0]), node.pushdown[1] + tuple(added[1]))
-        )
+        stateful = joined
     else:
         return None
     for step in reversed(chain):
@@ -186,9 +184,14 @@ def push_inferred_into_join(node: StreamJoin, template: DataFrame) -> StreamJoin
     equality from the other side (``a.k = b.k`` with ``a.k > 5``, in the condition or
     filtered before the join, filters ``b`` by ``b.k > 5``). Terms lockgate already
     pushes come again; Spark's optimizer drops the repeats."""
-    added = _pushed_to_inputs(None, template, _join_sides)
+    return _with_side_filters(node, _pushed_to_inputs(None, template, _join_sides)) or node
+
+
+def _with_side_filters(node: StreamJoin, added: list[list[Column]] | None) -> StreamJoin | None:
+    """``node`` with ``added`` (per side) appended to its sides' ``pushdown``; None when
+    there is nothing to add."""
     if added is None or not (added[0] or added[1]):
-        return node
+        return None
     return replace(node, pushdown=(node.pushdown[0] + tuple(added[0]), node.pushdown[1] + tuple(added[1])))
 
 
