@@ -66,9 +66,10 @@ BETWEEN = "leftId = rightId AND leftTime BETWEEN rightTime - interval 20 seconds
 
 
 def q_inner_between(reader: Any, ldir: Path, rdir: Path) -> Any:
-    """SQL BETWEEN (Spark's runtime-replaceable Between) as the range condition."""
+    """SQL BETWEEN (Spark's runtime-replaceable Between) as the range condition, and a
+    term combining both sides in a function (Spark filters the joined rows by it)."""
     left, right = sides(reader, ldir, rdir)
-    return left.join(right, F.expr(BETWEEN))
+    return left.join(right, F.expr(BETWEEN + " AND concat(lv, rv) <> 'ay'"))
 
 
 def q_left_outer_between(reader: Any, ldir: Path, rdir: Path) -> Any:
@@ -106,22 +107,35 @@ def q_key_types(reader: Any, ldir: Path, rdir: Path) -> Any:
     return left.join(right, F.expr("small = rightId AND " + RANGE.split(" AND ", 1)[1]))
 
 
-def q_single_side_functions(how: str, terms: str) -> Callable[[Any, Path, Path], Any]:
-    """Single-side terms lockgate's task does not evaluate (functions, LIKE, IN): Spark
-    computes them, below the join on a side it pushes them to, in the side's projection
-    on a side whose rows can come out null-padded (beside terms the task evaluates)."""
+def q_single_side_functions(how: str, condition: str) -> Callable[[Any, Path, Path], Any]:
+    """Terms lockgate's task does not evaluate (functions, LIKE, IN, casts). One reading
+    one side: Spark computes it, below the join on a side it pushes terms to, in the
+    side's projection on a side whose rows can come out null-padded. One reading both
+    sides through expressions of one side (``length(lv) <= length(rv)``, a range on
+    ``CAST(leftTime AS BIGINT)``, a BETWEEN testing ``leftTime + interval``): Spark
+    computes those parts in each side's projection and the task compares them."""
 
     def query(reader: Any, ldir: Path, rdir: Path) -> Any:
         left, right = sides(reader, ldir, rdir)
-        return left.join(right, F.expr(RANGE + terms), how)
+        return left.join(right, F.expr(condition), how)
 
     return query
 
 
 QUERIES: dict[str, Callable[[Any, Path, Path], Any]] = {
-    "left_outer_functions": q_single_side_functions("left_outer", " AND upper(lv) <> 'SKIP' AND rv NOT LIKE 'sk%'"),
+    "left_outer_functions": q_single_side_functions(
+        "left_outer",
+        RANGE + " AND upper(lv) <> 'SKIP' AND rv NOT LIKE 'sk%'"
+        # terms reading both sides through expressions of one side
+        " AND length(lv) <= length(rv) AND upper(lv) <> upper(rv)"
+        " AND leftTime + interval 5 seconds BETWEEN rightTime - interval 40 seconds AND rightTime",
+    ),
     "full_outer_functions": q_single_side_functions(
-        "full_outer", " AND lv <> 'skip' AND length(lv) = 1 AND rv <> 'skip' AND rv NOT IN ('w', 'late-maker')"
+        "full_outer",
+        # the range on casts of the event times, which bound the state as Spark's do
+        "leftId = rightId AND CAST(rightTime AS BIGINT) >= CAST(leftTime AS BIGINT)"
+        " AND CAST(rightTime AS BIGINT) <= CAST(leftTime AS BIGINT) + 30"
+        " AND lv <> 'skip' AND length(lv) = 1 AND rv <> 'skip' AND rv NOT IN ('w', 'late-maker')",
     ),
     "aliased_sides": q_aliased_sides,
     "key_expression": q_key_expression,
@@ -261,14 +275,12 @@ def test_start_time_refusals_and_unsupported_conditions(spark: Any, ls: Any, tmp
         ).start()
     with pytest.raises(NotSupportedYetError, match="without equality join keys"):
         left.join(right, F.expr("rightTime >= leftTime"))
-    with pytest.raises(NotSupportedYetError, match="condition term"):
-        left.join(right, F.expr("leftId = rightId AND length(lv) > length(rv)"))
-    # BETWEEN on an expression: Spark computes it in a projection below the join
-    with pytest.raises(NotSupportedYetError, match="BETWEEN|between"):
-        left.join(
-            right,
-            F.expr("leftId = rightId AND leftTime + interval 1 second BETWEEN rightTime AND rightTime + interval 5 seconds"),
-        )
+    # a term that combines the sides in a function: an outer join's task cannot evaluate it
+    with pytest.raises(NotSupportedYetError, match="condition term .*concat"):
+        left.join(right, F.expr(RANGE + " AND concat(lv, rv) <> 'ax'"), "left_outer")
+    # Spark's own refusal of a non-deterministic condition, when the join is defined
+    with pytest.raises(AnalysisException, match="INVALID_NON_DETERMINISTIC_EXPRESSIONS"):
+        left.join(right, F.expr(RANGE + " AND leftId * rand() < rightId"))
 
 
 def test_left_anti_refused_like_spark(spark: Any, ls: Any, tmp_path: Path) -> None:

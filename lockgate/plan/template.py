@@ -28,6 +28,7 @@ other than as its own subtree (Spark's analyser copies a relation used twice).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
@@ -223,10 +224,13 @@ def analysed_frame(spark: SparkSession, plan: Any) -> DataFrame:
     return PySparkDataFrame(dataset.ofRows(spark._jsparkSession, plan), spark)
 
 
-def unresolved_column(expression: Any, spark: SparkSession | None = None) -> Column:
+def unresolved_column(
+    expression: Any, spark: SparkSession | None = None, name_of: Callable[[Any], str] | None = None
+) -> Column:
     """A Column computing ``expression``, a resolved Catalyst expression, with its
     attribute references made references by name again: it resolves against any frame
-    with columns of those names (and types). ``spark`` defaults to the active session."""
+    with columns of those names (and types), or of the names ``name_of`` gives each
+    attribute. ``spark`` defaults to the active session."""
     from pyspark.sql import SparkSession
     from pyspark.sql.classic.column import Column as ClassicColumn
 
@@ -237,7 +241,7 @@ def unresolved_column(expression: Any, spark: SparkSession | None = None) -> Col
 
     def rebuild(e: Any) -> Any:
         if e.getClass().getSimpleName() == "AttributeReference":
-            return unresolved.quoted(e.name())
+            return unresolved.quoted(e.name() if name_of is None else name_of(e))
         children = e.children()
         if children.size() == 0:
             return e

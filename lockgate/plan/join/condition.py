@@ -15,6 +15,7 @@ from typing import Any
 
 from lockgate.errors import NotSupportedYetError
 from lockgate.plan.aggregate import _micros as _to_micros
+from lockgate.plan.template import scala_list
 
 LEFT, RIGHT = 0, 1
 MICROS_PER_DAY = 86_400_000_000
@@ -60,22 +61,87 @@ def _kind(type_name: str) -> str:
 
 
 class _Converter:
-    """Turns resolved Catalyst expressions into the tuple form, refusing the rest."""
+    """Turns resolved Catalyst expressions into the tuple form, refusing the rest.
 
-    def __init__(self, attrs: dict[int, tuple[int, int, Any]], whole: str) -> None:
+    With ``widths`` (each side's column count), a deterministic part of a term that
+    reads one side only and that the task cannot evaluate (``length(lv)``,
+    ``cast(ts AS BIGINT)``, ``v * 2``) becomes a column *derived* from that side: Spark
+    computes it in the side's tagging projection, the row carries it after the side's
+    own columns (index ``width + k``), and the term reads it as a column. ``derived``
+    holds them per side, as (Catalyst expression, type)."""
+
+    def __init__(
+        self, attrs: dict[int, tuple[int, int, Any]], whole: str, widths: tuple[int, int] | None = None
+    ) -> None:
         self.attrs = attrs  # exprId -> (side, index, java attribute)
         self.whole = whole
+        self.widths = widths
+        self.derived: tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]] = ([], [])
 
     def refuse(self, e: Any) -> NotSupportedYetError:
         return NotSupportedYetError(
             f"The stream-stream join condition term {str(e.toString())!r} (in {self.whole!r})",
-            "lockgate evaluates join conditions made of column references, literals, "
-            "comparisons (=, <>, <, <=, >, >=), column BETWEEN ... AND ..., AND, OR, NOT, "
-            "IS [NOT] NULL, fields of struct columns (window.start) and timestamp +/- "
-            "day-time interval literals.",
+            "In an outer or semi join, lockgate evaluates terms that read both sides when "
+            "they join, with comparisons (=, <>, <, <=, >, >=), BETWEEN, AND, OR, NOT, "
+            "IS [NOT] NULL and timestamp +/- day-time interval literals, column references, "
+            "literals, fields of struct columns and deterministic expressions of one side's "
+            "columns (such as length(l.name) or cast(r.ts AS BIGINT)). An inner join takes "
+            "any deterministic term.",
         )
 
     def convert(self, e: Any) -> tuple[Any, ...]:
+        try:
+            return self._convert(e)
+        except NotSupportedYetError:
+            derived = self._derive(e)
+            if derived is None:
+                raise
+            return derived
+
+    def _derivable_side(self, e: Any) -> int | None:
+        """The side ``e`` can be derived from (see the class), or None."""
+        if self.widths is None or not e.deterministic():
+            return None
+        sides = {side for side, _ in _refs(e, self.attrs)}
+        if len(sides) != 1 or _has_unknown_attribute(e, self.attrs):
+            return None
+        return next(iter(sides))
+
+    def _derive(self, e: Any) -> tuple[Any, ...] | None:
+        """``e`` as a column derived from one side (see the class), or None."""
+        side = self._derivable_side(e)
+        if side is None:
+            return None
+        derived = self.derived[side]
+        canonical = e.canonicalized()
+        index = next((k for k, (d, _) in enumerate(derived) if d.canonicalized().equals(canonical)), None)
+        if index is None:
+            index = len(derived)
+            derived.append((e, e.dataType()))
+        return ("attr", side, self.widths[side] + index, _kind(str(e.dataType().typeName())))
+
+    def stand_in(self, e: Any) -> Any | None:
+        """A new attribute standing for ``e`` as a derived column of its side (None when
+        ``e`` cannot be one), known to this converter as that side's column."""
+        side = self._derivable_side(e)
+        if side is None:
+            return None
+        from pyspark import SparkContext
+
+        jvm = SparkContext._jvm
+        assert jvm is not None
+        expressions = jvm.org.apache.spark.sql.catalyst.expressions
+        index = len(self.derived[side])
+        self.derived[side].append((e, e.dataType()))
+        attribute = expressions.AttributeReference(
+            f"_common_expr_{side}_{index}", e.dataType(), True,
+            jvm.org.apache.spark.sql.types.Metadata.empty(), expressions.NamedExpression.newExprId(),
+            scala_list(jvm, []),
+        )
+        self.attrs[int(attribute.exprId().id())] = (side, self.widths[side] + index, attribute)  # type: ignore[index]
+        return attribute
+
+    def _convert(self, e: Any) -> tuple[Any, ...]:
         name = e.getClass().getSimpleName()
         if name == "AttributeReference":
             key = int(e.exprId().id())
@@ -113,7 +179,9 @@ class _Converter:
         if name == "DatetimeSub":
             return self.convert(e.replacement())
         if name == "Between":
-            parts = between_parts(e)
+            # an expression as the tested value: Spark computes it once, in a projection
+            # below the join, as a derived column does
+            parts = between_parts(e) or (between_comparisons(e) if self._derivable_side(e.input()) is not None else None)
             if parts is None:
                 raise self.refuse(e)
             return ("and", self.convert(parts[0]), self.convert(parts[1]))
@@ -128,6 +196,15 @@ class _Converter:
                 return self.convert(child)
             raise self.refuse(e)
         raise self.refuse(e)
+
+
+def _has_unknown_attribute(e: Any, attrs: dict[int, tuple[int, int, Any]]) -> bool:
+    """Whether ``e`` reads an attribute that is not a column of either side (an outer
+    reference)."""
+    if e.getClass().getSimpleName() == "AttributeReference":
+        return int(e.exprId().id()) not in attrs
+    children = e.children()
+    return any(_has_unknown_attribute(children.apply(i), attrs) for i in range(children.size()))
 
 
 def _field_path(e: Any) -> bool:
@@ -422,6 +499,14 @@ _NULL_INTOLERANT = {
 }
 
 
+def _spark_null_intolerant(e: Any) -> bool:
+    """Spark's own answer (``Expression.nullIntolerant``, Spark 4), False before it."""
+    try:
+        return bool(e.nullIntolerant())
+    except Exception:  # py4j: no such method
+        return False
+
+
 def _null_intolerant_refs(
     e: Any, attrs: dict[int, tuple[int, int, Any]]
 ) -> set[tuple[int, int, tuple[int, ...]]]:
@@ -445,7 +530,10 @@ def _null_intolerant_refs(
         return _null_intolerant_refs(e.child(), attrs)
     if name == "IsNotNull":
         return _null_intolerant_refs(e.child(), attrs)
-    if name in _NULL_INTOLERANT:
+    if name == "Between":  # x >= lo AND x <= hi: both null-intolerant
+        parts = between_comparisons(e)
+        return set() if parts is None else _null_intolerant_refs(parts[0], attrs) | _null_intolerant_refs(parts[1], attrs)
+    if name in _NULL_INTOLERANT or _spark_null_intolerant(e):
         out: set[tuple[int, int, tuple[int, ...]]] = set()
         children = e.children()
         for i in range(children.size()):
@@ -456,14 +544,20 @@ def _null_intolerant_refs(
 
 def between_parts(e: Any) -> tuple[Any, Any] | None:
     """``x BETWEEN lo AND hi`` (SQL's ``Between``, a runtime-replaceable expression) as
-    Spark's optimizer sees it: ``x >= lo`` and ``x <= hi``. Only for a column ``x``: Spark
-    inlines a column into both comparisons, but computes any other ``x`` in a projection
-    below the join (a column lockgate cannot name), so those are refused."""
+    Spark's optimizer sees it: ``x >= lo`` and ``x <= hi``. Only for a column ``x`` or a
+    field of one (``window.start``), which Spark inlines into both comparisons; any other
+    ``x`` it computes once, in a projection below the join (see
+    :func:`split_common_expressions`)."""
     if e.getClass().getSimpleName() != "Between":
         return None
-    value = e.input()
-    if value.getClass().getSimpleName() != "AttributeReference":
+    if not _field_path(e.input()):
         return None
+    return between_comparisons(e)
+
+
+def between_comparisons(e: Any) -> tuple[Any, Any] | None:
+    """``x >= lo`` and ``x <= hi`` of ``x BETWEEN lo AND hi``, for any ``x``."""
+    value = e.input()
     from pyspark import SparkContext
 
     jvm = SparkContext._jvm
@@ -474,6 +568,32 @@ def between_parts(e: Any) -> tuple[Any, Any] | None:
         expressions.GreaterThanOrEqual(value, e.lower()),
         expressions.LessThanOrEqual(value, e.upper()),
     )
+
+
+def split_common_expressions(terms: list[Any], conv: _Converter) -> list[Any]:
+    """Spark's rewrite of ``x BETWEEN lo AND hi`` when ``x`` is an expression (its
+    ``With``): the optimizer computes ``x`` once, in a projection below the join on
+    ``x``'s side (``_common_expr_0``), and the condition holds ``_common_expr_0 >= lo``
+    and ``_common_expr_0 <= hi``. The state watermark follows that form: Spark derives
+    a side's watermark from a comparison of *any* of its timestamp columns, so a bound
+    on ``_common_expr_0`` bounds the side's event time as if it were that column. Here
+    ``x`` becomes a derived column (:meth:`_Converter.stand_in`) and the term those two
+    comparisons of it, for terms reading both sides."""
+    from pyspark import SparkContext
+
+    out: list[Any] = []
+    for term in terms:
+        two_sided_between = term.getClass().getSimpleName() == "Between" and len(
+            {side for side, _ in _refs(term, conv.attrs)}
+        ) == 2
+        x = conv.stand_in(term.input()) if two_sided_between else None
+        if x is None:
+            out.append(term)
+            continue
+        expressions = SparkContext._jvm.org.apache.spark.sql.catalyst.expressions  # type: ignore[union-attr]
+        out.append(expressions.GreaterThanOrEqual(x, term.lower()))
+        out.append(expressions.LessThanOrEqual(x, term.upper()))
+    return out
 
 
 def _split_and(e: Any) -> list[Any]:

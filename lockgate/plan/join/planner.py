@@ -34,6 +34,7 @@ from lockgate.plan.join.condition import (
     _refs,
     _split_and,
     _state_watermark_form,
+    split_common_expressions,
     state_watermark_ms,
 )
 from lockgate.plan.join.task import JoinTask, run_join_task
@@ -98,6 +99,19 @@ class StreamJoin(PlanNode):
     evaluate ``pre_join``. (Such terms on the other sides are filters below the join,
     ``pushdown``.)"""
     post_join: tuple[tuple[Any, ...], ...] = ()
+    post_join_columns: tuple[Column, ...] = ()
+    """Terms of an inner join's condition that read both sides in a way the task does
+    not evaluate (``l.v + r.v > 5``, ``concat(l.a, r.b) = 'x'``), as Columns over the
+    task's output (``__l{i}``, ``__r{i}``): Spark filters the joined rows by them. An
+    inner join's output is exactly the pairs that pass every term, so filtering after
+    the task gives Spark's rows; an outer or semi join's cannot (a failed term makes an
+    outer row, or lets another match count), so there they are refused."""
+    derived_columns: tuple[tuple[Column, ...], tuple[Column, ...]] = ((), ())
+    derived_types: tuple[tuple[Any, ...], tuple[Any, ...]] = ((), ())
+    """Per side: parts of two-side condition terms that read only that side and that
+    the task does not evaluate (``length(lv)`` in ``length(lv) < length(rv)``), computed
+    by Spark in the side's tagging projection and carried (and buffered) after the
+    side's columns, where ``post_join``/``pre_join`` read them (``_Converter``)."""
     watermark_columns: tuple[int | None, int | None] = (None, None)
     key_watermark_ordinal: int | None = None
     state_watermark_forms: tuple[Any, Any] = (None, None)
@@ -464,7 +478,7 @@ def make_stream_join(
     if cond.isEmpty():
         raise NotSupportedYetError("A stream-stream join without equality join keys")
     whole = str(cond.get().toString())
-    conv = _Converter(attrs, whole)
+    conv = _Converter(attrs, whole, (len(lschema.fields), len(rschema.fields)))
     (lwm, lmarks), (rwm, rmarks) = _side_watermark_column(left), _side_watermark_column(right)
     wm_cols = {LEFT: lwm, RIGHT: rwm}
     several = next((m for m in (lmarks, rmarks) if len(m) > 1), None)
@@ -518,7 +532,9 @@ def make_stream_join(
             "Join on at least one column equality (e.g. leftId = rightId).",
         )
     conjuncts: list[_Conjunct] = []
-    for c in others:
+    plain = _Converter(attrs, whole)
+    post_join_columns: list[Column] = []
+    for c in split_common_expressions(others, conv):
         refs = frozenset(_refs(c, attrs))
         text = str(c.toString())
         if not refs:
@@ -527,16 +543,29 @@ def make_stream_join(
             "LessThan", "LessThanOrEqual", "GreaterThan", "GreaterThanOrEqual"
         ):
             raise conv.refuse(c)  # Spark's optimizer rewrites it into a range condition
+        single_side = len({s for s, _ in refs}) == 1
+        spark_term = None
+        marks = [len(derived) for derived in conv.derived]
         try:
-            expr: tuple[Any, ...] | None = conv.convert(c)
+            # a single-side term is never split into derived columns: Spark evaluates
+            # all of it when the task cannot (below)
+            expr: tuple[Any, ...] | None = (plain if single_side else conv).convert(c)
         except NotSupportedYetError:
-            if len({s for s, _ in refs}) != 1 or not c.deterministic():
+            for derived, mark in zip(conv.derived, marks):
+                del derived[mark:]  # the parts of a term not evaluated by the task
+            if single_side and c.deterministic():
+                expr = None  # Spark evaluates it (see StreamJoin.pre_join_columns)
+            elif jt == "inner" and c.deterministic():
+                expr = None  # Spark filters the joined rows by it (StreamJoin.post_join_columns)
+                spark_term = _joined_column(c, attrs)
+            else:
                 raise
-            expr = None  # a single-side term: Spark evaluates it (see StreamJoin.pre_join_columns)
         forms = {s: _state_watermark_form(c, s, attrs, wm_cols) for s in (LEFT, RIGHT)}
         conjuncts.append(
             _Conjunct(expr, refs, frozenset(_null_intolerant_refs(c, attrs)), forms, text, c)
         )
+        if spark_term is not None:
+            post_join_columns.append(spark_term)
     # Spark's optimizer: single-side conjuncts pushed below the join, and inferred
     # isnotnull filters, on the sides whose rows cannot appear null-padded.
     push_to = {
@@ -579,11 +608,16 @@ def make_stream_join(
                 pre_join_columns[s].append(unresolved_column(c.source))
             else:
                 pre_join[s].append(c.expr)
-        else:
+        elif c.expr is not None:
             post_join.append(c.expr)
         remaining.append(c)
+    derived_columns = [[unresolved_column(e) for e, _ in conv.derived[side]] for side in (LEFT, RIGHT)]
     for side in (LEFT, RIGHT):
+        width = len(schemas[side].fields)
         for i, path in sorted(not_null[side]):
+            if i >= width:  # a derived column (a BETWEEN's tested expression)
+                pushdown[side].append(derived_columns[side][i - width].isNotNull())
+                continue
             column = F.col(f"`{schemas[side].fields[i].name}`")
             data_type = schemas[side].fields[i].dataType
             for ordinal in path:  # a field of a struct column: isnotnull(s.a.x)
@@ -631,6 +665,9 @@ def make_stream_join(
         pre_join=(tuple(pre_join[LEFT]), tuple(pre_join[RIGHT])),
         pre_join_columns=(tuple(pre_join_columns[LEFT]), tuple(pre_join_columns[RIGHT])),
         post_join=tuple(post_join),
+        post_join_columns=tuple(post_join_columns),
+        derived_columns=(tuple(derived_columns[LEFT]), tuple(derived_columns[RIGHT])),
+        derived_types=tuple(tuple(_python_type(t) for _, t in conv.derived[side]) for side in (LEFT, RIGHT)),
         watermark_columns=(wm_cols[LEFT], wm_cols[RIGHT]),
         key_watermark_ordinal=key_ord,
         state_watermark_forms=(forms[LEFT], forms[RIGHT]),
@@ -653,6 +690,15 @@ def make_stream_join(
             f"lockgate would produce {probe.columns}, Spark {template.columns}.",
         )
     return node, template
+
+
+def _joined_column(term: Any, attrs: dict[int, tuple[int, int, Any]]) -> Column:
+    """A condition term as a Column over the task's output rows (``__l{i}``, ``__r{i}``)."""
+    def name_of(attribute: Any) -> str:
+        side, index, _ = attrs[int(attribute.exprId().id())]
+        return f"__{'lr'[side]}{index}"
+
+    return unresolved_column(term, name_of=name_of)
 
 
 def _python_type(data_type: Any) -> Any:
@@ -701,10 +747,16 @@ def check_stream_join(node: StreamJoin, output_mode: str) -> None:
 
 
 # -- per-batch physical steps -------------------------------------------------------------
+def _side_types(node: StreamJoin, side: int) -> list[Any]:
+    """The types of a side's rows in the task: its columns, then its derived columns."""
+    schema = node.left_schema if side == LEFT else node.right_schema
+    return [f.dataType for f in schema.fields] + list(node.derived_types[side])
+
+
 def _joined_schema(node: StreamJoin) -> StructType:
-    fields = [StructField(f"__l{i}", f.dataType, True) for i, f in enumerate(node.left_schema.fields)]
+    fields = [StructField(f"__l{i}", t, True) for i, t in enumerate(_side_types(node, LEFT))]
     if node.join_type != "left_semi":
-        fields += [StructField(f"__r{i}", f.dataType, True) for i, f in enumerate(node.right_schema.fields)]
+        fields += [StructField(f"__r{i}", t, True) for i, t in enumerate(_side_types(node, RIGHT))]
     return StructType(fields)
 
 
@@ -838,13 +890,18 @@ def build_stream_join(
     nkeys = len(node.left_keys)
 
     def tagging() -> tuple[list[Column], list[Column], list[Column], Column]:
-        lnull = [F.lit(None).cast(f.dataType).alias(f"__l{i}") for i, f in enumerate(lf)]
-        rnull = [F.lit(None).cast(f.dataType).alias(f"__r{i}") for i, f in enumerate(rf)]
+        lnull = [F.lit(None).cast(t).alias(f"__l{i}") for i, t in enumerate(_side_types(node, LEFT))]
+        rnull = [F.lit(None).cast(t).alias(f"__r{i}") for i, t in enumerate(_side_types(node, RIGHT))]
         pre = [_pre_join_flag(node, side) for side in (LEFT, RIGHT)]
+        derived = [
+            [c.alias(f"__{'lr'[side]}{len(fields) + k}") for k, c in enumerate(node.derived_columns[side])]
+            for side, fields in ((LEFT, lf), (RIGHT, rf))
+        ]
         lcols = [
             F.lit(LEFT).alias("__side"),
             *[_key(node, j, LEFT).alias(f"__k{j}") for j in range(nkeys)],
             *[F.col(f"`{f.name}`").alias(f"__l{i}") for i, f in enumerate(lf)],
+            *derived[LEFT],
             *rnull,
             *pre[LEFT],
         ]
@@ -853,6 +910,7 @@ def build_stream_join(
             *[_key(node, j, RIGHT).alias(f"__k{j}") for j in range(nkeys)],
             *lnull,
             *[F.col(f"`{f.name}`").alias(f"__r{i}") for i, f in enumerate(rf)],
+            *derived[RIGHT],
             *pre[RIGHT],
         ]
         key_cols = [F.col(f"__k{j}") for j in range(nkeys)]
@@ -882,7 +940,9 @@ def build_stream_join(
     staged = frame(union, union._jdf.repartition(tasks, java_keys)).withColumn("__lockgate_pid", pid)
     ctx.schema_of(node, staged, "staged")
 
-    def store_conf(name: str, fields: list[StructField], key_idx: tuple[int, ...]) -> StateStoreConf:
+    def store_conf(
+        name: str, fields: list[StructField], derived: tuple[Any, ...], key_idx: tuple[int, ...]
+    ) -> StateStoreConf:
         names = _UniqueNames()
         key_fields = [
             StructField(names.take(f"key_{fields[i].name}"), fields[i].dataType, True)
@@ -892,6 +952,7 @@ def build_stream_join(
         ]
         key_fields.append(StructField(names.take("index"), LongType(), True))
         value_fields = [StructField(names.take(f.name), f.dataType, True) for f in fields]
+        value_fields += [StructField(names.take(f"derived_{k}"), t, True) for k, t in enumerate(derived)]
         value_fields.append(StructField(names.take("matched"), BooleanType(), True))
         return StateStoreConf(
             root=ctx.state_root,
@@ -906,8 +967,8 @@ def build_stream_join(
             timestamps_as_micros=True,
         )
 
-    lstore = store_conf("left", list(lf), node.left_keys)
-    rstore = store_conf("right", list(rf), node.right_keys)
+    lstore = store_conf("left", list(lf), node.derived_types[LEFT], node.left_keys)
+    rstore = store_conf("right", list(rf), node.derived_types[RIGHT], node.right_keys)
     has_wm = ctx.batch_watermark_ms is not None
     out_struct = _joined_schema(node)
     task = JoinTask(
@@ -925,8 +986,8 @@ def build_stream_join(
         evict_watermark_ms=0,
         key_watermark_ordinal=node.key_watermark_ordinal if has_wm else None,
         state_watermark_ms=(None, None),
-        left_width=len(lf),
-        right_width=len(rf),
+        left_width=len(lf) + len(node.derived_types[LEFT]),
+        right_width=len(rf) + len(node.derived_types[RIGHT]),
         out_schema=schema_to_arrow(out_struct, tz),
         accumulator=ctx.accumulator,
         operator_id=operator_id,
@@ -947,4 +1008,7 @@ def build_stream_join(
         + [pa.field(f"right.{f.name}", f.type) for f in rstore.value_schema]
     )
     schema = OperatorStateSchema(operator_id, node.operator_name, key_schema, value_schema, n)
+    if node.post_join_columns:
+        condition = ctx.cache.get(node, "post_join", lambda: all_of(list(node.post_join_columns)))
+        result = frame(result, result._jdf.filter(condition._jc))
     return _project(node, result, ctx), schema
