@@ -191,14 +191,15 @@ def window_time_joined_by_range(a: Path, b: Path, c: Path) -> Any:
 
 
 def expressions_beside_event_time(a: Path, b: Path, c: Path) -> Any:
-    """SQL text in selectExpr (renaming the event-time column) and a window over an
-    expression of the event-time column, which carries no event time in Spark: the side
-    keeps its one event-time column."""
+    """SQL text in selectExpr (renaming the event-time column, and a cast of it, which
+    Spark's optimizer decides carries no event time) and a window over an expression of
+    the event-time column, which carries none in Spark: the side keeps its one
+    event-time column."""
 
     def build(reader: Any) -> Any:
         left = (
             _src(reader, a)
-            .selectExpr("k", "ts AS lt", "v * 2 AS dv")
+            .selectExpr("k", "ts AS lt", "v * 2 AS dv", "CAST(ts AS STRING) AS ls")
             .withColumn("w", F.window(F.col("lt") + F.expr("interval 1 second"), "5 seconds"))
         )
         right = _src(reader, b, "2", "5 seconds").withColumnRenamed("k", "k2")

@@ -21,7 +21,6 @@ from pyspark.sql import functions as F
 from test_stateful import SCHEMA, Bench, _headline, ev
 
 import lockgate
-from lockgate import NotSupportedYetError
 from lockgate.plan.checks import REDEFINED_WATERMARK_ERROR
 
 
@@ -257,38 +256,6 @@ def test_redefined_watermark_refused(spark, ls, tmp_path):
             "checkpointLocation", str(tmp_path / "lockgate")
         ).start()
     assert REDEFINED_WATERMARK_ERROR in str(lg.value)
-
-
-NOT_YET = [
-    pytest.param(
-        lambda r, i: _src(r, i)
-        .groupBy(F.window("ts", "5 seconds"), "k")
-        .count()
-        .join(_right(r, i).select("k", "ts2", F.col("ts2").cast("string").alias("when")), "k"),
-        id="window-aggregation-joined-with-a-side-casting-its-event-time",
-    ),
-]
-
-
-@pytest.mark.parametrize("build", NOT_YET)
-def test_not_supported_yet_combinations(spark, ls, tmp_path, build):
-    """Chains Spark accepts (append mode) that lockgate refuses before running, naming
-    the combination."""
-    inp = str(tmp_path / "in")
-    os.makedirs(inp)
-    native = (
-        build(spark.readStream, inp)
-        .writeStream.format("memory")
-        .queryName(f"nyet_{uuid.uuid4().hex[:8]}")
-        .option("checkpointLocation", str(tmp_path / "native"))
-        .start()
-    )
-    native.stop()
-    with pytest.raises(NotSupportedYetError):
-        build(ls.readStream, inp).writeStream.format("memory").queryName("nyet_lg").option(
-            "checkpointLocation", str(tmp_path / "lockgate")
-        ).start()
-    assert not ls.streams.active
 
 
 # -- operators after a join that delays the watermark (Spark's watermark propagation) ----

@@ -9,6 +9,7 @@ recorded as a plan node; at run time the engine replays the plan on each batch.
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
@@ -33,6 +34,22 @@ if TYPE_CHECKING:
     from lockgate.api.writer import DataStreamWriter
 
 _STREAMING_ACTION_ERROR = "Queries with streaming sources must be executed with writeStream.start();"
+
+def _with_event_time(node: Transform, before: DataFrame, after: DataFrame) -> Transform:
+    """``node``, with the columns that carry event time after it as Spark's optimizer
+    decides (``Transform.event_time``) when lockgate's rules cannot tell."""
+    from lockgate.plan.join.planner import _KEEPS, _event_time_outputs, event_time_by_optimizer
+
+    if node.method in _KEEPS:
+        return node
+    below = _event_time_outputs(node.child)
+    if not below or _event_time_outputs(node) is not None:
+        return node
+    found = event_time_by_optimizer(before, after, below)
+    if found is None:
+        return node
+    return replace(node, event_time=tuple(sorted(found.items())))
+
 
 # Methods Spark runs without state on a stream: recorded as they are.
 _STATELESS = (
@@ -188,6 +205,8 @@ class StreamingDataFrame:
             # Spark's optimizer moves a filter's conditions on grouping keys below an
             # aggregation, and single-side ones into a join's sides, through projections
             node = push_into_stateful(node, base._template, template) or node
+        else:
+            node = _with_event_time(node, base._template, template)
         return self._derive(node, template)
 
     # -- schema ------------------------------------------------------------------------

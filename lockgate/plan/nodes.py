@@ -64,6 +64,10 @@ class Transform(PlanNode):
     method: str
     args: tuple[Any, ...] = ()
     kwargs: tuple[tuple[str, Any], ...] = ()
+    event_time: tuple[tuple[str, int], ...] | None = None
+    """The output columns that carry event time, with their delays, as Spark's optimizer
+    makes them, where lockgate's rules cannot tell from the method and its arguments
+    (see ``event_time_by_optimizer`` in :mod:`lockgate.plan.join.planner`)."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:

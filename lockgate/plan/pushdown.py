@@ -233,6 +233,15 @@ def _pushed_to_inputs(
     return added
 
 
+def with_marker(spark: Any, subtree: Any, seed: int = _MARKER_SEED) -> Any:
+    """``subtree`` (an analysed plan) under a marker: a ``Sample`` of all rows with
+    ``seed``, taken from a plan Spark builds (its constructor differs between Spark
+    versions). Spark's optimizer moves no filter and no projection through it, and its
+    output and constraints are its child's."""
+    sample = spark.range(0).sample(fraction=1.0, seed=seed)._jdf.queryExecution().analyzed()
+    return sample.withNewChildren(scala_list(spark.sparkContext._jvm, [subtree]))
+
+
 def _conjuncts_at_inputs(
     frame: DataFrame, inputs_of: Callable[[Any], list[Any] | None]
 ) -> list[tuple[list[Any], list[Any]]] | None:
@@ -241,17 +250,13 @@ def _conjuncts_at_inputs(
     above it. ``inputs_of`` gives the input subtrees of the stateful node (or ``[node]``
     when the node is itself the one input), None for other nodes."""
     jvm = frame.sparkSession.sparkContext._jvm
-    # The marker: a ``Sample`` with a seed of its own, taken from a plan Spark builds
-    # (its constructor differs between Spark versions) and moved over the subtree.
-    # Spark pushes no filter through a ``Sample``, and its constraints are its child's.
+    # One marker (see with_marker) over each input, each with a seed of its own.
     spark = frame.sparkSession
     outputs: list[list[Any]] = []
 
     def marked(subtree: Any) -> Any:
-        seed = _MARKER_SEED - len(outputs)
         outputs.append(_seq(subtree.output()))
-        sample = spark.range(0).sample(fraction=1.0, seed=seed)._jdf.queryExecution().analyzed()
-        return sample.withNewChildren(scala_list(jvm, [subtree]))
+        return with_marker(spark, subtree, _MARKER_SEED - len(outputs) + 1)
 
     def mark(plan: Any) -> Any:
         inputs = inputs_of(plan)

@@ -234,6 +234,8 @@ def _event_time_outputs(node: PlanNode) -> dict[str, int] | None:
     below = _event_time_outputs(node.child)
     if below is None or not below:
         return below
+    if node.event_time is not None:
+        return dict(node.event_time)
     if node.method in _KEEPS:
         return below
     if node.method in ("mapInPandas", "mapInArrow"):
@@ -302,6 +304,89 @@ def _event_time_outputs(node: PlanNode) -> dict[str, int] | None:
                 out[made[0]] = made[1]
         return out
     return None
+
+
+_WATERMARK_KEY = "spark.watermarkDelayMs"
+
+
+def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str, int]) -> dict[str, int] | None:
+    """The columns of ``after`` (one step over ``before``) that carry event time, with
+    their delays, as Spark decides it; None when this cannot tell.
+
+    ``below`` holds ``before``'s event-time columns. In Spark they are attributes of the
+    ``EventTimeWatermark`` (or of a step that passed its metadata on), so the step
+    above sees them as attributes, and an output column carries one's metadata when the
+    optimized step outputs that very attribute, bare or under an alias: ``col("ts")``,
+    but also ``cast(ts AS TIMESTAMP)`` or ``to_timestamp(ts)``, which the optimizer
+    reduces to ``ts``. An alias with metadata of its own (``withMetadata``) carries only
+    the delay in it. Anything else (``date_trunc("minute", "ts")``, ``ts + interval``)
+    is a new attribute without it. The templates hold no ``EventTimeWatermark`` (Spark
+    drops it from batch plans), so ``before`` is put under a marker the optimizer does
+    not look through (:func:`~lockgate.plan.pushdown.with_marker`), where Spark's would
+    be, and ``after``'s plan over it is optimized with Spark's optimizer."""
+    from lockgate.plan.pushdown import with_marker
+
+    target = before._jdf.queryExecution().analyzed()
+    names = [a.name() for a in _jvm_seq(target.output())]
+    if any(names.count(n) != 1 for n in below):
+        return None
+    delays = {int(a.exprId().id()): below[a.name()] for a in _jvm_seq(target.output()) if a.name() in below}
+    spark = after.sparkSession
+    jvm = spark.sparkContext._jvm
+    found = []
+
+    def mark(plan: Any) -> Any:
+        if plan.fastEquals(target):
+            found.append(plan)
+            return with_marker(spark, plan)
+        children = _jvm_seq(plan.children())
+        if not children:
+            return plan
+        from lockgate.plan.template import scala_list
+
+        return plan.withNewChildren(scala_list(jvm, [mark(c) for c in children]))
+
+    plan = mark(after._jdf.queryExecution().analyzed())
+    if len(found) != 1:
+        return None
+    try:
+        optimized = spark._jsparkSession.sessionState().optimizer().execute(plan)
+    except Exception:
+        return None
+    if not any(n.getClass().getSimpleName() == "Sample" for n in _jvm_nodes(optimized)):
+        return None  # folded away (an empty relation): nothing to read
+    top = optimized
+    outputs = _jvm_seq(top.projectList() if top.getClass().getSimpleName() == "Project" else top.output())
+    if len(outputs) != len(after.columns):
+        return None
+    carried: dict[str, int] = {}
+    for name, expression in zip(after.columns, outputs):
+        metadata = None
+        if expression.getClass().getSimpleName() == "Alias":
+            if expression.explicitMetadata().isDefined():
+                metadata = expression.explicitMetadata().get()
+            expression = expression.child()
+        if expression.getClass().getSimpleName() != "AttributeReference":
+            continue
+        delay = delays.get(int(expression.exprId().id()))
+        if delay is None:
+            continue
+        if metadata is None:
+            carried[name] = delay
+        elif metadata.contains(_WATERMARK_KEY):
+            carried[name] = int(metadata.getLong(_WATERMARK_KEY))
+    return carried
+
+
+def _jvm_seq(seq: Any) -> list[Any]:
+    return [seq.apply(i) for i in range(seq.size())]
+
+
+def _jvm_nodes(plan: Any) -> list[Any]:
+    out = [plan]
+    for child in _jvm_seq(plan.children()):
+        out.extend(_jvm_nodes(child))
+    return out
 
 
 def _column_event_time(column: Any, below: dict[str, int]) -> tuple[str, int | None] | None:
