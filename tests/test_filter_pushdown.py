@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from test_stateful import SCHEMA, Bench, ev
 from test_stream_join import RANGE, _run_steps, lrow, rrow, sides
@@ -49,8 +50,8 @@ def test_pushed_filters_run_below_the_watermark(spark: Any, ls: Any, tmp_path: P
     - inner: both sides' null keys and the condition's 'skip' rows;
     - left outer: only the right side's null keys (the left side's rows can come out
       null-padded: nothing is pushed there from the condition), and the left side's
-      'skip' rows from the filter after the join (Spark pushes its left-only terms into
-      the preserved left side);
+      'skip' rows from the filter after the join and a stream-static join of it (Spark
+      pushes its left-only terms through both into the preserved left side);
     - left outer under a filter that null-padded rows fail: Spark makes it an inner
       join, and pushes into both sides (the null keys too);
     - keyed: key conditions before the join and in it, carried to the other side;
@@ -71,10 +72,20 @@ def test_pushed_filters_run_below_the_watermark(spark: Any, ls: Any, tmp_path: P
         left, right = sides(reader, ldir, rdir)
         return left.where("leftId <> 2").join(right, F.expr(RANGE + " AND leftId <> 3"), "inner")
 
+    def left_outer_enriched(reader: Any, ldir: Path, rdir: Path) -> Any:
+        # a stream-static join between the join and the filter: Spark's optimizer
+        # pushes the filter through it too
+        left, right = sides(reader, ldir, rdir)
+        names = SparkSession.getActiveSession().createDataFrame(
+            [(k, f"name{k}") for k in range(10)], "leftId LONG, name STRING"
+        )
+        joined = left.join(right, F.expr(RANGE), "left_outer").join(names, "leftId", "left_outer")
+        return joined.where("lv <> 'skip'")
+
     queries = {
         "inner": q("inner", extra),
         "keyed": keyed,
-        "left_outer": q("left_outer", after="lv <> 'skip'"),
+        "left_outer": left_outer_enriched,
         "left_outer_made_inner": q("left_outer", after="lv <> 'skip' AND rv <> 'skip'"),
         "inner_projected": projected,
     }
@@ -117,11 +128,13 @@ def test_filters_run_below_the_watermark_and_the_aggregation(spark, bench, tmp_p
         return counts.select(F.col("k").alias("key"), "window", "count").where(F.col("key") != "b")
 
     def windows_joined_and_filtered(reader: Any) -> Any:
-        """A filter after a stream-static join of the aggregation: into the stream side
-        and on, through the aggregation, below withWatermark."""
+        """A stream-static join of the aggregation, then a filter: what Spark infers
+        from the join (``isnotnull(k)``: the far-future null key never moves the
+        watermark) and the filter (which lets null keys through) go into the stream
+        side and on, through the aggregation, below withWatermark."""
         stream = reader.schema(SCHEMA).json(str(inp)).withWatermark("ts", "5 seconds")
         counts = stream.groupBy(F.window("ts", "10 seconds"), "k").count()
-        return counts.join(static, "k").where("k <> 'b'")
+        return counts.join(static, "k").where("k <> 'b' OR k IS NULL")
 
     def windows_filtered_by_window(reader: Any) -> Any:
         """A filter on the window: below the aggregation (its rows never reach the
@@ -143,6 +156,19 @@ def test_filters_run_below_the_watermark_and_the_aggregation(spark, bench, tmp_p
         aggregated = stream.groupBy("k").agg(F.max("ts").alias("last"), F.first("v").alias("v"))
         return aggregated.where(aggregated.k != "b")
 
+    future = tmp_path / "future"
+    future.mkdir()
+
+    def windows_before_now(reader: Any) -> Any:
+        """A filter on the window that reads the current time stays above the
+        aggregation: in a streaming query the current time is Spark's
+        CurrentBatchTimestamp, which is not deterministic, so the window in 2055 enters
+        the state (numRowsTotal) though the filter drops it from the output."""
+        stream = reader.schema(SCHEMA).json(str(future)).withWatermark("ts", "5 seconds")
+        counts = stream.groupBy(F.window("ts", "10 seconds"), "k").count()
+        return counts.where(F.col("window.end") < F.current_timestamp())
+
+    bench.add("windows_before_now", windows_before_now, "update", sink="foreachBatch")
     bench.add("static_join", joined, "append", sink="foreachBatch")
     bench.add("projected_filter", projected_filter, "append", sink="foreachBatch")
     bench.add("windows_filtered_by_key", windows_filtered_by_key, "append", sink="foreachBatch")
@@ -156,5 +182,6 @@ def test_filters_run_below_the_watermark_and_the_aggregation(spark, bench, tmp_p
         [ev(3, "b", 1.0), ev(12, "a", 1.0)],
         [ev(30, "a", 1.0)],
     ]
-    for i, rows in enumerate(steps):
-        bench.step(f"step {i}", {inp: rows})
+    future_steps = [[ev(1, "a", 1.0), ev(10**9, "z", 1.0)], [ev(3, "b", 1.0)], [ev(10**9 + 30, "z", 1.0)]]
+    for i, (rows, later) in enumerate(zip(steps, future_steps)):
+        bench.step(f"step {i}", {inp: rows, future: later})

@@ -9,6 +9,7 @@ answer batch by batch.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -168,6 +169,37 @@ def test_current_time_queries_plan_every_batch(ls, tmp_path):
         expected[batch] = json.loads(metadata)["batchTimestampMs"]
     assert len(set(stamps.values())) == 3
     assert stamps == expected
+
+
+def test_current_time_filter_reads_each_batch_timestamp(ls, tmp_path):
+    """A filter reading the current time stays above withWatermark, as in Spark (its
+    CurrentBatchTimestamp is not deterministic): it is never found below the event-time
+    statistics, where the first batch's timestamp would stay for later batches (batch 1
+    at t=2000 keeps v=1500, which batch 0's ``v < 1000`` would drop)."""
+    clock = lockgate.ManualClock(1_000)
+    stream = lockgate.MemoryStream(ls, "ts TIMESTAMP, v LONG")
+    seen: dict[int, list[int]] = {}
+
+    def collect(df: Any, batch_id: int) -> None:
+        seen[batch_id] = sorted(r.v for r in df.collect())
+
+    query = (
+        stream.toDF()
+        .withWatermark("ts", "1 second")
+        .where(F.col("v") < F.unix_millis(F.current_timestamp()))
+        .writeStream.foreachBatch(collect)
+        .withClock(clock)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    base = datetime(2024, 1, 1)
+    try:
+        feed(query, stream, [(base, 500), (base, 1_500)])
+        clock.advance(1_000)
+        feed(query, stream, [(base, 1_500), (base, 2_500)])
+    finally:
+        query.stop()
+    assert seen == {0: [500], 1: [1_500]}
 
 
 def test_self_union_of_one_source_is_planned_every_batch(ls, tmp_path):

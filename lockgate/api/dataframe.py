@@ -357,7 +357,12 @@ class StreamingDataFrame:
             )
         base = self._bound(on)
         template = base._template.join(other, on, join_type)
-        return self._derive(StaticJoin(base._plan, other, on, join_type), template)
+        node: PlanNode = StaticJoin(base._plan, other, on, join_type)
+        # what Spark's optimizer infers from the join (isnotnull of the stream's keys, the
+        # stream-side terms of the condition) reaches an aggregation or a stream-stream
+        # join below it, as a filter after the join does
+        node = push_into_stateful(node, base._template, template) or node
+        return self._derive(node, template)
 
     def crossJoin(self, other: Any) -> StreamingDataFrame:  # noqa: N802
         return self.join(other, how="cross")

@@ -42,16 +42,17 @@ class CurrentTimeRewriter:
         self._spark = spark
         self._js = spark._jsparkSession
         self._jvm = spark.sparkContext._jvm
-        micros = int(batch_timestamp_ms) * 1000
-        ts = F.timestamp_micros(F.lit(micros))
-        self._replacement_columns = {
-            "timestamp": ts,
-            "date": F.to_date(ts),
-            "local": ts.cast("timestamp_ntz"),
-        }
+        self._batch_timestamp_ms = int(batch_timestamp_ms)
 
     def _replacement(self, kind: str) -> Any:
-        return self._js.expression(self._replacement_columns[kind]._jc)
+        """Spark's own replacement in a streaming query (``IncrementalExecution``):
+        ``CurrentBatchTimestamp``, of the function's type, in the session time zone.
+        It is not deterministic, so Spark's optimizer moves no filter that reads it (below
+        an aggregation or ``withWatermark``), as in Spark's streaming plans."""
+        types = self._jvm.org.apache.spark.sql.types.DataTypes
+        data_type = {"timestamp": types.TimestampType, "date": types.DateType, "local": types.TimestampNTZType}[kind]
+        expressions = self._jvm.org.apache.spark.sql.catalyst.expressions
+        return expressions.CurrentBatchTimestamp(self._batch_timestamp_ms, data_type, self._jvm.scala.Option.empty())
 
     def _kind_of(self, expr: Any) -> str | None:
         cls = expr.getClass().getSimpleName()

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
     from lockgate.plan.join import StreamJoin
-    from lockgate.plan.nodes import PlanNode, Transform
+    from lockgate.plan.nodes import PlanNode, StaticJoin, Transform
 
 
 def filters_below_metrics(
@@ -128,13 +128,15 @@ class _Scan:
         return bool(strategy.translateFilter(conjunct, False).isDefined())
 
 
-def push_into_stateful(top: Transform, before: DataFrame, after: DataFrame) -> PlanNode | None:
-    """``top`` (a ``where``/``filter`` over a chain of stateless steps and stream-static
-    joins over a streaming aggregation, or of stateless steps over a stream-stream join)
-    with the stateful node taking the filter's conjuncts that Spark's optimizer moves
-    below it; None when there are none.
+def push_into_stateful(top: Transform | StaticJoin, before: DataFrame, after: DataFrame) -> PlanNode | None:
+    """``top`` (a ``where``/``filter`` or a stream-static join, over a chain of
+    stateless steps and stream-static joins over a streaming aggregation or a
+    stream-stream join) with the stateful node taking the conjuncts that Spark's
+    optimizer moves below it from ``top``; None when there are none.
 
-    ``before`` and ``after`` are the templates without and with the filter. Spark's
+    ``before`` and ``after`` are the templates without and with ``top``. A stream-static
+    join brings the filters Spark infers from it (``isnotnull`` of the stream's join
+    keys, the stream-side terms of its condition). Spark's
     ``PushDownPredicates`` moves a filter through projections (substituting aliases), an
     aggregation (conjuncts on grouping keys, a ``window`` too) and a join (single-side
     conjuncts, into the sides the join type allows, after ``EliminateOuterJoin`` made an
@@ -153,11 +155,11 @@ def push_into_stateful(top: Transform, before: DataFrame, after: DataFrame) -> P
     node: PlanNode = top
     while isinstance(node, (Transform, StaticJoin)):
         if isinstance(node, Transform) and node.uses_current_time:
-            return None  # its literals are the batch's: not a definition-time filter
+            # a current-time function is Spark's CurrentBatchTimestamp in a streaming
+            # query, which is not deterministic: Spark pushes nothing past such a filter
+            return None
         chain.append(node)
         node = node.child
-    # the input of a stream-stream join is found as the first join from the root
-    below_static_join = any(isinstance(step, StaticJoin) for step in chain)
     stateful: PlanNode
     if isinstance(node, Aggregate) and node.input_plan is not None:
         input_plan = node.input_plan
@@ -165,8 +167,12 @@ def push_into_stateful(top: Transform, before: DataFrame, after: DataFrame) -> P
         if added is None or not added[0]:
             return None
         stateful = replace(node, input_filters=node.input_filters + tuple(added[0]))
-    elif isinstance(node, StreamJoin) and not below_static_join:
-        joined = _with_side_filters(node, _pushed_to_inputs(before, after, _join_sides))
+    elif isinstance(node, StreamJoin) and node.join_plan is not None:
+        join_plan = node.join_plan
+        sides = _pushed_to_inputs(
+            before, after, lambda p: [p.left(), p.right()] if p.fastEquals(join_plan) else None
+        )
+        joined = _with_side_filters(node, sides)
         if joined is None:
             return None
         stateful = joined

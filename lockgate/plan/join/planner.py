@@ -125,6 +125,9 @@ class StreamJoin(PlanNode):
     ``col("l.value")`` resolves after the join as in Spark."""
     several_event_times: tuple[tuple[str, int], ...] = ()
     """A side's event-time columns when it has more than one (Spark fails the query)."""
+    join_plan: Any = field(default=None, repr=False)
+    """Spark's analysed ``Join`` of the templates, by which later templates' plans are
+    searched for the join's inputs (:func:`~lockgate.plan.pushdown.push_into_stateful`)."""
     pushdown: tuple[tuple[Column, ...], tuple[Column, ...]] = ((), ())
     """Per side: the conjuncts Spark's optimizer pushes below the join (single-side
     terms on a side whose rows cannot come out null-padded, the inferred ``isnotnull``
@@ -762,6 +765,7 @@ def make_stream_join(
         output_qualifiers=_qualifiers(plan.output()),
         output_types=tuple(f.dataType for f in template.schema.fields),
         several_event_times=tuple(several.items()) if several else (),
+        join_plan=join,
         pushdown=(tuple(pushdown[LEFT]), tuple(pushdown[RIGHT])),
     )
     # what Spark infers from the key equality and the sides' filters
