@@ -185,3 +185,31 @@ def test_filters_run_below_the_watermark_and_the_aggregation(spark, bench, tmp_p
     future_steps = [[ev(1, "a", 1.0), ev(10**9, "z", 1.0)], [ev(3, "b", 1.0)], [ev(10**9 + 30, "z", 1.0)]]
     for i, (rows, later) in enumerate(zip(steps, future_steps)):
         bench.step(f"step {i}", {inp: rows, future: later})
+
+
+def test_filter_above_a_union_of_aggregations(bench, tmp_path, no_json_filter_pushdown):
+    """Two windowed aggregations, unioned, then filtered: Spark pushes the filter into
+    both inputs of the union and on below each aggregation and its withWatermark, so
+    the far-future 'b' rows move neither watermark and never reach either state. (Each
+    aggregation's state step runs in a stage of its own: under the union its tasks would
+    see the union's partition index.)"""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+
+    def unioned(reader: Any) -> Any:
+        def counts(path: Path) -> Any:
+            stream = reader.schema(SCHEMA).json(str(path)).withWatermark("ts", "5 seconds")
+            return stream.groupBy(F.window("ts", "10 seconds"), "k").count()
+
+        return counts(a).union(counts(b)).where("k <> 'b'")
+
+    bench.add("union", unioned, "update", sink="foreachBatch")
+    bench.start()
+    steps = [
+        ([ev(1, "a", 1.0), ev(900, "b", 1.0)], [ev(2, "a", 1.0)]),
+        ([ev(3, "a", 1.0)], [ev(950, "b", 1.0), ev(4, "c", 1.0)]),
+        ([ev(30, "a", 1.0)], [ev(31, "a", 1.0)]),
+    ]
+    for i, (rows_a, rows_b) in enumerate(steps):
+        bench.step(f"step {i}", {a: rows_a, b: rows_b})

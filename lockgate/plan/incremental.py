@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 
 from lockgate.plan.aggregate import Aggregate, StatefulContext, aggregate_params, build_aggregate
 from lockgate.plan.cache import PlanCache, frame
+from lockgate.plan.checks import stateful_operators
 from lockgate.plan.dedup import Deduplicate, build_deduplicate, dedup_params
 from lockgate.plan.join import StreamJoin, build_stream_join
 from lockgate.plan.join.planner import join_params
@@ -268,6 +269,16 @@ class IncrementalExecution:
             self._memo[key] = (node, df)
         return self._memo[key][1]
 
+    def _own_stage(self, child: PlanNode) -> DataFrame:
+        """A union's input. One that ends in a stateful operator's state step (after
+        row-by-row steps) is shuffled first, so that step runs in a stage of its own:
+        under the union its tasks would see the union's partition index, not their state
+        partition (the same holds for a stream-stream join's side)."""
+        df = self._build(child)
+        if self.stateful is None or not stateful_operators(child):
+            return df
+        return frame(df, df._jdf.repartition(self.stateful.state_tasks(self.stateful.num_partitions)))
+
     def _build_node(self, node: PlanNode) -> DataFrame:
         if isinstance(node, StreamingRelation):
             df = self._frames[id(node)]
@@ -281,7 +292,7 @@ class IncrementalExecution:
         if isinstance(node, Transform):
             return node.apply(self._build(node.child), self.batch_timestamp_ms)
         if isinstance(node, Union):
-            left, right = self._build(node.left), self._build(node.right)
+            left, right = self._own_stage(node.left), self._own_stage(node.right)
             if node.by_name:
                 return left.unionByName(right, allowMissingColumns=node.allow_missing_columns)
             return left.union(right)

@@ -129,10 +129,10 @@ class _Scan:
 
 
 def push_into_stateful(top: Transform | StaticJoin, before: DataFrame, after: DataFrame) -> PlanNode | None:
-    """``top`` (a ``where``/``filter`` or a stream-static join, over a chain of
-    stateless steps and stream-static joins over a streaming aggregation or a
-    stream-stream join) with the stateful node taking the conjuncts that Spark's
-    optimizer moves below it from ``top``; None when there are none.
+    """``top`` (a ``where``/``filter`` or a stream-static join, over stateless steps,
+    stream-static joins and unions over streaming aggregations or stream-stream joins)
+    with the stateful nodes taking the conjuncts that Spark's optimizer moves below
+    them from ``top``; None when there are none.
 
     ``before`` and ``after`` are the templates without and with ``top``. A stream-static
     join brings the filters Spark infers from it (``isnotnull`` of the stream's join
@@ -149,38 +149,66 @@ def push_into_stateful(top: Transform | StaticJoin, before: DataFrame, after: Da
     statistics, see :func:`filters_below_metrics`) the watermark, as in Spark."""
     from lockgate.plan.aggregate import Aggregate
     from lockgate.plan.join import StreamJoin
-    from lockgate.plan.nodes import StaticJoin, Transform
+    from lockgate.plan.nodes import StaticJoin, Transform, Union
 
-    chain: list[Transform | StaticJoin] = []
-    node: PlanNode = top
-    while isinstance(node, (Transform, StaticJoin)):
+    # the stateful nodes below ``top``, left to right (as Spark's plan lists them),
+    # through stateless steps, stream-static joins and unions (Spark pushes a filter
+    # into every input of a union)
+    targets: list[PlanNode] = []
+
+    def find(node: PlanNode) -> bool:
         if isinstance(node, Transform) and node.uses_current_time:
             # a current-time function is Spark's CurrentBatchTimestamp in a streaming
             # query, which is not deterministic: Spark pushes nothing past such a filter
-            return None
-        chain.append(node)
-        node = node.child
-    stateful: PlanNode
-    if isinstance(node, Aggregate) and node.input_plan is not None:
-        input_plan = node.input_plan
-        added = _pushed_to_inputs(before, after, lambda p: [input_plan] if p.fastEquals(input_plan) else None)
-        if added is None or not added[0]:
-            return None
-        stateful = replace(node, input_filters=node.input_filters + tuple(added[0]))
-    elif isinstance(node, StreamJoin) and node.join_plan is not None:
-        join_plan = node.join_plan
-        sides = _pushed_to_inputs(
-            before, after, lambda p: [p.left(), p.right()] if p.fastEquals(join_plan) else None
-        )
-        joined = _with_side_filters(node, sides)
-        if joined is None:
-            return None
-        stateful = joined
-    else:
+            return False
+        if isinstance(node, (Transform, StaticJoin)):
+            return find(node.child)
+        if isinstance(node, Union):
+            return find(node.left) and find(node.right)
+        if isinstance(node, Aggregate) and node.input_plan is not None:
+            targets.append(node)
+        elif isinstance(node, StreamJoin) and node.join_plan is not None:
+            targets.append(node)
+        return True
+
+    if not find(top) or not targets or len({id(t) for t in targets}) != len(targets):
         return None
-    for step in reversed(chain):
-        stateful = replace(step, child=stateful)
-    return stateful
+
+    def inputs_of(plan: Any) -> list[Any] | None:
+        for target in targets:
+            if isinstance(target, Aggregate) and plan.fastEquals(target.input_plan):
+                return [plan]
+            if isinstance(target, StreamJoin) and plan.fastEquals(target.join_plan):
+                return [plan.left(), plan.right()]
+        return None
+
+    pushed = _pushed_to_inputs(before, after, inputs_of)
+    widths = [1 if isinstance(t, Aggregate) else 2 for t in targets]
+    if pushed is None or len(pushed) != sum(widths):
+        return None
+    replaced: dict[int, PlanNode] = {}
+    for target, width in zip(targets, widths):
+        mine, pushed = pushed[:width], pushed[width:]
+        if isinstance(target, Aggregate):
+            if mine[0]:
+                replaced[id(target)] = replace(target, input_filters=target.input_filters + tuple(mine[0]))
+        else:
+            joined = _with_side_filters(target, mine)  # type: ignore[arg-type]
+            if joined is not None:
+                replaced[id(target)] = joined
+    if not replaced:
+        return None
+
+    def rebuild(node: PlanNode) -> PlanNode:
+        if id(node) in replaced:
+            return replaced[id(node)]
+        if isinstance(node, (Transform, StaticJoin)):
+            return replace(node, child=rebuild(node.child))
+        if isinstance(node, Union):
+            return replace(node, left=rebuild(node.left), right=rebuild(node.right))
+        return node
+
+    return rebuild(top)
 
 
 def push_inferred_into_join(node: StreamJoin, template: DataFrame) -> StreamJoin:
