@@ -473,6 +473,10 @@ def test_stateful_operator_without_event_time_key(bench, tmp_path, case):
     aggregations without any grouping key."""
     inp = tmp_path / "in"
     inp.mkdir()
+
+    def watermarked(r: Any) -> Any:
+        return r.schema(SCHEMA).json(str(inp)).withWatermark("ts", "10 seconds")
+
     if case == "update_key_watermarked":
         bench.add(case, agg_query(inp, "key"), "update")
     elif case == "update_key_from_event_time_expression":
@@ -480,26 +484,11 @@ def test_stateful_operator_without_event_time_key(bench, tmp_path, case):
         # watermark metadata, so the key carries no event time (nothing is evicted or late)
         bench.add(
             case,
-            lambda r: (
-                r.schema(SCHEMA)
-                .json(str(inp))
-                .withWatermark("ts", "10 seconds")
-                .withColumn("ts", F.date_trunc("minute", "ts"))
-                .groupBy("ts", "k")
-                .count()
-            ),
+            lambda r: watermarked(r).withColumn("ts", F.date_trunc("minute", "ts")).groupBy("ts", "k").count(),
             "update",
         )
     elif case == "dedup_key_watermarked":
-        bench.add(
-            case,
-            lambda r: (
-                r.schema(SCHEMA)
-                .json(str(inp))
-                .withWatermark("ts", "10 seconds")
-                .dropDuplicates(["k"])
-            ),
-        )
+        bench.add(case, lambda r: watermarked(r).dropDuplicates(["k"]))
     else:
         mode = case.split("_")[0]
         bench.add(case, lambda r: r.schema(SCHEMA).json(str(inp)).agg(*all_aggregates()), mode)
