@@ -48,6 +48,9 @@ class _Conjunct:
     text: str
     source: Any = None
     """The conjunct as Spark's analysed expression."""
+    seen_at_start: bool = True
+    """Whether Spark's start-time check (on the analysed plan) sees its watermark form:
+    not for a negated bound, which only Spark's optimizer makes a range condition."""
 
 
 def _kind(type_name: str) -> str:
@@ -594,6 +597,29 @@ def split_common_expressions(terms: list[Any], conv: _Converter) -> list[Any]:
         out.append(expressions.GreaterThanOrEqual(x, term.lower()))
         out.append(expressions.LessThanOrEqual(x, term.upper()))
     return out
+
+
+_NEGATED = {
+    "LessThan": "GreaterThanOrEqual",
+    "LessThanOrEqual": "GreaterThan",
+    "GreaterThan": "LessThanOrEqual",
+    "GreaterThanOrEqual": "LessThan",
+}
+
+
+def negated_comparison(term: Any) -> Any | None:
+    """Spark's ``BooleanSimplification`` of a term ``NOT (a < b)``: ``a >= b`` (and so
+    on; the same under SQL's three-valued logic), so a negated bound is a range
+    condition for the state watermark, as in Spark's optimized join condition. None for
+    other terms."""
+    from pyspark import SparkContext
+
+    child = term.child() if term.getClass().getSimpleName() == "Not" else None
+    flipped = _NEGATED.get(child.getClass().getSimpleName()) if child is not None else None
+    if flipped is None:
+        return None
+    expressions = SparkContext._jvm.org.apache.spark.sql.catalyst.expressions  # type: ignore[union-attr]
+    return getattr(expressions, flipped)(child.left(), child.right())
 
 
 def _split_and(e: Any) -> list[Any]:

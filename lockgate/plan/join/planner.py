@@ -34,6 +34,7 @@ from lockgate.plan.join.condition import (
     _refs,
     _split_and,
     _state_watermark_form,
+    negated_comparison,
     split_common_expressions,
     state_watermark_ms,
 )
@@ -622,15 +623,17 @@ def make_stream_join(
     conjuncts: list[_Conjunct] = []
     plain = _Converter(attrs, whole)
     post_join_columns: list[Column] = []
+    negated: set[int] = set()
+    for i, term in enumerate(others):
+        flipped = negated_comparison(term)
+        if flipped is not None:
+            others[i] = flipped
+            negated.add(id(flipped))
     for c in split_common_expressions(others, conv):
         refs = frozenset(_refs(c, attrs))
         text = str(c.toString())
         if not refs:
             raise NotSupportedYetError(f"The constant stream-stream join condition term {text!r}")
-        if c.getClass().getSimpleName() == "Not" and c.child().getClass().getSimpleName() in (
-            "LessThan", "LessThanOrEqual", "GreaterThan", "GreaterThanOrEqual"
-        ):
-            raise conv.refuse(c)  # Spark's optimizer rewrites it into a range condition
         single_side = len({s for s, _ in refs}) == 1
         spark_term = None
         marks = [len(derived) for derived in conv.derived]
@@ -650,7 +653,10 @@ def make_stream_join(
                 raise
         forms = {s: _state_watermark_form(c, s, attrs, wm_cols) for s in (LEFT, RIGHT)}
         conjuncts.append(
-            _Conjunct(expr, refs, frozenset(_null_intolerant_refs(c, attrs)), forms, text, c)
+            _Conjunct(
+                expr, refs, frozenset(_null_intolerant_refs(c, attrs)), forms, text, c,
+                seen_at_start=id(c) not in negated,
+            )
         )
         if spark_term is not None:
             post_join_columns.append(spark_term)
@@ -723,7 +729,8 @@ def make_stream_join(
             forms[side] = found or None
     # start-time check (Spark's checkForStreamStreamJoinWatermark, on the whole condition)
     whole_forms = {
-        s: [c.watermark_forms[s] for c in conjuncts if c.watermark_forms[s] is not None] for s in (LEFT, RIGHT)
+        s: [c.watermark_forms[s] for c in conjuncts if c.watermark_forms[s] is not None and c.seen_at_start]
+        for s in (LEFT, RIGHT)
     }
     key_has_wm = any(wm_cols[LEFT] == i for i in lkeys) or any(wm_cols[RIGHT] == i for i in rkeys)
     if jt in ("left_outer", "left_semi"):
