@@ -328,13 +328,14 @@ def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str
     drops it from batch plans), so ``before`` is put under a marker the optimizer does
     not look through (:func:`~lockgate.plan.pushdown.with_marker`), where Spark's would
     be, and ``after``'s plan over it is optimized with Spark's optimizer."""
-    from lockgate.plan.pushdown import with_marker
+    from lockgate.plan.pushdown import _nodes, _seq, with_marker
+    from lockgate.plan.template import scala_list
 
     target = before._jdf.queryExecution().analyzed()
-    names = [a.name() for a in _jvm_seq(target.output())]
+    names = [a.name() for a in _seq(target.output())]
     if any(names.count(n) != 1 for n in below):
         return None
-    delays = {int(a.exprId().id()): below[a.name()] for a in _jvm_seq(target.output()) if a.name() in below}
+    delays = {int(a.exprId().id()): below[a.name()] for a in _seq(target.output()) if a.name() in below}
     spark = after.sparkSession
     jvm = spark.sparkContext._jvm
     found = []
@@ -343,11 +344,9 @@ def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str
         if plan.fastEquals(target):
             found.append(plan)
             return with_marker(spark, plan)
-        children = _jvm_seq(plan.children())
+        children = _seq(plan.children())
         if not children:
             return plan
-        from lockgate.plan.template import scala_list
-
         return plan.withNewChildren(scala_list(jvm, [mark(c) for c in children]))
 
     plan = mark(after._jdf.queryExecution().analyzed())
@@ -357,10 +356,10 @@ def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str
         optimized = spark._jsparkSession.sessionState().optimizer().execute(plan)
     except Exception:
         return None
-    if not any(n.getClass().getSimpleName() == "Sample" for n in _jvm_nodes(optimized)):
+    if not any(n.getClass().getSimpleName() == "Sample" for n in _nodes(optimized)):
         return None  # folded away (an empty relation): nothing to read
     top = optimized
-    outputs = _jvm_seq(top.projectList() if top.getClass().getSimpleName() == "Project" else top.output())
+    outputs = _seq(top.projectList() if top.getClass().getSimpleName() == "Project" else top.output())
     if len(outputs) != len(after.columns):
         return None
     carried: dict[str, int] = {}
@@ -380,17 +379,6 @@ def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str
         elif metadata.contains(_WATERMARK_KEY):
             carried[name] = int(metadata.getLong(_WATERMARK_KEY))
     return carried
-
-
-def _jvm_seq(seq: Any) -> list[Any]:
-    return [seq.apply(i) for i in range(seq.size())]
-
-
-def _jvm_nodes(plan: Any) -> list[Any]:
-    out = [plan]
-    for child in _jvm_seq(plan.children()):
-        out.extend(_jvm_nodes(child))
-    return out
 
 
 def _column_event_time(column: Any, below: dict[str, int]) -> tuple[str, int | None] | None:
