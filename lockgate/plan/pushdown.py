@@ -149,11 +149,12 @@ def push_into_stateful(top: Transform | StaticJoin, before: DataFrame, after: Da
     statistics, see :func:`filters_below_metrics`) the watermark, as in Spark."""
     from lockgate.plan.aggregate import Aggregate
     from lockgate.plan.join import StreamJoin
-    from lockgate.plan.nodes import StaticJoin, Transform, Union
+    from lockgate.plan.nodes import EventTimeWatermark, StaticJoin, Transform, Union
 
     # the stateful nodes below ``top``, left to right (as Spark's plan lists them),
-    # through stateless steps, stream-static joins and unions (Spark pushes a filter
-    # into every input of a union)
+    # through stateless steps, stream-static joins, unions (Spark pushes a filter into
+    # every input of a union) and a ``withWatermark`` between stateful operators (Spark
+    # pushes the conjuncts that do not read its event-time column through it)
     targets: list[PlanNode] = []
 
     def find(node: PlanNode) -> bool:
@@ -161,7 +162,7 @@ def push_into_stateful(top: Transform | StaticJoin, before: DataFrame, after: Da
             # a current-time function is Spark's CurrentBatchTimestamp in a streaming
             # query, which is not deterministic: Spark pushes nothing past such a filter
             return False
-        if isinstance(node, (Transform, StaticJoin)):
+        if isinstance(node, (Transform, StaticJoin, EventTimeWatermark)):
             return find(node.child)
         if isinstance(node, Union):
             return find(node.left) and find(node.right)
@@ -202,7 +203,7 @@ def push_into_stateful(top: Transform | StaticJoin, before: DataFrame, after: Da
     def rebuild(node: PlanNode) -> PlanNode:
         if id(node) in replaced:
             return replaced[id(node)]
-        if isinstance(node, (Transform, StaticJoin)):
+        if isinstance(node, (Transform, StaticJoin, EventTimeWatermark)):
             return replace(node, child=rebuild(node.child))
         if isinstance(node, Union):
             return replace(node, left=rebuild(node.left), right=rebuild(node.right))
