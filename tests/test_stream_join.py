@@ -71,9 +71,10 @@ BETWEEN = "leftId = rightId AND leftTime BETWEEN rightTime - interval 20 seconds
 
 def q_inner_between(reader: Any, ldir: Path, rdir: Path) -> Any:
     """SQL BETWEEN (Spark's runtime-replaceable Between) as the range condition, and a
-    term combining both sides in a function (Spark filters the joined rows by it)."""
+    term combining both sides in a function the task does not evaluate (Spark filters
+    the joined rows by it)."""
     left, right = sides(reader, ldir, rdir)
-    return left.join(right, F.expr(BETWEEN + " AND concat(lv, rv) <> 'ay'"))
+    return left.join(right, F.expr(BETWEEN + " AND instr(concat(lv, rv), 'ay') = 0"))
 
 
 def q_left_outer_between(reader: Any, ldir: Path, rdir: Path) -> Any:
@@ -133,14 +134,19 @@ QUERIES: dict[str, Callable[[Any, Path, Path], Any]] = {
         RANGE + " AND upper(lv) <> 'SKIP' AND rv NOT LIKE 'sk%'"
         # terms reading both sides through expressions of one side
         " AND length(lv) <= length(rv) AND upper(lv) <> upper(rv)"
-        " AND leftTime + interval 5 seconds BETWEEN rightTime - interval 40 seconds AND rightTime",
+        " AND leftTime + interval 5 seconds BETWEEN rightTime - interval 40 seconds AND rightTime"
+        # arithmetic of both sides, evaluated by the task (a@0 no longer meets y@20)
+        " AND CAST(rightTime AS BIGINT) - CAST(leftTime AS BIGINT) <> 20",
     ),
     "full_outer_functions": q_single_side_functions(
         "full_outer",
         # the range on casts of the event times, which bound the state as Spark's do
         "leftId = rightId AND CAST(rightTime AS BIGINT) >= CAST(leftTime AS BIGINT)"
         " AND CAST(rightTime AS BIGINT) <= CAST(leftTime AS BIGINT) + 30"
-        " AND lv <> 'skip' AND length(lv) = 1 AND rv <> 'skip' AND rv NOT IN ('w', 'late-maker')",
+        " AND lv <> 'skip' AND length(lv) = 1 AND rv <> 'skip' AND rv NOT IN ('w', 'late-maker')"
+        # functions of both sides the task evaluates (d@30 no longer meets v@45); a bound
+        # on a number column (-rightId < 0) gives the right side a state watermark of 0
+        " AND rightId / leftId = 1.0 AND -rightId < 0 AND concat(lv, rv) <> 'dv'",
     ),
     "aliased_sides": q_aliased_sides,
     "key_expression": q_key_expression,
@@ -150,7 +156,7 @@ QUERIES: dict[str, Callable[[Any, Path, Path], Any]] = {
     "inner_plain": q_inner_plain,
     "inner_range": q_inner_range,
     "right_outer": q_outer("right_outer"),
-    "left_semi": q_outer("left_semi"),
+    "left_semi": q_outer("left_semi", RANGE + " AND leftId * rightId - 4 <> 0"),
 }
 
 # (side, rows): one file per step
@@ -287,8 +293,8 @@ def test_start_time_refusals_and_unsupported_conditions(spark: Any, ls: Any, tmp
             "j_neg"
         ).option("checkpointLocation", str(tmp_path / "c3")).start()
     # a term that combines the sides in a function: an outer join's task cannot evaluate it
-    with pytest.raises(NotSupportedYetError, match="condition term .*concat"):
-        left.join(right, F.expr(RANGE + " AND concat(lv, rv) <> 'ax'"), "left_outer")
+    with pytest.raises(NotSupportedYetError, match="condition term .*levenshtein"):
+        left.join(right, F.expr(RANGE + " AND levenshtein(lv, rv) < 2"), "left_outer")
     # Spark's own refusal of a non-deterministic condition, when the join is defined
     with pytest.raises(AnalysisException, match="INVALID_NON_DETERMINISTIC_EXPRESSIONS"):
         left.join(right, F.expr(RANGE + " AND leftId * rand() < rightId"))

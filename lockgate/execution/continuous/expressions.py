@@ -167,6 +167,19 @@ def compile_plan(jplan: Any) -> tuple[Program, list[int]]:
     return tuple(steps), ids
 
 
+def compile_expression(e: Any, ids: list[int]) -> Any:
+    """The program of one Catalyst expression ``e`` over a row of the columns whose
+    exprIds are ``ids``, in that order (for :func:`build_expression`). Raises
+    :class:`UnsupportedExpression` for expressions outside :data:`SUPPORTED`. The
+    stream-stream join task evaluates its conditions' terms that read both sides so."""
+    return _expr(e, ids)
+
+
+def build_expression(program: Any) -> Callable[[tuple[Any, ...]], Any]:
+    """The function (row tuple -> value) of a :func:`compile_expression` program."""
+    return _compile(program)
+
+
 def _expr(e: Any, ids: list[int]) -> Any:
     name = str(e.getClass().getSimpleName())
     if name not in SUPPORTED:
@@ -429,10 +442,15 @@ def _overflow(dtype: str, mode: str, value: int, what: str) -> int | None:
     return (value - lo) % span + lo
 
 
-def _divide_by_zero(mode: str) -> None:
+def _divide_by_zero(mode: str, remainder: bool = False) -> None:
+    """Spark's ANSI error for a zero divisor (``%`` and ``pmod`` raise
+    REMAINDER_BY_ZERO), nothing in the other modes."""
     if mode == "ANSI":
+        code, what, fix = (
+            ("REMAINDER_BY_ZERO", "Remainder", "try_mod") if remainder else ("DIVIDE_BY_ZERO", "Division", "try_divide")
+        )
         raise SparkArithmeticError(
-            "[DIVIDE_BY_ZERO] Division by zero. Use `try_divide` to tolerate divisor being 0 "
+            f"[{code}] {what} by zero. Use `{fix}` to tolerate divisor being 0 "
             'and return NULL instead. If necessary set "spark.sql.ansi.enabled" to "false" '
             "to bypass this error. SQLSTATE: 22012"
         )
@@ -501,7 +519,7 @@ def _modulo(positive: bool) -> Callable[..., Fn]:
 
         def mod(x: Any, y: Any) -> Any:
             if y == 0:
-                _divide_by_zero(mode)
+                _divide_by_zero(mode, remainder=True)
                 return None
             r = rem(x, y)
             if positive and r < 0:

@@ -8,6 +8,7 @@ semantics (:func:`compile_expr`), the state watermark derived from range conditi
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from lockgate.plan.template import scala_list
 
 LEFT, RIGHT = 0, 1
 MICROS_PER_DAY = 86_400_000_000
+_EPOCH_DAY = _dt.date(1970, 1, 1)
 
 
 # -- expressions ------------------------------------------------------------------------
@@ -31,6 +33,10 @@ MICROS_PER_DAY = 86_400_000_000
 #   ("neg", interval)
 #   ("field", struct, ordinal, kind)   a field of a struct column (e.g. window.start) or
 #                                      of a field of one (struct: an attr or a field)
+#   ("row", program, inputs, kind)     any other expression reading both sides that the
+#                                      continuous tasks' evaluator compiles (arithmetic,
+#                                      string and date functions, CASE WHEN...): its
+#                                      program over ``inputs``, ((side, index, kind), ...)
 
 
 @dataclass
@@ -87,8 +93,10 @@ class _Converter:
             "In an outer or semi join, lockgate evaluates terms that read both sides when "
             "they join, with comparisons (=, <>, <, <=, >, >=), BETWEEN, AND, OR, NOT, "
             "IS [NOT] NULL and timestamp +/- day-time interval literals, column references, "
-            "literals, fields of struct columns and deterministic expressions of one side's "
-            "columns (such as length(l.name) or cast(r.ts AS BIGINT)). An inner join takes "
+            "literals, fields of struct columns, deterministic expressions of one side's "
+            "columns (such as length(l.name) or cast(r.ts AS BIGINT)) and, over both sides, "
+            "the expressions continuous queries evaluate (arithmetic, string and date "
+            "functions, CASE WHEN...; docs/continuous.md lists them). An inner join takes "
             "any deterministic term.",
         )
 
@@ -98,8 +106,29 @@ class _Converter:
         except NotSupportedYetError:
             derived = self._derive(e)
             if derived is None:
+                derived = self._row_expression(e)
+            if derived is None:
                 raise
             return derived
+
+    def _row_expression(self, e: Any) -> tuple[Any, ...] | None:
+        """``e``, reading both sides, as a program of the continuous tasks' row evaluator
+        (:mod:`lockgate.execution.continuous.expressions`, Spark's semantics for
+        arithmetic, strings, dates, conditionals), or None when it cannot compile it.
+        A part reading one side only is computed by the evaluator too."""
+        from lockgate.execution.continuous.expressions import compile_expression
+
+        refs = _attributes(e, self.attrs)
+        if len({self.attrs[i][0] for i in refs}) != 2 or _has_unknown_attribute(e, self.attrs):
+            return None
+        try:
+            program = compile_expression(e, refs)
+        except NotSupportedYetError:
+            return None
+        inputs = tuple(
+            (side, index, _kind(str(a.dataType().typeName()))) for side, index, a in (self.attrs[i] for i in refs)
+        )
+        return ("row", program, inputs, _kind(str(e.dataType().typeName())))
 
     def _derivable_side(self, e: Any) -> int | None:
         """The side ``e`` can be derived from (see the class), or None."""
@@ -146,6 +175,13 @@ class _Converter:
 
     def _convert(self, e: Any) -> tuple[Any, ...]:
         name = e.getClass().getSimpleName()
+        if name != "Literal" and e.foldable() and e.deterministic():
+            # a constant (CAST(1.5 AS DOUBLE)): its value, as Spark's ConstantFolding
+            try:
+                value = e.eval(None)
+            except Exception:  # py4j: Spark fails to evaluate it (1 / 0 in ANSI mode)
+                raise self.refuse(e) from None
+            return ("lit",) + _literal(e, self, (value,))
         if name == "AttributeReference":
             key = int(e.exprId().id())
             if key not in self.attrs:
@@ -201,6 +237,24 @@ class _Converter:
         raise self.refuse(e)
 
 
+def _attributes(e: Any, attrs: dict[int, tuple[int, int, Any]]) -> list[int]:
+    """The exprIds of the columns of either side ``e`` reads, each once, in order."""
+    found: list[int] = []
+
+    def visit(x: Any) -> None:
+        if x.getClass().getSimpleName() == "AttributeReference":
+            key = int(x.exprId().id())
+            if key in attrs and key not in found:
+                found.append(key)
+            return
+        children = x.children()
+        for i in range(children.size()):
+            visit(children.apply(i))
+
+    visit(e)
+    return found
+
+
 def _has_unknown_attribute(e: Any, attrs: dict[int, tuple[int, int, Any]]) -> bool:
     """Whether ``e`` reads an attribute that is not a column of either side (an outer
     reference)."""
@@ -218,9 +272,11 @@ def _field_path(e: Any) -> bool:
     return name == "AttributeReference"
 
 
-def _literal(e: Any, conv: _Converter) -> tuple[Any, str]:
+def _literal(e: Any, conv: _Converter, evaluated: tuple[Any] | None = None) -> tuple[Any, str]:
+    """A literal's (or, with ``evaluated``, a constant's) value and kind in the task's
+    form; ``evaluated`` holds Spark's internal value of the constant."""
     t = str(e.dataType().typeName())
-    value = e.value()
+    value = e.value() if evaluated is None else evaluated[0]
     if value is None:
         return (None, "null")
     if t in ("timestamp", "timestamp_ntz"):
@@ -238,9 +294,7 @@ def _literal(e: Any, conv: _Converter) -> tuple[Any, str]:
     if t == "string":
         return (str(value.toString()), "other")
     if t == "date":
-        import datetime as _dt
-
-        return (_dt.date(1970, 1, 1) + _dt.timedelta(days=int(value)), "date")
+        return (_EPOCH_DAY + _dt.timedelta(days=int(value)), "date")
     raise conv.refuse(e)
 
 
@@ -353,7 +407,39 @@ def compile_expr(expr: tuple[Any, ...]) -> Callable[[Any, Any], Any]:
             return x + y
 
         return tadd
+    if tag == "row":
+        return _compile_row_expression(expr[1], expr[2], expr[3])
     raise ValueError(f"unknown expression {tag}")
+
+
+
+def _compile_row_expression(program: Any, inputs: tuple[tuple[int, int, str], ...], kind: str) -> Callable[[Any, Any], Any]:
+    """A ("row", ...) expression: the continuous evaluator's function over the values it
+    reads, in Spark's internal form (timestamps in microseconds, dates in days), its
+    result in the task's form (dates as dates)."""
+    from lockgate.execution.continuous.expressions import build_expression
+
+    fn = build_expression(program)
+
+    def internal(side: int, index: int, kind: str) -> Callable[[Any, Any], Any]:
+        if kind == "ts":
+            return (lambda lr, rr: _micros(lr[index])) if side == LEFT else (lambda lr, rr: _micros(rr[index]))
+        if kind == "date":
+            def days(value: Any) -> Any:
+                return None if value is None else (value - _EPOCH_DAY).days
+
+            return (lambda lr, rr: days(lr[index])) if side == LEFT else (lambda lr, rr: days(rr[index]))
+        return (lambda lr, rr: lr[index]) if side == LEFT else (lambda lr, rr: rr[index])
+
+    getters = [internal(*i) for i in inputs]
+
+    def evaluate(lr: Any, rr: Any) -> Any:
+        value = fn(tuple(g(lr, rr) for g in getters))
+        if kind == "date" and value is not None:
+            return _EPOCH_DAY + _dt.timedelta(days=value)
+        return value
+
+    return evaluate
 
 
 # kinds for literals used by cmp's float detection: attr tuples end with kind, lit tuples too
@@ -452,7 +538,10 @@ def _state_watermark_form(
     for t in ta + tb:  # ExpressionSet: duplicates collapse
         if t not in terms:
             terms.append(t)
-    constraint = [t for t in terms if t[1][0] == "attr" and t[1][1] == this_side and t[1][3]]
+    # Spark's constraint term: the one reading this side, of any type (Spark casts every
+    # attribute to double), so a bound on a number column of this side (``-r.id < 0``)
+    # bounds its state as if it were its event time
+    constraint = [t for t in terms if t[1][0] == "attr" and t[1][1] == this_side]
     if len(constraint) != 1 or not constraint[0][0]:
         return None
     rest = [t for t in terms if t is not constraint[0] and t != constraint[0]]
@@ -480,20 +569,8 @@ def state_watermark_ms(forms: list[tuple[list[tuple[bool, Any]], int]], watermar
 
 
 def _refs(e: Any, attrs: dict[int, tuple[int, int, Any]]) -> set[tuple[int, int]]:
-    found: set[tuple[int, int]] = set()
-
-    def visit(x: Any) -> None:
-        if x.getClass().getSimpleName() == "AttributeReference":
-            key = int(x.exprId().id())
-            if key in attrs:
-                found.add(attrs[key][:2])
-            return
-        children = x.children()
-        for i in range(children.size()):
-            visit(children.apply(i))
-
-    visit(e)
-    return found
+    """(side, column index) of the columns of either side ``e`` reads."""
+    return {attrs[key][:2] for key in _attributes(e, attrs)}
 
 
 _NULL_INTOLERANT = {
