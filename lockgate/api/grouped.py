@@ -59,6 +59,20 @@ def watermarked_columns(df: StreamingDataFrame) -> set[str]:
     return set(event_time_columns(df._plan))
 
 
+def _groups_by_column(template: Any, key: int | None) -> bool:
+    """Whether grouping key ``key`` of the aggregation ``template`` is a column in
+    Spark's analysed ``Aggregate`` (not an expression such as a cast)."""
+    if key is None:
+        return True
+    node = template._jdf.queryExecution().analyzed()
+    while node.getClass().getSimpleName() != "Aggregate":
+        if node.children().size() != 1:
+            return True
+        node = node.children().apply(0)
+    grouping = node.groupingExpressions()
+    return key >= grouping.size() or grouping.apply(key).getClass().getSimpleName() == "AttributeReference"
+
+
 class StreamingGroupedData:
     """Aggregations over a streaming DataFrame's groups."""
 
@@ -117,6 +131,7 @@ class StreamingGroupedData:
                 key_names=key_names,
                 event_time_key=event_time_key,
                 input_plan=input_plan,
+                event_time_key_is_attribute=_groups_by_column(template, event_time_key),
             )
         return self._df._derive(node, template)
 

@@ -299,6 +299,10 @@ class Aggregate(PlanNode):
     (:func:`~lockgate.plan.pushdown.push_into_stateful`)."""
     input_plan: Any = field(default=None, repr=False)
     """The analysed plan (JVM) of the input's template, where a filter above stops."""
+    event_time_key_is_attribute: bool = True
+    """Whether Spark's *analysed* aggregation groups by the event-time key as a column
+    (``ts``, ``window``), which Spark's Append check requires; not for an expression the
+    optimizer reduces to it (``CAST(ts AS TIMESTAMP)``)."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:

@@ -67,7 +67,10 @@ def check_for_streaming(plan: PlanNode, output_mode: str) -> None:
             "complete. This output mode is not supported for no streaming aggregations on "
             "streaming DataFrames/DataSets."
         )
-    if output_mode == "append" and any(a.event_time_key is None for a in aggregates):
+    # Spark checks the first (outermost) aggregation's analysed grouping expressions
+    if output_mode == "append" and (
+        any(a.event_time_key is None for a in aggregates) or (aggregates and not aggregates[0].event_time_key_is_attribute)
+    ):
         raise AnalysisError(
             "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: "
             "append. This output mode is not supported for streaming aggregations without "
