@@ -415,7 +415,6 @@ def test_bad_column_fails_at_definition_time(ls: Any, define: Any) -> None:
     [
         (lambda df: df.rollup("value"), "rollup"),
         (lambda df: df.cube("value"), "cube"),
-        (lambda df: df.sortWithinPartitions("value"), "sortWithinPartitions"),
         (lambda df: df.groupBy("value").pivot("value"), "pivot"),
         (
             lambda df: df.groupBy("value").applyInPandasWithState(
@@ -424,7 +423,7 @@ def test_bad_column_fails_at_definition_time(ls: Any, define: Any) -> None:
             "applyInPandasWithState",
         ),
     ],
-    ids=["rollup", "cube", "sortWithinPartitions", "pivot", "applyInPandasWithState"],
+    ids=["rollup", "cube", "pivot", "applyInPandasWithState"],
 )
 def test_stateful_operation_is_not_supported_yet(ls: Any, define: Any, operation: str) -> None:
     """Stateful operators lockgate's engine does not have yet fail when defined."""

@@ -296,6 +296,29 @@ def test_map_in_pandas(diff, inp):
     assert len(d.run()) == 2
 
 
+def test_grouped_map_runs_per_batch(diff, inp):
+    """groupBy().applyInPandas / applyInArrow on a stream: Spark applies the function to
+    each group of each micro-batch, without state; so does lockgate."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def summary(key, pdf):
+        return pdf.head(1).assign(id=len(pdf), score=pdf["score"].sum())
+
+    def arrow_summary(table):
+        return pa.table({"name": table["name"][:1], "n": pa.array([table.num_rows], pa.int64()),
+                         "top": pa.array([pc.max(table["score"]).as_py()], pa.float64())})
+
+    pandas = diff(lambda rs: json_stream(inp)(rs).groupBy("name").applyInPandas(summary, SCHEMA))
+    arrow = diff(
+        lambda rs: json_stream(inp)(rs).groupBy(F.col("name")).applyInArrow(arrow_summary, "name STRING, n LONG, top DOUBLE")
+    )
+    for step in range(2):
+        write_json(inp, rows(step * 5, 5))
+        assert len(pandas.run()) == 3 * (step + 1)  # one row per name and batch
+        assert len(arrow.run()) == 3 * (step + 1)
+
+
 def test_with_watermark_stateless(diff, inp):
     schema = "id LONG, ts TIMESTAMP"
     d = diff(lambda rs: rs.schema(schema).json(str(inp)).withWatermark("ts", "10 seconds"))

@@ -123,7 +123,7 @@ def test_chained_operators_match_native(bench, tmp_path):
         kept = joined.withWatermark("ts", "5 seconds").where("k <> 'b' AND ts > ts2 - interval 30 seconds")
         return kept.groupBy(F.window("ts", "10 seconds")).count()
 
-    bench.add("join_watermark_filter", join_watermark_filter_window)
+    bench.add("join_watermark_filter", join_watermark_filter_window, sink="foreachBatch", restart_each_step=True)
 
     bench.start()
     for i, (lrows, rrows) in enumerate(zip(LEFT_STEPS, RIGHT_STEPS)):

@@ -390,6 +390,7 @@ def test_aggregation_and_dedup_match_native(bench, tmp_path):
             .json(str(agg_in))
             .groupBy("k")
             .agg(F.count("*"), F.sum("v"), F.avg("v"))
+            .sortWithinPartitions("k")  # a local sort, allowed after aggregation in complete mode
         )
 
     bench.add("complete_nowatermark", no_watermark_complete, "complete")
@@ -657,6 +658,9 @@ UNSUPPORTED = [
     ),
     pytest.param(
         lambda r, i: _src(r, i).orderBy("v"), "append", "start", id="sort-without-aggregation"
+    ),
+    pytest.param(
+        lambda r, i: _src(r, i).sortWithinPartitions("v"), "append", "start", id="local-sort-without-aggregation"
     ),
     pytest.param(
         lambda r, i: _src(r, i).groupBy("k").count().orderBy("k"),

@@ -80,6 +80,7 @@ _STATELESS = (
     "to",
     "orderBy",
     "sort",
+    "sortWithinPartitions",
 )
 
 # Stateful operations: Spark supports them on streams; lockgate's stateful engine
@@ -88,7 +89,6 @@ _STATEFUL_NOT_YET = {
     "rollup": "Streaming aggregation (rollup)",
     "cube": "Streaming aggregation (cube)",
     "groupingSets": "Streaming aggregation (groupingSets)",
-    "sortWithinPartitions": "Sorting a streaming DataFrame (sortWithinPartitions)",
     "groupByKey": "Arbitrary stateful processing",
     "transformWithStateInPandas": "Arbitrary stateful processing (transformWithStateInPandas)",
     "applyInPandasWithState": "Arbitrary stateful processing (applyInPandasWithState)",

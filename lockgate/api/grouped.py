@@ -10,7 +10,7 @@ from pyspark.sql.types import NumericType, StructType
 
 from lockgate.errors import NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate, decompose
-from lockgate.plan.nodes import EventTimeWatermark, PlanNode
+from lockgate.plan.nodes import EventTimeWatermark, GroupedMap, PlanNode
 from lockgate.plan.session_window import session_key_index, session_window_aggregate
 
 if TYPE_CHECKING:
@@ -174,6 +174,19 @@ class StreamingGroupedData:
 
     def max(self, *cols: str) -> StreamingDataFrame:
         return self._numeric(F.max, cols)
+
+    def applyInPandas(self, func: Any, schema: Any) -> StreamingDataFrame:  # noqa: N802
+        return self._grouped_map("applyInPandas", func, schema)
+
+    def applyInArrow(self, func: Any, schema: Any) -> StreamingDataFrame:  # noqa: N802
+        return self._grouped_map("applyInArrow", func, schema)
+
+    def _grouped_map(self, method: str, func: Any, schema: Any) -> StreamingDataFrame:
+        """A function over each group of each micro-batch, as Spark runs a grouped map on
+        a stream (no state: a group's rows of different batches meet in different calls)."""
+        template = getattr(self._template_grouped, method)(func, schema)
+        node = GroupedMap(self._df._plan, method, (func, schema), event_time=(), grouping=self._grouping)
+        return self._df._derive(node, template)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):

@@ -13,7 +13,7 @@ from lockgate.plan.limit import StreamingLimit
 from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
 from lockgate.plan.session_window import SessionWindowAggregate
 
-_SORTS = ("orderBy", "sort")
+_SORTS = ("orderBy", "sort", "sortWithinPartitions")
 
 
 StatefulNode = Aggregate | Deduplicate | StreamingLimit | StreamJoin

@@ -94,6 +94,21 @@ class Transform(PlanNode):
 
 
 @dataclass(frozen=True, eq=False)
+class GroupedMap(Transform):
+    """``groupBy(grouping).applyInPandas(...)`` or ``.applyInArrow(...)``: a function
+    over each group of the batch's rows. Spark runs it per micro-batch, without state,
+    and its output columns carry no event time (``event_time=()``)."""
+
+    grouping: tuple[Any, ...] = ()
+
+    def apply(self, df: DataFrame, batch_timestamp_ms: int | None = None) -> DataFrame:
+        return getattr(df.groupBy(*self.grouping), self.method)(*self.args, **dict(self.kwargs))
+
+    def describe(self) -> str:
+        return f"groupBy({', '.join(_short(g) for g in self.grouping)}).{super().describe()}"
+
+
+@dataclass(frozen=True, eq=False)
 class Union(PlanNode):
     left: PlanNode
     right: PlanNode
