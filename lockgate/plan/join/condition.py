@@ -412,7 +412,6 @@ def compile_expr(expr: tuple[Any, ...]) -> Callable[[Any, Any], Any]:
     raise ValueError(f"unknown expression {tag}")
 
 
-
 def _compile_row_expression(program: Any, inputs: tuple[tuple[int, int, str], ...], kind: str) -> Callable[[Any, Any], Any]:
     """A ("row", ...) expression: the continuous evaluator's function over the values it
     reads, in Spark's internal form (timestamps in microseconds, dates in days), its
