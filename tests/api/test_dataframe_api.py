@@ -81,6 +81,7 @@ STATELESS_CASES = {
     # complete mode (as Spark's UnsupportedOperationChecker does).
     "orderBy": [_s("a"), _s("nope")],
     "sort": [lambda: ((F.col("a").desc(),), {}), _s("nope")],
+    "sortWithinPartitions": [_s("a"), _s("nope")],
 }
 
 _CASES = [
