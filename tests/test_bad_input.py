@@ -415,7 +415,7 @@ def test_bad_column_fails_at_definition_time(ls: Any, define: Any) -> None:
     [
         (lambda df: df.rollup("value"), "rollup"),
         (lambda df: df.cube("value"), "cube"),
-        (lambda df: df.groupBy("value").pivot("value"), "pivot"),
+        (lambda df: df.groupBy("value").pivot("value", [1, 2]), "pivot"),
         (
             lambda df: df.groupBy("value").applyInPandasWithState(
                 lambda k, pdf, state: pdf, "value LONG", "n LONG", "append", "NoTimeout"
@@ -431,6 +431,15 @@ def test_stateful_operation_is_not_supported_yet(ls: Any, define: Any, operation
         define(_rate(ls))
     assert operation in str(info.value)
     assert "not supported yet" in str(info.value)
+
+
+def test_pivot_without_values_fails_as_in_spark(spark: Any, ls: Any) -> None:
+    """Spark cannot find a stream's pivot values; both refuse when pivot() is called."""
+    with pytest.raises(AnalysisException) as native:
+        spark.readStream.format("rate").load().groupBy("value").pivot("value")
+    with pytest.raises(AnalysisException) as mine:
+        _rate(ls).groupBy("value").pivot("value")
+    assert str(native.value).split("\n")[0] in str(mine.value)
 
 
 def test_stream_stream_join_without_equality_key_is_not_supported_yet(ls: Any) -> None:

@@ -8,7 +8,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import NumericType, StructType
 
-from lockgate.errors import NotSupportedYetError
+from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate, decompose
 from lockgate.plan.nodes import EventTimeWatermark, GroupedMap, PlanNode
 from lockgate.plan.session_window import session_key_index, session_window_aggregate
@@ -174,6 +174,16 @@ class StreamingGroupedData:
 
     def max(self, *cols: str) -> StreamingDataFrame:
         return self._numeric(F.max, cols)
+
+    def pivot(self, pivot_col: str, values: list[Any] | None = None) -> Any:
+        if values is None:  # Spark would have to read the stream to find the values
+            raise AnalysisError("pivot is not supported on a streaming DataFrames/Datasets")
+        raise NotSupportedYetError(
+            "GroupedData.pivot on a streaming DataFrame",
+            "Spark plans a pivot with values as two chained aggregations; aggregate by "
+            "the pivot column too (groupBy(..., pivot_col)) and pivot each micro-batch in "
+            "foreachBatch.",
+        )
 
     def applyInPandas(self, func: Any, schema: Any) -> StreamingDataFrame:  # noqa: N802
         return self._grouped_map("applyInPandas", func, schema)
