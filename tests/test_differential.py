@@ -424,3 +424,30 @@ def test_memory_sink_append_does_not_recover_from_checkpoint(spark, ls, inp, tmp
         query.stop()
         with pytest.raises(AnalysisException, match="does not support recovering from checkpoint"):
             start().stop()
+
+
+def test_observed_metrics_in_progress(diff, inp, ls):
+    """observe(name, ...) on a stream: each batch's progress reports the metrics under
+    the query's names (observedMetrics), as Spark's; an Observation object and a name
+    used twice for other metrics fail as in Spark."""
+    from pyspark.errors import IllegalArgumentException
+    from pyspark.sql import Observation
+
+    def query(rs):
+        df = json_stream(inp)(rs).observe("rows", F.count(F.lit(1)).alias("n"), F.max("id").alias("top"))
+        return df.where("id % 2 = 0").observe("even", F.sum("score").alias("s"), F.min("name").alias("first"))
+
+    d = diff(query)
+    for step in range(2):
+        write_json(inp, rows(step * 4, 4 - step))
+        d.run()
+        metrics = [
+            [(p.batchId, {k: v.asDict() for k, v in p.observedMetrics.items()}) for p in side.batch_progress()]
+            for side in (d.native, d.lockgate)
+        ]
+        assert metrics[1] == metrics[0], f"observedMetrics differ: native, lockgate = {metrics}"
+        assert metrics[0][-1][1]["rows"]["n"] == 4 - step
+    with pytest.raises(IllegalArgumentException, match="Observation does not support streaming"):
+        json_stream(inp)(ls.readStream).observe(Observation("o"), F.count(F.lit(1)))
+    with pytest.raises(AnalysisException, match="DUPLICATED_METRICS_NAME"):
+        json_stream(inp)(ls.readStream).observe("m", F.count(F.lit(1))).observe("m", F.max("id"))

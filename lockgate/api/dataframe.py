@@ -19,6 +19,7 @@ from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.options import parse_duration_ms
 from lockgate.plan.nodes import (
     EventTimeWatermark,
+    Observed,
     PlanNode,
     StaticJoin,
     StreamingRelation,
@@ -391,6 +392,25 @@ class StreamingDataFrame:
             )
         node = EventTimeWatermark(self._plan, eventTime, delay_ms, delayThreshold)
         return self._derive(node, template)
+
+    def observe(self, observation: Any, *exprs: Column) -> StreamingDataFrame:
+        """Named metrics over each micro-batch, reported in its progress
+        (``observedMetrics``) and to listeners, as Spark does for a stream."""
+        from pyspark.errors import IllegalArgumentException
+
+        if not isinstance(observation, str):
+            # Spark's own refusal of an Observation object on a streaming Dataset
+            raise IllegalArgumentException(
+                message="Observation does not support streaming Datasets.This is because there "
+                "will be multiple observed metrics as microbatches are constructed. Please "
+                "register a StreamingQueryListener and get the metric for each microbatch in "
+                "QueryProgressEvent.progress, or use query.lastProgress or query.recentProgress."
+            )
+        for value in exprs:
+            _reject_nested_stream(value)
+        base = self._bound(exprs)
+        template = base._template.observe(observation, *exprs)  # Spark's checks (names, aggregates)
+        return self._derive(Observed(base._plan, "observe", (observation, *exprs)), template)
 
     # -- stateful operations ------------------------------------------------------------
     def groupBy(self, *cols: Any) -> Any:  # noqa: N802

@@ -46,7 +46,7 @@ from lockgate.plan.incremental import (
     reusable,
     row_count,
 )
-from lockgate.plan.nodes import PlanNode, source_relations, watermark_nodes
+from lockgate.plan.nodes import PlanNode, observed_nodes, source_relations, watermark_nodes
 from lockgate.plan.state_udf import TASKS_CONF, encode_params, property_key, state_task_count
 from lockgate.plan.template import NotReusable, PlanTemplate
 from lockgate.sources.base import READ_ALL_AVAILABLE, ReadLimit, Source, SourceContext
@@ -621,6 +621,7 @@ class MicroBatchExecution(StreamExecution):
             "counts": counts,
             "event_stats": event_stats,
             "num_output_rows": int(output["rows"]) if output else -1,
+            "observed": self._observed_metrics(execution),
         }
         crash_point("after_sink", batch_id)
         with self.progress.time("commitOffsets"):
@@ -683,6 +684,17 @@ class MicroBatchExecution(StreamExecution):
                 logger.debug("batches of %s are planned one by one: %s", self.pretty_id_string, reason)
                 self._templates[shape] = None
         return result, output_obs
+
+    def _observed_metrics(self, execution: IncrementalExecution) -> dict[str, dict[str, Any]]:
+        """The query's own ``observe`` metrics of the batch, by the names it gave them
+        (progress ``observedMetrics``), with values as Spark's progress JSON has them."""
+        found: dict[str, dict[str, Any]] = {}
+        for index, node in enumerate(observed_nodes(self.plan)):
+            obs = execution.observations.observed.get(index)
+            value = observation_value(obs) if obs is not None else None
+            if value is not None:
+                found[node.metric_name] = {k: _json_value(v) for k, v in value.items()}
+        return found
 
     def _event_time_stats(self, execution: IncrementalExecution) -> list[dict[str, Any] | None]:
         stats: list[dict[str, Any] | None] = []
@@ -771,6 +783,8 @@ class MicroBatchExecution(StreamExecution):
             "description": self.sink.description(),
             "numOutputRows": batch["num_output_rows"],
         }
+        if batch["observed"]:
+            progress["observedMetrics"] = batch["observed"]
         tracker.last_trigger_start_ms = tracker.trigger_start_ms
         parsed = tracker.record(progress)
         self.manager._post_progress(self, parsed)
@@ -813,6 +827,14 @@ class MicroBatchExecution(StreamExecution):
 
     def recent_progress(self) -> list[Any]:
         return list(self.progress.recent)
+
+
+def _json_value(value: Any) -> Any:
+    """An observed metric's value for the progress JSON: numbers, strings, booleans and
+    nulls as they are, other values (timestamps, decimals) as text."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
 
 
 def _json_or_none(text: str | None) -> Any:

@@ -25,11 +25,13 @@ from lockgate.plan.join.planner import join_params
 from lockgate.plan.limit import StreamingLimit, build_limit
 from lockgate.plan.nodes import (
     EventTimeWatermark,
+    Observed,
     PlanNode,
     StaticJoin,
     StreamingRelation,
     Transform,
     Union,
+    observed_nodes,
 )
 from lockgate.plan.pushdown import all_of, filters_below_metrics
 from lockgate.plan.session_window import SessionWindowAggregate, build_session_aggregate
@@ -40,7 +42,8 @@ if TYPE_CHECKING:
 
 ObservationRole = tuple[str, int]
 """What a batch's observation measures: ``("event_time", watermark index)``,
-``("source_rows", source index)`` or ``("output_rows", 0)``."""
+``("source_rows", source index)``, ``("observed", observe step index)`` (the query's
+own ``observe``) or ``("output_rows", 0)``."""
 
 
 def observation_name(role: ObservationRole, batch_id: int) -> str:
@@ -50,6 +53,8 @@ def observation_name(role: ObservationRole, batch_id: int) -> str:
         return f"lockgate_event_time_{index}_b{batch_id}"
     if kind == "source_rows":
         return f"lockgate_source_{index}_rows_b{batch_id}"
+    if kind == "observed":
+        return f"lockgate_observed_{index}_b{batch_id}"
     return f"lockgate_output_rows_b{batch_id}"
 
 
@@ -100,6 +105,9 @@ class BatchObservations:
     """EventTimeWatermark node index -> max/min/avg/count of its event-time column."""
     source_rows: dict[int, Observation] = field(default_factory=dict)
     """Source index -> row count, for sources that cannot count from offsets."""
+    observed: dict[int, Observation] = field(default_factory=dict)
+    """Index of a query's ``observe`` step (:func:`~lockgate.plan.nodes.observed_nodes`)
+    -> its metrics."""
 
 
 class IncrementalExecution:
@@ -142,6 +150,7 @@ class IncrementalExecution:
         self._source_index = source_index or {}
         self._count_sources = count_sources or set()
         self.observations = BatchObservations()
+        self._observed_index = {id(n): i for i, n in enumerate(observed_nodes(plan))}
         self.stateful = stateful
         self.operator_ids = operator_ids or {}
         self.state_schemas: dict[int, Any] = {}
@@ -244,6 +253,8 @@ class IncrementalExecution:
             roles[obs._name] = ("event_time", index)
         for index, obs in self.observations.source_rows.items():
             roles[obs._name] = ("source_rows", index)
+        for index, obs in self.observations.observed.items():
+            roles[obs._name] = ("observed", index)
         return roles
 
     def adopt(self, observed: dict[ObservationRole, Observation]) -> None:
@@ -253,6 +264,8 @@ class IncrementalExecution:
                 self.observations.event_time[index] = obs
             elif kind == "source_rows":
                 self.observations.source_rows[index] = obs
+            elif kind == "observed":
+                self.observations.observed[index] = obs
 
     def build(self) -> DataFrame:
         df = self._build(self.plan)
@@ -289,6 +302,13 @@ class IncrementalExecution:
                 df = self.cache.observe(node, "row_count", df, obs, lambda: [row_count()])
                 self.observations.source_rows[index] = obs
             return df
+        if isinstance(node, Observed):
+            # under a name of lockgate's per batch: Spark keys an observation by its name,
+            # and the progress reports it under the query's own name
+            index = self._observed_index[id(node)]
+            obs = Observation(self._observation_name(("observed", index)))
+            self.observations.observed[index] = obs
+            return self.cache.observe(node, "observed", self._build(node.child), obs, lambda: list(node.args[1:]))
         if isinstance(node, Transform):
             return node.apply(self._build(node.child), self.batch_timestamp_ms)
         if isinstance(node, Union):

@@ -109,6 +109,17 @@ class GroupedMap(Transform):
 
 
 @dataclass(frozen=True, eq=False)
+class Observed(Transform):
+    """``observe(name, *exprs)``: named metrics over each batch's rows, reported in the
+    batch's progress (``observedMetrics``) as Spark reports them. ``method`` is
+    ``"observe"``, ``args`` the name and the metric Columns; rows pass unchanged."""
+
+    @property
+    def metric_name(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True, eq=False)
 class Union(PlanNode):
     left: PlanNode
     right: PlanNode
@@ -165,6 +176,15 @@ def source_relations(plan: PlanNode) -> list[StreamingRelation]:
     seen: dict[int, StreamingRelation] = {}
     for node in plan.walk():
         if isinstance(node, StreamingRelation) and id(node) not in seen:
+            seen[id(node)] = node
+    return list(seen.values())
+
+
+def observed_nodes(plan: PlanNode) -> list[Observed]:
+    """The ``observe`` steps of ``plan``, each once, in pre-order."""
+    seen: dict[int, Observed] = {}
+    for node in plan.walk():
+        if isinstance(node, Observed) and id(node) not in seen:
             seen[id(node)] = node
     return list(seen.values())
 

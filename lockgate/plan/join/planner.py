@@ -492,7 +492,7 @@ def _plain_column(node: Any) -> str | None:
 
 _KEEPS = (
     "alias", "filter", "where", "dropna", "fillna", "replace", "repartition", "repartitionByRange",
-    "coalesce", "hint", "sample", "orderBy", "sort",
+    "coalesce", "hint", "sample", "orderBy", "sort", "sortWithinPartitions", "observe",
 )
 """Row-by-row methods that keep every column as it is, with its watermark metadata
 (``fillna`` and ``replace`` change only numeric, string and boolean columns, never an
