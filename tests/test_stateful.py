@@ -1066,3 +1066,29 @@ def test_runs_on_two_executor_processes(spark, ls, tmp_path):
     [expected] = _reference(spark, ls, [_job(tmp_path / "ref", "local", "parquet", inp)])
     assert expected
     assert report["answer"] == expected
+
+
+def test_rollup_and_cube_match_native(bench, tmp_path):
+    """rollup and cube (Spark's grouping sets) in complete, update and append mode: the
+    groups of every set, with spark_grouping_id in the state key, evicted by the window
+    where the set keeps it (append)."""
+    inp = tmp_path / "sets"
+    inp.mkdir()
+
+    def source(reader: Any) -> Any:
+        return reader.schema(SCHEMA).json(str(inp)).withWatermark("ts", "10 seconds")
+
+    bench.add(
+        "rollup_complete",
+        lambda r: source(r).rollup("k", F.col("v") > 2).agg(F.count("*").alias("n"), F.sum("v").alias("s")),
+        "complete",
+    )
+    bench.add("cube_update", lambda r: source(r).cube("k", F.year("ts").alias("y")).agg(F.max("v").alias("m")), "update")
+    bench.add(
+        "rollup_append_window",
+        lambda r: source(r).rollup(F.window("ts", "10 seconds"), "k").agg(F.count("*").alias("n")),
+        "append",
+    )
+    bench.start()
+    for i, rows in enumerate(AGG_STEPS):
+        bench.step(f"step {i}", {inp: rows})

@@ -87,8 +87,6 @@ _STATELESS = (
 # Stateful operations: Spark supports them on streams; lockgate's stateful engine
 # (state stores, watermarks eviction) is not there yet, so they fail clearly.
 _STATEFUL_NOT_YET = {
-    "rollup": "Streaming aggregation (rollup)",
-    "cube": "Streaming aggregation (cube)",
     "groupingSets": "Streaming aggregation (groupingSets)",
     "groupByKey": "Arbitrary stateful processing",
     "transformWithStateInPandas": "Arbitrary stateful processing (transformWithStateInPandas)",
@@ -423,6 +421,21 @@ class StreamingDataFrame:
         return StreamingGroupedData(self._bound(cols), tuple(cols))
 
     groupby = groupBy
+
+    def rollup(self, *cols: Any) -> Any:
+        return self._grouping_sets("rollup", cols)
+
+    def cube(self, *cols: Any) -> Any:
+        return self._grouping_sets("cube", cols)
+
+    def _grouping_sets(self, kind: str, cols: tuple[Any, ...]) -> Any:
+        from lockgate.api.grouped import StreamingGroupedData
+
+        if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
+            cols = tuple(cols[0])
+        for c in cols:
+            _reject_nested_stream(c)
+        return StreamingGroupedData(self._bound(cols), tuple(cols), sets=kind)
 
     def dropDuplicates(self, subset: list[str] | None = None) -> StreamingDataFrame:  # noqa: N802
         return self._dedup(subset, within_watermark=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
@@ -10,7 +11,7 @@ from pyspark.sql.types import NumericType, StructType
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate, decompose
-from lockgate.plan.nodes import EventTimeWatermark, GroupedMap, PlanNode
+from lockgate.plan.nodes import EventTimeWatermark, GroupedMap, PlanNode, Transform
 from lockgate.plan.session_window import session_key_index, session_window_aggregate
 
 if TYPE_CHECKING:
@@ -59,6 +60,89 @@ def watermarked_columns(df: StreamingDataFrame) -> set[str]:
     return set(event_time_columns(df._plan))
 
 
+def _grouping_sets_aggregate(
+    df: StreamingDataFrame, grouping: tuple[Any, ...], kind: str, columns: list[Column], template: Any
+) -> StreamingDataFrame:
+    """``rollup``/``cube`` as Spark plans it: each row once per grouping set (Spark's
+    ``Expand``, here an ``explode`` of one struct per set), the keys a set leaves out
+    null, and a streaming aggregation keyed by the keys and ``spark_grouping_id`` (bit
+    ``n - 1 - i`` set when key ``i`` is left out), which is dropped from the output.
+    The event-time key is the one Spark's own plan has (a window or a watermarked
+    column), so Append mode emits a set's groups when the watermark passes them; a set
+    without it is never emitted in Append mode, as in Spark."""
+    n = len(grouping)
+    if session_key_index(template.schema, n) is not None:
+        raise NotSupportedYetError(f"A streaming {kind} by a session window", "Group by the session window.")
+    if any(re.search(r"\bgrouping(_id)?\(", str(c)) for c in columns):
+        raise NotSupportedYetError(
+            f"grouping()/grouping_id() in a streaming {kind}",
+            "Tell the sets apart by which keys are null.",
+        )
+    key_fields = template.schema.fields[:n]
+    names = [f.name for f in key_fields]
+    if len(set(names)) != n:
+        raise NotSupportedYetError(f"{kind} by keys of the same name ({', '.join(names)})")
+    inputs = set(df.columns)
+    read = _aggregated_columns(df, columns)
+    shadowed = sorted(read & set(names) & inputs)
+    if shadowed:
+        raise NotSupportedYetError(
+            f"A streaming {kind} aggregating its own grouping column ({', '.join(shadowed)})",
+            "Aggregate a copy of the column (withColumn) instead.",
+        )
+    if kind == "rollup":
+        masks = [(1 << j) - 1 for j in range(n + 1)]
+    else:
+        masks = list(range(1 << n))
+    keyed = df.select("*", *[_key_column(g).alias(f"__lockgate_set_key_{i}") for i, g in enumerate(grouping)])
+    sets = [
+        F.struct(
+            *[
+                (F.lit(None).cast(f.dataType) if mask >> (n - 1 - i) & 1 else F.col(f"__lockgate_set_key_{i}")).alias(f.name)
+                for i, f in enumerate(key_fields)
+            ],
+            F.lit(mask).cast("long").alias("spark_grouping_id"),
+        )
+        for mask in masks
+    ]
+    others = [c for c in df.columns if c not in names]
+    expanded = keyed.select(*[F.col(f"`{c}`") for c in others], F.explode(F.array(*sets)).alias("__lockgate_set"))
+    expanded = expanded.select(*[F.col(f"`{c}`") for c in others], "__lockgate_set.*")
+    grouped = StreamingGroupedData(expanded, (*names, "spark_grouping_id"))
+    inner = grouped._template_grouped.agg(*columns)
+    key_count = n + 1
+    spark_key = StreamingGroupedData(df, grouping, kind)._event_time_key(template.schema, n)
+    node = Aggregate(
+        child=expanded._plan,
+        grouping=grouped._grouping,
+        aggregations=tuple(columns),
+        specs=tuple(decompose(df._session.spark, c) for c in columns),
+        output_schema=inner.schema,
+        key_names=tuple(inner.columns[:key_count]),
+        event_time_key=spark_key,
+        input_plan=expanded._template._jdf.queryExecution().analyzed(),
+        event_time_key_is_attribute=_groups_by_column(template, spark_key),
+    )
+    aggregated = expanded._derive(node, inner)
+    return aggregated._derive(Transform(node, "drop", ("spark_grouping_id",)), template)
+
+
+def _key_column(item: Any) -> Column:
+    return F.col(item) if isinstance(item, str) else item
+
+
+def _aggregated_columns(df: StreamingDataFrame, columns: list[Column]) -> set[str]:
+    """Names of the input columns the aggregations read (Spark's analysed plan)."""
+    plan = df._template.agg(*columns)._jdf.queryExecution().analyzed()
+    found: set[str] = set()
+    expressions = plan.aggregateExpressions()
+    for i in range(expressions.size()):
+        refs = expressions.apply(i).references().toSeq()
+        for j in range(refs.size()):
+            found.add(str(refs.apply(j).name()))
+    return found
+
+
 def _groups_by_column(template: Any, key: int | None) -> bool:
     """Whether grouping key ``key`` of the aggregation ``template`` is a column in
     Spark's analysed ``Aggregate`` (not an expression such as a cast)."""
@@ -76,11 +160,13 @@ def _groups_by_column(template: Any, key: int | None) -> bool:
 class StreamingGroupedData:
     """Aggregations over a streaming DataFrame's groups."""
 
-    def __init__(self, df: StreamingDataFrame, grouping: tuple[Any, ...]) -> None:
+    def __init__(self, df: StreamingDataFrame, grouping: tuple[Any, ...], sets: str | None = None) -> None:
         self._df = df
         self._grouping = grouping
+        self._sets = sets
+        """``"rollup"`` or ``"cube"`` for grouping sets, None for ``groupBy``."""
         # Spark checks the grouping expressions when groupBy is called.
-        self._template_grouped = df._template.groupBy(*grouping)
+        self._template_grouped = getattr(df._template, sets or "groupBy")(*grouping)
 
     def agg(self, *exprs: Column | dict[str, str]) -> StreamingDataFrame:
         if len(exprs) == 1 and isinstance(exprs[0], dict):
@@ -93,6 +179,8 @@ class StreamingGroupedData:
             if not isinstance(c, Column):
                 raise TypeError(f"all exprs should be Column, got {type(c).__name__}")
         template = self._template_grouped.agg(*columns)
+        if self._sets is not None:
+            return _grouping_sets_aggregate(self._df, self._grouping, self._sets, columns, template)
         spark = self._df._session.spark
         specs = tuple(decompose(spark, c) for c in columns)
         key_count = len(template.columns) - len(columns)
