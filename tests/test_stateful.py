@@ -1090,5 +1090,5 @@ def test_rollup_and_cube_match_native(bench, tmp_path):
         "append",
     )
     bench.start()
-    for i, rows in enumerate(AGG_STEPS):
+    for i, rows in enumerate(AGG_STEPS[:4]):  # through watermark 25 s: windows [0, 20) evicted
         bench.step(f"step {i}", {inp: rows})
