@@ -204,7 +204,8 @@ def test_filter_above_a_union_of_aggregations(bench, tmp_path, no_json_filter_pu
 
         return counts(a).union(counts(b)).where("k <> 'b'")
 
-    bench.add("union", unioned, "update", sink="foreachBatch")
+    # stopped while both directories get their files, so a step is one batch
+    bench.add("union", unioned, "update", sink="foreachBatch", restart_each_step=True)
     bench.start()
     steps = [
         ([ev(1, "a", 1.0), ev(900, "b", 1.0)], [ev(2, "a", 1.0)]),
