@@ -148,6 +148,7 @@ class MicroBatchExecution(StreamExecution):
             int(conf.get("spark.sql.streaming.numRecentProgressUpdates", "100") or 100)
         )
         self._watermark_nodes = watermark_nodes(plan)
+        self._observed_nodes = observed_nodes(plan)
         self.watermark_tracker = WatermarkTracker([w.delay_ms for w in self._watermark_nodes])
         self._last_batch: dict[str, Any] | None = None
         self._available_now_caps: dict[int, Any] | None = None
@@ -589,6 +590,7 @@ class MicroBatchExecution(StreamExecution):
                 batch_id=batch_id,
                 batch_timestamp_ms=self.offset_metadata.batchTimestampMs,
                 watermark_index={id(n): i for i, n in enumerate(self._watermark_nodes)},
+                observed_index={id(n): i for i, n in enumerate(self._observed_nodes)},
                 source_index={slot.relation_id: slot.index for slot in self._slots},
                 count_sources=count_sources,
                 stateful=stateful,
@@ -689,7 +691,7 @@ class MicroBatchExecution(StreamExecution):
         """The query's own ``observe`` metrics of the batch, by the names it gave them
         (progress ``observedMetrics``), with values as Spark's progress JSON has them."""
         found: dict[str, dict[str, Any]] = {}
-        for index, node in enumerate(observed_nodes(self.plan)):
+        for index, node in enumerate(self._observed_nodes):
             obs = execution.observations.observed.get(index)
             value = observation_value(obs) if obs is not None else None
             if value is not None:

@@ -31,7 +31,6 @@ from lockgate.plan.nodes import (
     StreamingRelation,
     Transform,
     Union,
-    observed_nodes,
 )
 from lockgate.plan.pushdown import all_of, filters_below_metrics
 from lockgate.plan.session_window import SessionWindowAggregate, build_session_aggregate
@@ -135,6 +134,7 @@ class IncrementalExecution:
         batch_id: int,
         batch_timestamp_ms: int | None = None,
         watermark_index: dict[int, int] | None = None,
+        observed_index: dict[int, int] | None = None,
         source_index: dict[int, int] | None = None,
         count_sources: set[int] | None = None,
         stateful: StatefulContext | None = None,
@@ -150,7 +150,7 @@ class IncrementalExecution:
         self._source_index = source_index or {}
         self._count_sources = count_sources or set()
         self.observations = BatchObservations()
-        self._observed_index = {id(n): i for i, n in enumerate(observed_nodes(plan))}
+        self._observed_index = observed_index or {}
         self.stateful = stateful
         self.operator_ids = operator_ids or {}
         self.state_schemas: dict[int, Any] = {}

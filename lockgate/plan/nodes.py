@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
     from lockgate.sources.base import SourceProvider
+
+
+_Node = TypeVar("_Node", bound="PlanNode")
 
 
 @dataclass(frozen=True, eq=False)
@@ -171,27 +174,25 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def source_relations(plan: PlanNode) -> list[StreamingRelation]:
-    """The distinct sources of ``plan`` in plan order (the offsets log order)."""
-    seen: dict[int, StreamingRelation] = {}
+def distinct_nodes(plan: PlanNode, kind: type[_Node]) -> list[_Node]:
+    """The nodes of type ``kind`` in ``plan``, each once (a node can be reached twice,
+    e.g. a self-union), in pre-order."""
+    seen: dict[int, _Node] = {}
     for node in plan.walk():
-        if isinstance(node, StreamingRelation) and id(node) not in seen:
+        if isinstance(node, kind) and id(node) not in seen:
             seen[id(node)] = node
     return list(seen.values())
+
+
+def source_relations(plan: PlanNode) -> list[StreamingRelation]:
+    """The distinct sources of ``plan`` in plan order (the offsets log order)."""
+    return distinct_nodes(plan, StreamingRelation)
 
 
 def observed_nodes(plan: PlanNode) -> list[Observed]:
     """The ``observe`` steps of ``plan``, each once, in pre-order."""
-    seen: dict[int, Observed] = {}
-    for node in plan.walk():
-        if isinstance(node, Observed) and id(node) not in seen:
-            seen[id(node)] = node
-    return list(seen.values())
+    return distinct_nodes(plan, Observed)
 
 
 def watermark_nodes(plan: PlanNode) -> list[EventTimeWatermark]:
-    seen: dict[int, EventTimeWatermark] = {}
-    for node in plan.walk():
-        if isinstance(node, EventTimeWatermark) and id(node) not in seen:
-            seen[id(node)] = node
-    return list(seen.values())
+    return distinct_nodes(plan, EventTimeWatermark)
