@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
@@ -108,22 +109,13 @@ def _grouping_sets_aggregate(
     others = [c for c in df.columns if c not in names]
     expanded = keyed.select(*[F.col(f"`{c}`") for c in others], F.explode(F.array(*sets)).alias("__lockgate_set"))
     expanded = expanded.select(*[F.col(f"`{c}`") for c in others], "__lockgate_set.*")
-    grouped = StreamingGroupedData(expanded, (*names, "spark_grouping_id"))
-    inner = grouped._template_grouped.agg(*columns)
-    key_count = n + 1
+    # the aggregation of the expanded rows, with the event-time key of Spark's plan (the
+    # expansion hides which key carries event time from lockgate's own rules)
+    aggregated = StreamingGroupedData(expanded, (*names, "spark_grouping_id")).agg(*columns)
     spark_key = StreamingGroupedData(df, grouping, kind)._event_time_key(template.schema, n)
-    node = Aggregate(
-        child=expanded._plan,
-        grouping=grouped._grouping,
-        aggregations=tuple(columns),
-        specs=tuple(decompose(df._session.spark, c) for c in columns),
-        output_schema=inner.schema,
-        key_names=tuple(inner.columns[:key_count]),
-        event_time_key=spark_key,
-        input_plan=expanded._template._jdf.queryExecution().analyzed(),
-        event_time_key_is_attribute=_groups_by_column(template, spark_key),
+    node = replace(
+        aggregated._plan, event_time_key=spark_key, event_time_key_is_attribute=_groups_by_column(template, spark_key)
     )
-    aggregated = expanded._derive(node, inner)
     return aggregated._derive(Transform(node, "drop", ("spark_grouping_id",)), template)
 
 
