@@ -736,7 +736,7 @@ def test_read_state_returns_counts_per_window(spark, ls, tmp_path):
     df = ls.readStream.schema(SCHEMA).json(str(inp)).withWatermark("ts", "10 seconds")
     q = (
         df.groupBy(F.window("ts", "10 seconds"), "k")
-        .agg(F.count("*").alias("n"), F.sum("v").alias("s"))
+        .agg(F.count("*").alias("n"), F.sum("v").alias("s"), F.collect_set("k").alias("ks"))
         .writeStream.format("memory")
         .queryName("read_state")
         .outputMode("update")
@@ -780,6 +780,9 @@ def test_read_state_returns_counts_per_window(spark, ls, tmp_path):
     assert state() == after_2
     assert state(batch_after_step[2]) == after_2
     assert ls.read.state(cp).columns == ["key", "value", "partition_id"]
+    # a buffer whose Arrow type has a non-nullable nested field (list<item: ... not null>)
+    [latest] = ls.read.state(cp).collect()
+    assert next(v for n, v in latest["value"].asDict().items() if n.startswith("ks")) == ["c"]
     assert ls.read.state(cp, operatorId=0, batchId=batch_after_step[0]).count() == len(after_0)
     with pytest.raises(lockgate.CheckpointError, match="operator 1"):
         ls.read.state(cp, operatorId=1)

@@ -16,6 +16,7 @@ import pyarrow as pa
 from lockgate.checkpoint import CommitLog
 from lockgate.checkpoint.fs import resolve_filesystem
 from lockgate.errors import CheckpointError
+from lockgate.state.arrow_types import field_from_json, parse_arrow_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -95,8 +96,7 @@ def read_state(
                 f"Checkpoint {checkpoint_location} has no committed batch yet.", path=root
             )
         batch_id = latest
-    key_schema = pa.schema([pa.field(n, _parse_arrow_type(t)) for n, t in meta["keySchema"]])
-    value_schema = pa.schema([pa.field(n, _parse_arrow_type(t)) for n, t in meta["valueSchema"]])
+    key_schema, value_schema = _stored_schema(meta, "key"), _stored_schema(meta, "value")
     num_partitions = int(meta["numPartitions"])
     conf = StateStoreConf(
         root=fs.join(root, "state"),
@@ -130,24 +130,9 @@ def read_state(
     return ids.mapInArrow(read, out)
 
 
-def _parse_arrow_type(text: str) -> pa.DataType:
-    simple = {
-        "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
-        "float": pa.float32(), "double": pa.float64(), "bool": pa.bool_(), "string": pa.string(),
-        "large_string": pa.large_string(), "binary": pa.binary(), "date32[day]": pa.date32(),
-    }
-    if text in simple:
-        return simple[text]
-    if text.startswith("timestamp["):
-        inner = text[len("timestamp[") : -1]
-        unit, _, tz = inner.partition(",")
-        tz = tz.strip().removeprefix("tz=") or None
-        return pa.timestamp(unit.strip(), tz=tz)
-    if text.startswith("decimal128("):
-        p, s = text[len("decimal128(") : -1].split(",")
-        return pa.decimal128(int(p), int(s))
-    if text.startswith("list<") and text.endswith(">"):
-        inner = text[len("list<") : -1]
-        _, _, item = inner.partition(": ")
-        return pa.list_(_parse_arrow_type(item.strip()))
-    raise CheckpointError(f"Unsupported state column type {text!r} in the state schema file.")
+def _stored_schema(meta: dict[str, Any], which: str) -> pa.Schema:
+    """The key or value schema of a state schema file: from its tree form, or from the
+    type renderings of files written before it had one."""
+    if f"{which}Fields" in meta:
+        return pa.schema([field_from_json(f) for f in meta[f"{which}Fields"]])
+    return pa.schema([pa.field(n, parse_arrow_type(t)) for n, t in meta[f"{which}Schema"]])

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from lockgate.checkpoint.fs import CheckpointFileSystem
 from lockgate.errors import CheckpointError
+from lockgate.state.arrow_types import field_to_json, without_time_zones
 
 FORMAT_VERSION = 1
 
@@ -39,14 +40,15 @@ class OperatorStateSchema:
                 "numPartitions": self.num_partitions,
                 "keySchema": _fields(self.key_schema),
                 "valueSchema": _fields(self.value_schema),
+                "keyFields": [field_to_json(f) for f in self.key_schema],
+                "valueFields": [field_to_json(f) for f in self.value_schema],
             },
             indent=1,
         )
 
 
 def _strip_tz(fields: list[list[str]]) -> list[list[str]]:
-    # Arrow renders timestamps with the session time zone; the stored values are UTC micros.
-    return [[n, t.split(",")[0] + "]" if t.startswith("timestamp[") and "," in t else t] for n, t in fields]
+    return [[n, without_time_zones(t)] for n, t in fields]
 
 
 def check_or_write(fs: CheckpointFileSystem, state_root: str, schema: OperatorStateSchema) -> None:
