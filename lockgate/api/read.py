@@ -15,11 +15,21 @@ class LockgateReader:
         self._session = session
 
     def state(
-        self, checkpointLocation: str, operatorId: int = 0, batchId: int | None = None  # noqa: N803
+        self,
+        checkpointLocation: str,  # noqa: N803
+        operatorId: int = 0,  # noqa: N803
+        batchId: int | None = None,  # noqa: N803
+        joinSide: str | None = None,  # noqa: N803
     ) -> DataFrame:
         """The keys and values of stateful operator ``operatorId`` after batch ``batchId``
         (default: the last committed batch), as columns ``key``, ``value``,
-        ``partition_id``."""
+        ``partition_id``, as Spark's state data source (``format("statestore")``) gives
+        them.
+
+        A stream-stream join keeps each side's rows apart: ``joinSide`` (``"left"`` or
+        ``"right"``, as Spark's option of that name) picks the side, whose buffered rows
+        come back as ``value``, keyed by their join keys.
+        """
         from lockgate.state.reader import read_state
 
-        return read_state(self._session.spark, checkpointLocation, operatorId, batchId)
+        return read_state(self._session.spark, checkpointLocation, operatorId, batchId, joinSide)

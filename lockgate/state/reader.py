@@ -46,7 +46,12 @@ def _field_types(schema: pa.Schema, struct: str) -> dict[str, pa.DataType]:
 
 
 def _read_partition(
-    conf: Any, version: int, out_schema: pa.Schema, batches: Any, sessions: bool = False
+    conf: Any,
+    version: int,
+    out_schema: pa.Schema,
+    batches: Any,
+    sessions: bool = False,
+    columns: tuple[list[str], list[str]] | None = None,
 ) -> Any:
     from lockgate.state.store import read_state_table
 
@@ -55,6 +60,8 @@ def _read_partition(
             table = read_state_table(conf, int(pid), version)
             key_names = [f.name for f in conf.key_schema]
             value_names = [f.name for f in conf.value_schema]
+            if columns is not None:
+                key_names, value_names = columns
             if sessions:
                 # Session windows keep a list of sessions per key; show one row per
                 # session keyed by (keys, session start), as Spark's state reader does.
@@ -62,18 +69,25 @@ def _read_partition(
                 key_names, value_names = key_names + value_names[:1], value_names[1:]
                 types = {**_field_types(out_schema, "key"), **_field_types(out_schema, "value")}
                 table = pa.table({n: table.column(n).cast(types[n]) for n in table.column_names})
+            out_key, out_value = out_schema.field("key").type, out_schema.field("value").type
             key = pa.StructArray.from_arrays(
-                [table.column(n).combine_chunks() for n in key_names], names=key_names
+                [table.column(n).combine_chunks() for n in key_names],
+                names=[out_key.field(i).name for i in range(out_key.num_fields)],
             ) if key_names else pa.array([{}] * table.num_rows)
             value = pa.StructArray.from_arrays(
-                [table.column(n).combine_chunks() for n in value_names], names=value_names
-            ) if value_names else pa.nulls(table.num_rows, out_schema.field("value").type)
+                [table.column(n).combine_chunks() for n in value_names],
+                names=[out_value.field(i).name for i in range(out_value.num_fields)],
+            ) if value_names else pa.nulls(table.num_rows, out_value)
             parts = pa.array([int(pid)] * table.num_rows, type=pa.int32())
             yield pa.RecordBatch.from_arrays([key, value, parts], schema=out_schema)
 
 
 def read_state(
-    spark: SparkSession, checkpoint_location: str, operator_id: int = 0, batch_id: int | None = None
+    spark: SparkSession,
+    checkpoint_location: str,
+    operator_id: int = 0,
+    batch_id: int | None = None,
+    join_side: str | None = None,
 ) -> DataFrame:
     from pyspark.sql.types import IntegerType, StructField, StructType
 
@@ -98,14 +112,41 @@ def read_state(
         batch_id = latest
     key_schema, value_schema = _stored_schema(meta, "key"), _stored_schema(meta, "value")
     num_partitions = int(meta["numPartitions"])
+    from lockgate.plan.join.planner import StreamJoin
+
+    store_name, hidden = None, 0
+    if meta.get("operatorName") == StreamJoin.operator_name:
+        if join_side not in ("left", "right"):
+            raise ValueError(
+                f"Stateful operator {operator_id} is a stream-stream join, which keeps the state "
+                f"of each side apart: pass joinSide='left' or joinSide='right' (got {join_side!r})."
+            )
+        store_name = join_side
+        key_schema, value_schema = _side_schema(key_schema, join_side), _side_schema(value_schema, join_side)
+        hidden = 1  # each buffered row's index among those of its key
+    elif join_side is not None:
+        raise ValueError(
+            f"joinSide={join_side!r} applies to stream-stream joins only; stateful operator "
+            f"{operator_id} is {meta.get('operatorName')!r}."
+        )
     conf = StateStoreConf(
         root=fs.join(root, "state"),
         operator_id=operator_id,
         num_partitions=num_partitions,
         key_schema=key_schema,
         value_schema=value_schema,
+        store_name=store_name,
+        timestamps_as_micros=store_name is not None,
     )
     key_fields, value_fields = list(key_schema), list(value_schema)
+    columns = None
+    if store_name is not None:
+        # the row as it was buffered, without the index and lockgate's own columns, keyed
+        # by its join keys named as Spark's state reader names them (field0, field1, ...)
+        key_fields = key_fields[:-hidden]
+        value_fields = [f for f in value_fields if f.name != "matched" and not f.name.startswith("derived_")]
+        columns = ([f.name for f in key_fields], [f.name for f in value_fields])
+        key_fields = [f.with_name(f"field{i}") for i, f in enumerate(key_fields)]
     from lockgate.plan.session_window import OPERATOR_NAME as SESSION_OPERATOR_NAME
 
     sessions = meta.get("operatorName") == SESSION_OPERATOR_NAME
@@ -126,8 +167,18 @@ def read_state(
     tz = str(spark.conf.get("spark.sql.session.timeZone", "UTC"))
     out_arrow = schema_to_arrow(out, tz)
     ids = spark.range(0, num_partitions, 1, num_partitions).selectExpr("cast(id as int) as id")
-    read = bind(_read_partition, conf, batch_id + 1, out_arrow, sessions=sessions)
+    read = bind(
+        _read_partition, conf, batch_id + 1, out_arrow, sessions=sessions,
+        columns=columns,
+    )
     return ids.mapInArrow(read, out)
+
+
+def _side_schema(schema: pa.Schema, side: str) -> pa.Schema:
+    """One side's columns of a stream-stream join's schema (stored as ``left.<name>``
+    and ``right.<name>``)."""
+    prefix = f"{side}."
+    return pa.schema([f.with_name(f.name[len(prefix) :]) for f in schema if f.name.startswith(prefix)])
 
 
 def _stored_schema(meta: dict[str, Any], which: str) -> pa.Schema:
