@@ -418,6 +418,15 @@ def test_bad_column_fails_at_definition_time(ls: Any, define: Any) -> None:
         (lambda df: df.rollup("value").agg(F.count("value")), "rollup"),
         (lambda df: df.cube("value", "timestamp").agg(F.max("value")), "cube"),
         (lambda df: df.rollup("value").agg(F.grouping_id()), "grouping_id"),
+        # a key of the sets that is not among the columns, aggregated
+        (
+            lambda df: df.groupingSets([["timestamp"], ["value"]]).agg(F.max("value")),
+            "groupingSets aggregating its own grouping column (value)",
+        ),
+        (
+            lambda df: df.groupingSets([["value"]], "value", "value").agg(F.count("*")),
+            "groupingSets by the same key twice",
+        ),
         (lambda df: df.groupBy("value").pivot("value", [1, 2]), "pivot"),
         (
             lambda df: df.groupBy("value").applyInPandasWithState(
@@ -426,7 +435,15 @@ def test_bad_column_fails_at_definition_time(ls: Any, define: Any) -> None:
             "applyInPandasWithState",
         ),
     ],
-    ids=["rollup", "cube", "grouping_id", "pivot", "applyInPandasWithState"],
+    ids=[
+        "rollup",
+        "cube",
+        "grouping_id",
+        "groupingSets-hidden-key",
+        "groupingSets-twice",
+        "pivot",
+        "applyInPandasWithState",
+    ],
 )
 def test_stateful_operation_is_not_supported_yet(ls: Any, define: Any, operation: str) -> None:
     """Stateful operators lockgate's engine does not have yet fail when defined."""

@@ -1071,15 +1071,19 @@ def test_runs_on_two_executor_processes(spark, ls, tmp_path):
     assert report["answer"] == expected
 
 
-def test_rollup_and_cube_match_native(bench, tmp_path):
-    """rollup and cube (Spark's grouping sets) in complete, update and append mode: the
-    groups of every set, with spark_grouping_id in the state key, evicted by the window
-    where the set keeps it (append)."""
+def test_grouping_sets_match_native(bench, tmp_path):
+    """rollup, cube and groupingSets (Spark's grouping sets) in complete, update and
+    append mode: the groups of every set, with spark_grouping_id (and, for duplicate
+    sets, _gen_grouping_pos) in the state key, keys of the sets that are not among the
+    columns, evicted by the window where the set keeps it (append)."""
     inp = tmp_path / "sets"
     inp.mkdir()
 
     def source(reader: Any) -> Any:
         return reader.schema(SCHEMA).json(str(inp)).withWatermark("ts", "10 seconds")
+
+    def window() -> Any:
+        return F.window("ts", "10 seconds")
 
     bench.add(
         "rollup_complete",
@@ -1087,9 +1091,13 @@ def test_rollup_and_cube_match_native(bench, tmp_path):
         "complete",
     )
     bench.add("cube_update", lambda r: source(r).cube("k", F.year("ts").alias("y")).agg(F.max("v").alias("m")), "update")
+    # a set twice, keys that are not among the columns (one named with a dot), a set
+    # without the window (never emitted in append mode, as in a rollup by a window)
     bench.add(
-        "rollup_append_window",
-        lambda r: source(r).rollup(F.window("ts", "10 seconds"), "k").agg(F.count("*").alias("n")),
+        "sets_append_window",
+        lambda r: source(r)
+        .groupingSets([[window(), "k"], ["k", window()], [window(), F.col("v") > 2.5], ["k"]], window())
+        .agg(F.count("*").alias("n"), F.sum("v").alias("s")),
         "append",
     )
     bench.start()

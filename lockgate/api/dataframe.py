@@ -84,11 +84,10 @@ _STATELESS = (
     "sortWithinPartitions",
 )
 
-# Stateful operations: Spark supports them on streams; lockgate's stateful engine
-# (state stores, watermarks eviction) is not there yet, so they fail clearly.
+# Arbitrary stateful processing: Spark supports it on streams; lockgate does not have
+# it yet (its other stateful operators are there), so it fails clearly.
 _STATEFUL_NOT_YET = {
-    "groupingSets": "Streaming aggregation (groupingSets)",
-    "groupByKey": "Arbitrary stateful processing",
+    "groupByKey": "Arbitrary stateful processing (groupByKey)",
     "transformWithStateInPandas": "Arbitrary stateful processing (transformWithStateInPandas)",
     "applyInPandasWithState": "Arbitrary stateful processing (applyInPandasWithState)",
 }
@@ -250,8 +249,9 @@ class StreamingDataFrame:
             op = _STATEFUL_NOT_YET[name]
             raise NotSupportedYetError(
                 op,
-                "lockgate's stateful engine supports streaming aggregation (groupBy/agg) "
-                "so far; this operator is the next piece of work.",
+                "lockgate runs aggregation, deduplication, stream-stream joins, limit and "
+                "session windows, but not arbitrary stateful processing; run a stateless "
+                "function per micro-batch with groupBy(...).applyInPandas or foreachBatch.",
             )
         if name in _SPARK_UNSUPPORTED:
             raise AnalysisError(_SPARK_UNSUPPORTED[name])
@@ -428,14 +428,18 @@ class StreamingDataFrame:
     def cube(self, *cols: Any) -> Any:
         return self._grouping_sets("cube", cols)
 
-    def _grouping_sets(self, kind: str, cols: tuple[Any, ...]) -> Any:
+    def groupingSets(self, groupingSets: Any, *cols: Any) -> Any:  # noqa: N802
+        sets = tuple(tuple(s) for s in groupingSets)
+        return self._grouping_sets("groupingSets", cols, sets)
+
+    def _grouping_sets(self, kind: str, cols: tuple[Any, ...], sets: tuple[tuple[Any, ...], ...] | None = None) -> Any:
         from lockgate.api.grouped import StreamingGroupedData
 
         if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
             cols = tuple(cols[0])
-        for c in cols:
+        for c in _flatten((cols, sets or ())):
             _reject_nested_stream(c)
-        return StreamingGroupedData(self._bound(cols), tuple(cols), sets=kind)
+        return StreamingGroupedData(self._bound(cols, sets or ()), tuple(cols), sets=kind, grouping_sets=sets)
 
     def dropDuplicates(self, subset: list[str] | None = None) -> StreamingDataFrame:  # noqa: N802
         return self._dedup(subset, within_watermark=False)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
@@ -62,65 +62,159 @@ def watermarked_columns(df: StreamingDataFrame) -> set[str]:
 
 
 def _grouping_sets_aggregate(
-    df: StreamingDataFrame, grouping: tuple[Any, ...], kind: str, columns: list[Column], template: Any
+    df: StreamingDataFrame,
+    grouping: tuple[Any, ...],
+    kind: str,
+    sets: tuple[tuple[Any, ...], ...] | None,
+    columns: list[Column],
+    template: Any,
 ) -> StreamingDataFrame:
-    """``rollup``/``cube`` as Spark plans it: each row once per grouping set (Spark's
-    ``Expand``, here an ``explode`` of one struct per set), the keys a set leaves out
-    null, and a streaming aggregation keyed by the keys and ``spark_grouping_id`` (bit
-    ``n - 1 - i`` set when key ``i`` is left out), which is dropped from the output.
-    The event-time key is the one Spark's own plan has (a window or a watermarked
+    """``rollup``/``cube``/``groupingSets`` as Spark plans them: each row once per
+    grouping set (Spark's ``Expand``, here an ``explode`` of one struct per set), the keys
+    a set leaves out null, and a streaming aggregation keyed by the keys,
+    ``spark_grouping_id`` (bit ``n - 1 - i`` set when key ``i`` is left out) and, when
+    two sets hold the same keys, ``_gen_grouping_pos`` (the set's position), which are
+    dropped from the output. The keys, the sets and their ids are those of Spark's own
+    plan of ``template``: the distinct expressions of the columns and the sets, so a set
+    may group by an expression that is not among the columns (a key the output leaves
+    out). The event-time key is the one Spark's plan has (a window or a watermarked
     column), so Append mode emits a set's groups when the watermark passes them; a set
     without it is never emitted in Append mode, as in Spark."""
-    n = len(grouping)
-    if session_key_index(template.schema, n) is not None:
+    shown = len(template.columns) - len(columns)
+    if session_key_index(template.schema, shown) is not None:
         raise NotSupportedYetError(f"A streaming {kind} by a session window", "Group by the session window.")
     if any(re.search(r"\bgrouping(_id)?\(", str(c)) for c in columns):
         raise NotSupportedYetError(
             f"grouping()/grouping_id() in a streaming {kind}",
             "Tell the sets apart by which keys are null.",
         )
-    key_fields = template.schema.fields[:n]
-    names = [f.name for f in key_fields]
-    if len(set(names)) != n:
+    if sets is not None and not sets:
+        raise AnalysisError(
+            "groupingSets needs at least one grouping set ([] is the grand total); Spark's own "
+            "query fails on none at its first batch"
+        )
+    expansion = _expansion(template)
+    if expansion is None:  # a single set of no keys: Spark's plain global aggregation
+        return StreamingGroupedData(df, ()).agg(*columns)
+    n = len(expansion.names)
+    candidates = [_key_column(df, c) for c in (*grouping, *(c for s in sets or () for c in s))]
+    # which candidate is which key: Spark's own de-duplication, read from the plan of one
+    # set per candidate (a window, an alias, `a + b` and `b + a` as Spark compares them)
+    probe = _expansion(df._template.groupingSets([[c] for c in candidates]).agg(F.count(F.lit(1)))) if n else None
+    if probe is not None and probe.names != expansion.names:
+        raise NotSupportedYetError(f"A streaming {kind} whose keys Spark orders differently from its columns")
+    positions = [kept[0] for kept in probe.kept] if probe is not None else []
+    if positions[: len(grouping)] != list(range(len(grouping))) or shown != len(grouping):
+        raise NotSupportedYetError(
+            f"A streaming {kind} by the same key twice", "Name each grouping key once."
+        )
+    keys = [candidates[positions.index(j)] for j in range(n)]
+    names = [*template.columns[:shown], *expansion.names[shown:]]
+    internal = ["spark_grouping_id"] + (["_gen_grouping_pos"] if expansion.positions else [])
+    if len({*names, *internal}) != n + len(internal):
         raise NotSupportedYetError(f"{kind} by keys of the same name ({', '.join(names)})")
-    inputs = set(df.columns)
     read = _aggregated_columns(df, columns)
-    shadowed = sorted(read & set(names) & inputs)
+    shadowed = sorted(read & {*names, *internal} & set(df.columns))
     if shadowed:
         raise NotSupportedYetError(
             f"A streaming {kind} aggregating its own grouping column ({', '.join(shadowed)})",
             "Aggregate a copy of the column (withColumn) instead.",
         )
-    if kind == "rollup":
-        masks = [(1 << j) - 1 for j in range(n + 1)]
-    else:
-        masks = list(range(1 << n))
-    keyed = df.select("*", *[_key_column(g).alias(f"__lockgate_set_key_{i}") for i, g in enumerate(grouping)])
-    sets = [
+    plain = df._template.groupBy(*keys).agg(F.count(F.lit(1)))  # the keys' types, event time
+    key_fields = plain.schema.fields[:n]
+    keyed = df.select("*", *[k.alias(f"__lockgate_set_key_{j}") for j, k in enumerate(keys)])
+    structs = [
         F.struct(
             *[
-                (F.lit(None).cast(f.dataType) if mask >> (n - 1 - i) & 1 else F.col(f"__lockgate_set_key_{i}")).alias(f.name)
-                for i, f in enumerate(key_fields)
+                (F.col(f"__lockgate_set_key_{j}") if j in kept else F.lit(None).cast(f.dataType)).alias(name)
+                for j, (f, name) in enumerate(zip(key_fields, names))
             ],
-            F.lit(mask).cast("long").alias("spark_grouping_id"),
+            F.lit(mask).cast(expansion.id_type).alias("spark_grouping_id"),
+            *([F.lit(i).cast("int").alias("_gen_grouping_pos")] if expansion.positions else []),
         )
-        for mask in masks
+        for i, (kept, mask) in enumerate(zip(expansion.kept, expansion.masks))
     ]
-    others = [c for c in df.columns if c not in names]
-    expanded = keyed.select(*[F.col(f"`{c}`") for c in others], F.explode(F.array(*sets)).alias("__lockgate_set"))
-    expanded = expanded.select(*[F.col(f"`{c}`") for c in others], "__lockgate_set.*")
+    others = [c for c in df.columns if c not in {*names, *internal}]
+    expanded = keyed.select(*[F.col(_quoted(c)) for c in others], F.explode(F.array(*structs)).alias("__lockgate_set"))
+    expanded = expanded.select(*[F.col(_quoted(c)) for c in others], "__lockgate_set.*")
     # the aggregation of the expanded rows, with the event-time key of Spark's plan (the
     # expansion hides which key carries event time from lockgate's own rules)
-    aggregated = StreamingGroupedData(expanded, (*names, "spark_grouping_id")).agg(*columns)
-    spark_key = StreamingGroupedData(df, grouping, kind)._event_time_key(template.schema, n)
+    aggregated = StreamingGroupedData(expanded, tuple(F.col(_quoted(c)) for c in (*names, *internal))).agg(*columns)
+    spark_key = StreamingGroupedData(df, tuple(keys))._event_time_key(plain.schema, n)
     node = replace(
         aggregated._plan, event_time_key=spark_key, event_time_key_is_attribute=_groups_by_column(template, spark_key)
     )
-    return aggregated._derive(Transform(node, "drop", ("spark_grouping_id",)), template)
+    return aggregated._derive(Transform(node, "drop", (*names[shown:], *internal)), template)
 
 
-def _key_column(item: Any) -> Column:
+@dataclass(frozen=True)
+class _Expansion:
+    """Spark's ``Expand`` below a grouping-sets aggregation, from its analysed plan."""
+
+    names: tuple[str, ...]
+    """The distinct grouping keys, as Spark names them."""
+    kept: tuple[tuple[int, ...], ...]
+    """Per grouping set, in Spark's order, the keys it keeps (the others are null)."""
+    masks: tuple[int, ...]
+    """Per grouping set, its ``spark_grouping_id``."""
+    id_type: str
+    positions: bool
+    """Whether two sets hold the same keys, so that ``_gen_grouping_pos`` tells them apart."""
+
+
+def _expansion(template: Any) -> _Expansion | None:
+    """None where Spark aggregates without ``Expand`` (no keys and one set: ``rollup()``,
+    ``groupingSets([[]])``)."""
+    node = template._jdf.queryExecution().analyzed()
+    while node.getClass().getSimpleName() != "Aggregate":
+        node = node.children().apply(0)
+    grouping = node.groupingExpressions()
+    size = grouping.size()
+    if size == 0:
+        return None
+    positions = str(grouping.apply(size - 1).name()) == "_gen_grouping_pos"
+    n = size - 1 - int(positions)
+    expand = node.child()
+    if expand.getClass().getSimpleName() != "Expand":
+        raise NotSupportedYetError("A streaming grouping-sets aggregation that Spark plans without Expand")
+    width = expand.output().size() - size  # the input's columns come first
+    kept, masks = [], []
+    projections = expand.projections()
+    for i in range(projections.size()):
+        row = projections.apply(i)
+        kept.append(tuple(j for j in range(n) if row.apply(width + j).getClass().getSimpleName() != "Literal"))
+        masks.append(int(row.apply(width + n).value()))
+    return _Expansion(
+        names=tuple(str(grouping.apply(j).name()) for j in range(n)),
+        kept=tuple(kept),
+        masks=tuple(masks),
+        id_type=str(grouping.apply(n).dataType().typeName()),
+        positions=positions,
+    )
+
+
+def _agg_columns(exprs: tuple[Column | dict[str, str], ...]) -> list[Column]:
+    """``agg``'s arguments as columns, as PySpark's ``GroupedData.agg`` takes them."""
+    if len(exprs) == 1 and isinstance(exprs[0], dict):
+        columns = [F.expr(f"{fn}(`{col}`)") if col != "*" else F.expr(f"{fn}(*)") for col, fn in exprs[0].items()]
+    else:
+        columns = list(exprs)
+    if not columns:
+        raise ValueError("exprs should not be empty")
+    for c in columns:
+        if not isinstance(c, Column):
+            raise TypeError(f"all exprs should be Column, got {type(c).__name__}")
+    return columns
+
+
+def _key_column(df: StreamingDataFrame, item: Any) -> Column:
+    if isinstance(item, int) and not isinstance(item, bool):  # 1-based ordinal, as PySpark's
+        return F.col(_quoted(df.columns[item - 1]))
     return F.col(item) if isinstance(item, str) else item
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _aggregated_columns(df: StreamingDataFrame, columns: list[Column]) -> set[str]:
@@ -152,27 +246,32 @@ def _groups_by_column(template: Any, key: int | None) -> bool:
 class StreamingGroupedData:
     """Aggregations over a streaming DataFrame's groups."""
 
-    def __init__(self, df: StreamingDataFrame, grouping: tuple[Any, ...], sets: str | None = None) -> None:
+    def __init__(
+        self,
+        df: StreamingDataFrame,
+        grouping: tuple[Any, ...],
+        sets: str | None = None,
+        grouping_sets: tuple[tuple[Any, ...], ...] | None = None,
+    ) -> None:
         self._df = df
         self._grouping = grouping
         self._sets = sets
-        """``"rollup"`` or ``"cube"`` for grouping sets, None for ``groupBy``."""
+        """``"rollup"``, ``"cube"`` or ``"groupingSets"`` for grouping sets, None for ``groupBy``."""
+        self._grouping_sets = grouping_sets
+        """The sets of ``groupingSets``."""
         # Spark checks the grouping expressions when groupBy is called.
-        self._template_grouped = getattr(df._template, sets or "groupBy")(*grouping)
+        if sets == "groupingSets":
+            self._template_grouped = df._template.groupingSets([list(s) for s in grouping_sets or ()], *grouping)
+        else:
+            self._template_grouped = getattr(df._template, sets or "groupBy")(*grouping)
 
     def agg(self, *exprs: Column | dict[str, str]) -> StreamingDataFrame:
-        if len(exprs) == 1 and isinstance(exprs[0], dict):
-            columns = [F.expr(f"{fn}(`{col}`)") if col != "*" else F.expr(f"{fn}(*)") for col, fn in exprs[0].items()]
-        else:
-            columns = list(exprs)
-        if not columns:
-            raise ValueError("exprs should not be empty")
-        for c in columns:
-            if not isinstance(c, Column):
-                raise TypeError(f"all exprs should be Column, got {type(c).__name__}")
+        columns = _agg_columns(exprs)
         template = self._template_grouped.agg(*columns)
         if self._sets is not None:
-            return _grouping_sets_aggregate(self._df, self._grouping, self._sets, columns, template)
+            return _grouping_sets_aggregate(
+                self._df, self._grouping, self._sets, self._grouping_sets, columns, template
+            )
         spark = self._df._session.spark
         specs = tuple(decompose(spark, c) for c in columns)
         key_count = len(template.columns) - len(columns)
@@ -281,4 +380,10 @@ class StreamingGroupedData:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
+        if "WithState" in name:  # applyInPandasWithState, transformWithState(InPandas)
+            raise NotSupportedYetError(
+                f"GroupedData.{name} on a streaming DataFrame (arbitrary stateful processing)",
+                "Run a stateless function per micro-batch with applyInPandas or foreachBatch.",
+            )
         raise NotSupportedYetError(f"GroupedData.{name} on a streaming DataFrame")
+
