@@ -427,7 +427,11 @@ def test_bad_column_fails_at_definition_time(ls: Any, define: Any) -> None:
             lambda df: df.groupingSets([["value"]], "value", "value").agg(F.count("*")),
             "groupingSets by the same key twice",
         ),
-        (lambda df: df.groupBy("value").pivot("value", [1, 2]), "pivot"),
+        # the pivot column is a grouping key: Spark's first aggregation groups by both
+        (
+            lambda df: df.groupBy("value").pivot("value", [1, 2]).agg(F.sum("value")),
+            "pivot whose keys, pivot column and aggregates share names",
+        ),
         (
             lambda df: df.groupBy("value").applyInPandasWithState(
                 lambda k, pdf, state: pdf, "value LONG", "n LONG", "append", "NoTimeout"

@@ -674,6 +674,31 @@ UNSUPPORTED = [
         "build",
         id="dedup-within-watermark-without-watermark",
     ),
+    # a pivot of numbers is two chained aggregations (Spark's ResolvePivot): refused
+    # outside Append mode by the global watermark's correctness check, and in Append
+    # mode without an event-time key
+    pytest.param(
+        lambda r, i: _src(r, i)
+        .withWatermark("ts", "10 seconds")
+        .groupBy(F.window("ts", "10 seconds"))
+        .pivot("k", ["a", "b"])
+        .agg(F.sum("v")),
+        "complete",
+        "start",
+        id="pivot-complete",
+    ),
+    pytest.param(
+        lambda r, i: _src(r, i).groupBy("k").pivot("v", [1.0, 2.0]).count(),
+        "update",
+        "start",
+        id="pivot-update",
+    ),
+    pytest.param(
+        lambda r, i: _src(r, i).withWatermark("ts", "10 seconds").groupBy("k").pivot("v", [1.0]).max("v"),
+        "append",
+        "start",
+        id="pivot-append-without-event-time-key",
+    ),
 ]
 
 
@@ -1071,11 +1096,13 @@ def test_runs_on_two_executor_processes(spark, ls, tmp_path):
     assert report["answer"] == expected
 
 
-def test_grouping_sets_match_native(bench, tmp_path):
+def test_grouping_sets_and_pivot_match_native(bench, tmp_path):
     """rollup, cube and groupingSets (Spark's grouping sets) in complete, update and
     append mode: the groups of every set, with spark_grouping_id (and, for duplicate
     sets, _gen_grouping_pos) in the state key, keys of the sets that are not among the
-    columns, evicted by the window where the set keeps it (append)."""
+    columns, evicted by the window where the set keeps it (append). pivot with values as
+    Spark plans it: two chained aggregations in append mode (numbers), one aggregation
+    otherwise (arrays)."""
     inp = tmp_path / "sets"
     inp.mkdir()
 
@@ -1099,6 +1126,16 @@ def test_grouping_sets_match_native(bench, tmp_path):
         .groupingSets([[window(), "k"], ["k", window()], [window(), F.col("v") > 2.5], ["k"]], window())
         .agg(F.count("*").alias("n"), F.sum("v").alias("s")),
         "append",
+    )
+    bench.add(
+        "pivot_append_window",
+        lambda r: source(r).groupBy(window()).pivot("k", ["a", "b", None]).agg(F.sum("v").alias("s"), F.max("v")),
+        "append",
+    )
+    bench.add(
+        "pivot_update_arrays",
+        lambda r: source(r).groupBy(window()).pivot("k", ["a", "c"]).agg(F.collect_list("v"), F.count("v")),
+        "update",
     )
     bench.start()
     for i, rows in enumerate(AGG_STEPS[:4]):  # through watermark 25 s: windows [0, 20) evicted

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import NumericType, StructType
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
-from lockgate.plan.aggregate import Aggregate, decompose
+from lockgate.plan.aggregate import Aggregate, _as_column, _function_parts, decompose
 from lockgate.plan.nodes import EventTimeWatermark, GroupedMap, PlanNode, Transform
 from lockgate.plan.session_window import session_key_index, session_window_aggregate
 
@@ -354,15 +354,12 @@ class StreamingGroupedData:
     def max(self, *cols: str) -> StreamingDataFrame:
         return self._numeric(F.max, cols)
 
-    def pivot(self, pivot_col: str, values: list[Any] | None = None) -> Any:
+    def pivot(self, pivot_col: str, values: list[Any] | None = None) -> StreamingPivotedData:
         if values is None:  # Spark would have to read the stream to find the values
             raise AnalysisError("pivot is not supported on a streaming DataFrames/Datasets")
-        raise NotSupportedYetError(
-            "GroupedData.pivot on a streaming DataFrame",
-            "Spark plans a pivot with values as two chained aggregations; aggregate by "
-            "the pivot column too (groupBy(..., pivot_col)) and pivot each micro-batch in "
-            "foreachBatch.",
-        )
+        # Spark's checks (values of the column's type, pivot only after groupBy)
+        template = self._template_grouped.pivot(pivot_col, values)
+        return StreamingPivotedData(self, pivot_col, list(values), template)
 
     def applyInPandas(self, func: Any, schema: Any) -> StreamingDataFrame:  # noqa: N802
         return self._grouped_map("applyInPandas", func, schema)
@@ -387,3 +384,145 @@ class StreamingGroupedData:
             )
         raise NotSupportedYetError(f"GroupedData.{name} on a streaming DataFrame")
 
+
+class StreamingPivotedData:
+    """``groupBy(keys).pivot(column, values)`` on a stream, planned as Spark's analyzer
+    plans it (``ResolvePivot``), so that lockgate's checks and chained operators apply as
+    Spark's do:
+
+    * when every aggregate's type is one Spark's ``PivotFirst`` holds (numbers,
+      booleans), two chained aggregations: ``groupBy(keys, column)`` with each aggregate
+      named by its SQL, then ``groupBy(keys)`` with one column per value and aggregate,
+      the last non-null aggregate of the rows with that value (what ``PivotFirst`` keeps).
+      Spark refuses that chain outside Append mode (the global watermark's correctness
+      check) and in Append mode without an event-time key, and lockgate with it; in
+      Append mode each group is emitted when the watermark has passed it in both;
+    * otherwise one aggregation by the keys, each aggregate over the rows of each value
+      (``sum(if(column <=> value, v, null))``, ``first``/``last`` ignoring nulls).
+
+    Columns are named as Spark names them (``value`` or ``value_aggregate``).
+    """
+
+    def __init__(self, grouped: StreamingGroupedData, column: str, values: list[Any], template: Any) -> None:
+        self._grouped = grouped
+        self._column = column
+        self._values = values
+        self._template = template
+
+    def agg(self, *exprs: Column | dict[str, str]) -> StreamingDataFrame:
+        columns = _agg_columns(exprs)
+        template = self._template.agg(*columns)
+        keys = len(template.columns) - len(self._values) * len(columns)
+        inner = _inner_pivot_aggregate(template)
+        if inner is not None:
+            result = self._two_aggregations(columns, template, inner, keys)
+        else:
+            result = self._one_aggregation(columns, template, keys)
+        if [(f.name, f.dataType) for f in result.schema] != [(f.name, f.dataType) for f in template.schema]:
+            raise NotSupportedYetError(
+                f"This pivot on a streaming DataFrame (Spark's columns {template.dtypes}, "
+                f"lockgate's {result.dtypes})"
+            )
+        return result
+
+    def _two_aggregations(self, columns: list[Column], template: Any, inner: Any, keys: int) -> StreamingDataFrame:
+        expressions = inner.aggregateExpressions()
+        size = expressions.size()
+        names = [str(expressions.apply(i).name()) for i in range(size - len(columns), size)]
+        df, grouping = self._grouped._df, self._grouped._grouping
+        first = StreamingGroupedData(df, (*grouping, self._column)).agg(
+            *[c.alias(name) for c, name in zip(columns, names)]
+        )
+        if len(set(first.columns)) != len(first.columns):
+            raise NotSupportedYetError(
+                "A streaming pivot whose keys, pivot column and aggregates share names "
+                f"({', '.join(first.columns)})"
+            )
+        pivot = first.schema.fields[keys]
+        column = F.col(_quoted(pivot.name))
+        outputs = [
+            F.last(F.when(column.eqNullSafe(F.lit(value).cast(pivot.dataType)), F.col(_quoted(name))), ignorenulls=True)
+            for value in self._values
+            for name in names
+        ]
+        second = StreamingGroupedData(first, tuple(F.col(_quoted(c)) for c in first.columns[:keys]))
+        return second.agg(*[o.alias(name) for o, name in zip(outputs, template.columns[keys:])])
+
+    def _one_aggregation(self, columns: list[Column], template: Any, keys: int) -> StreamingDataFrame:
+        df = self._grouped._df
+        spark = df._session.spark
+        pivot = F.col(self._column)
+        pivot_type = df._template.select(pivot).schema.fields[0].dataType
+        outputs = [
+            _for_rows_where(spark, c, pivot.eqNullSafe(F.lit(value).cast(pivot_type)))
+            for value in self._values
+            for c in columns
+        ]
+        grouped = StreamingGroupedData(df, self._grouped._grouping)
+        return grouped.agg(*[o.alias(name) for o, name in zip(outputs, template.columns[keys:])])
+
+    def count(self) -> StreamingDataFrame:
+        return self.agg(F.count(F.lit(1)).alias("count"))
+
+    def _numeric(self, method: str, fn: Any, cols: tuple[str, ...]) -> StreamingDataFrame:
+        getattr(self._template, method)(*cols)  # Spark's checks: numeric columns
+        if cols:
+            return self.agg(*[fn(c) for c in cols])
+        # every numeric column, the keys and the pivot column too, as Spark's numericColumns
+        fields = self._grouped._df.schema.fields
+        return self.agg(*[fn(F.col(_quoted(f.name))) for f in fields if isinstance(f.dataType, NumericType)])
+
+    def sum(self, *cols: str) -> StreamingDataFrame:
+        return self._numeric("sum", F.sum, cols)
+
+    def avg(self, *cols: str) -> StreamingDataFrame:
+        return self._numeric("avg", F.avg, cols)
+
+    mean = avg
+
+    def min(self, *cols: str) -> StreamingDataFrame:
+        return self._numeric("min", F.min, cols)
+
+    def max(self, *cols: str) -> StreamingDataFrame:
+        return self._numeric("max", F.max, cols)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise NotSupportedYetError(f"GroupedData.pivot(...).{name} on a streaming DataFrame")
+
+
+def _inner_pivot_aggregate(template: Any) -> Any:
+    """The first of the two aggregations Spark's plan of a pivot has (a projection of
+    the second's ``PivotFirst`` arrays over it), or None for a single aggregation."""
+    node = template._jdf.queryExecution().analyzed()
+    if node.getClass().getSimpleName() != "Project":
+        return None
+    second = node.child()
+    if second.getClass().getSimpleName() != "Aggregate" or second.child().getClass().getSimpleName() != "Aggregate":
+        return None
+    return second.child()
+
+
+_FIRST_LAST = ("first", "last", "first_value", "last_value")
+_ONE_CHILD = (*_FIRST_LAST, "any_value", "approx_count_distinct", "approx_percentile", "percentile_approx")
+"""Functions whose arguments after the first are settings, not inputs (Spark's children)."""
+
+
+def _for_rows_where(spark: Any, aggregate: Column, condition: Column) -> Column:
+    """``aggregate`` over the rows where ``condition`` holds, as Spark's ``ResolvePivot``
+    rewrites it: each input null elsewhere (a function's settings, such as an accuracy,
+    kept), and ``first``/``last`` ignoring nulls."""
+    _, args, distinct = _function_parts(spark, aggregate)
+    if distinct:
+        decompose(spark, aggregate)  # Spark's streaming error
+    expr = spark._jsparkSession.expression(aggregate._jc)
+    while expr.getClass().getSimpleName() == "Alias":
+        expr = expr.child()
+    parts = expr.nameParts()
+    name = str(parts.apply(parts.size() - 1)).lower()
+    arguments = [F.lit(1) if a.getClass().getSimpleName() == "UnresolvedStar" else _as_column(spark, a) for a in args]
+    if name in _FIRST_LAST:
+        arguments = [arguments[0], F.lit(True)]
+    inputs = 1 if name in _ONE_CHILD else len(arguments)
+    return F.call_function(name, *[F.when(condition, a) for a in arguments[:inputs]], *arguments[inputs:])
