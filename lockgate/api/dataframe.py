@@ -379,9 +379,10 @@ class StreamingDataFrame:
         from pyspark.sql.types import TimestampNTZType, TimestampType
 
         if field is not None and not isinstance(field.dataType, (TimestampType, TimestampNTZType)):
+            sql_type = self._template._jdf.schema().apply(eventTime).dataType().sql()
             raise AnalysisError(
-                f"Event time must be defined on a window or a timestamp, but {eventTime} is "
-                f"of type {field.dataType.simpleString()}."
+                f"[EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE] The event time `{eventTime}` has the "
+                f'invalid type "{sql_type}", but expected "TIMESTAMP". SQLSTATE: 42K09'
             )
         delay_ms = parse_duration_ms(delayThreshold, what="delayThreshold")
         if delay_ms < 0:

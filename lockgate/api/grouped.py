@@ -331,13 +331,8 @@ class StreamingGroupedData:
         return self.agg(F.count(F.lit(1)).alias("count"))
 
     def _numeric(self, fn: Any, cols: tuple[str, ...]) -> StreamingDataFrame:
-        if not cols:
-            grouped = set(self._df._template.groupBy(*self._grouping).agg(F.count(F.lit(1))).columns[:-1])
-            cols = tuple(
-                f.name
-                for f in self._df.schema.fields
-                if isinstance(f.dataType, NumericType) and f.name not in grouped
-            )
+        if not cols:  # every numeric column, the grouping ones too (as Spark 4)
+            cols = tuple(f.name for f in self._df.schema.fields if isinstance(f.dataType, NumericType))
         return self.agg(*[fn(c) for c in cols])
 
     def sum(self, *cols: str) -> StreamingDataFrame:

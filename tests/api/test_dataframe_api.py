@@ -403,11 +403,13 @@ def test_with_watermark_on_missing_column(sdf):
 
 
 @pytest.mark.parametrize("column", ["a", "b"])
-def test_with_watermark_on_non_timestamp_column(sdf, column):
+def test_with_watermark_on_non_timestamp_column(spark, sdf, column, tmp_path):
+    with pytest.raises(AnalysisException) as native:
+        spark.readStream.schema(SCHEMA).json(str(tmp_path)).withWatermark(column, "10 seconds")
     with pytest.raises(AnalysisException) as info:
         sdf.withWatermark(column, "10 seconds")
-    assert "Event time must be defined on a window or a timestamp" in str(info.value)
-    assert column in str(info.value)
+    assert "EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE" in str(info.value)
+    assert str(info.value).split("SQLSTATE")[0] == str(native.value).split("SQLSTATE")[0]
 
 
 def test_with_watermark_negative_delay(sdf):
@@ -453,3 +455,15 @@ def test_public_names_are_what_they_claim():
                 "StreamingQueryException"):
         assert issubclass(getattr(lockgate, exc), lockgate.LockgateError)
     assert isinstance(lockgate.__version__, str)
+
+
+@pytest.mark.parametrize("method", ["sum", "avg", "mean", "min", "max"])
+def test_numeric_shortcuts_aggregate_every_numeric_column_like_spark(spark, ls, method, tmp_path):
+    """Without columns, ``groupBy(...).sum()`` and the like aggregate every numeric
+    column, the grouping ones included (Spark 4)."""
+    schema = "a INT, b STRING, c DOUBLE, ts TIMESTAMP"
+    native = spark.readStream.schema(schema).json(str(tmp_path))
+    mine = MemoryStream(ls, schema).toDF()
+    for grouping in (["a"], ["b"], []):
+        expected = getattr(native.groupBy(*grouping), method)().columns
+        assert getattr(mine.groupBy(*grouping), method)().columns == expected
