@@ -453,3 +453,23 @@ def test_limit_and_session_window_in_chains_match_native(bench, tmp_path):
         assert any(rows for _, rows in pair.native.batches), pair.name
     limited = [r for _, rows in bench.pairs[0].native.batches for r in rows]
     assert sum(r["n"] for r in limited) == 4  # the limit cut the stream
+
+
+def test_chain_spark_runs_only_without_its_correctness_check_is_refused(spark, ls, tmp_path):
+    """With ``checkCorrectness.enabled=false`` Spark runs an aggregation after an
+    aggregation in Update mode, dropping rows as late; lockgate refuses it by name
+    rather than run it differently (with the check on, both fail with Spark's error)."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+    conf = "spark.sql.streaming.statefulOperator.checkCorrectness.enabled"
+    chain = _src(ls.readStream, inp).groupBy("k", "ts").count().groupBy("k").agg(F.sum("count"))
+    writer = chain.writeStream.format("memory").queryName("unchecked_chain").outputMode("update")
+    with pytest.raises(AnalysisException, match="correctness"):
+        writer.option("checkpointLocation", str(tmp_path / "checked")).start()
+    spark.conf.set(conf, "false")
+    try:
+        with pytest.raises(lockgate.NotSupportedYetError, match="checkCorrectness.enabled=false"):
+            writer.option("checkpointLocation", str(tmp_path / "unchecked")).start()
+    finally:
+        spark.conf.unset(conf)
+    assert not ls.streams.active

@@ -293,7 +293,9 @@ class DataStreamWriter:
         from lockgate.plan.checks import check_for_streaming
 
         mode = self._output_mode
-        check_for_streaming(self._df._plan, mode)
+        conf = "spark.sql.streaming.statefulOperator.checkCorrectness.enabled"
+        check_correctness = str(self._spark.conf.get(conf, "true")).strip().lower() != "false"
+        check_for_streaming(self._df._plan, mode, check_correctness)
         if mode not in provider.supportedOutputModes():
             raise AnalysisError(f"Data source {sink_name} does not support {mode} output mode")
 

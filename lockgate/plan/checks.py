@@ -5,7 +5,7 @@ Messages are Spark's, so users can search them.
 
 from __future__ import annotations
 
-from lockgate.errors import AnalysisError
+from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.dedup import Deduplicate
 from lockgate.plan.join import StreamJoin, check_stream_join
@@ -47,11 +47,11 @@ REDEFINED_WATERMARK_ERROR = (
 )
 
 
-def check_for_streaming(plan: PlanNode, output_mode: str) -> None:
+def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: bool = True) -> None:
     operators = stateful_operators(plan)
     aggregates = [op for op in operators if isinstance(op, Aggregate)]
     if len(operators) > 1:
-        _check_chain(operators, output_mode)
+        _check_chain(operators, output_mode, check_correctness)
     for op in operators:
         if isinstance(op, StreamJoin):
             check_stream_join(op, output_mode)
@@ -100,15 +100,23 @@ def _stateful_below(node: PlanNode) -> list[StatefulNode]:
     return [n for child in node.children for n in stateful_operators(child)]
 
 
-def _check_chain(operators: list[StatefulNode], output_mode: str) -> None:
+def _check_chain(operators: list[StatefulNode], output_mode: str, check_correctness: bool) -> None:
     """Several stateful operators in one query (Spark's
     ``spark.sql.streaming.statefulOperator.allowMultiple``): Spark's global-watermark
-    correctness check, then the combinations lockgate runs."""
+    correctness check. With the check turned off Spark runs such a chain, dropping the
+    rows it warns of as late; lockgate does not run it."""
     for op in operators:
         if _is_correctness_checked(op) and any(
             _may_emit_late_rows(below, output_mode) for below in _stateful_below(op)
         ):
-            raise AnalysisError(CORRECTNESS_ERROR)
+            if check_correctness:
+                raise AnalysisError(CORRECTNESS_ERROR)
+            raise NotSupportedYetError(
+                f"A stateful operator after an aggregation in {output_mode.capitalize()} mode "
+                "(spark.sql.streaming.statefulOperator.checkCorrectness.enabled=false)",
+                "Run the chain in Append mode, or write the aggregation out and read it "
+                "back in a second query.",
+            )
 
 
 def _check_redefined_watermark(plan: PlanNode) -> None:
