@@ -67,6 +67,12 @@ def aggregates() -> list[Any]:
         F.stddev("v").alias("stddev"),
         F.var_pop("v").alias("var_pop"),
         F.min("ts").alias("first_ts"),
+        # merged as sessions merge; median from each session's values
+        F.max_by("v", "ts").alias("max_by"),
+        F.min_by(F.second("ts"), F.col("v") > 1).alias("min_by_tie"),
+        F.kurtosis("v").alias("kurtosis"),
+        F.corr("v", F.second("ts")).alias("corr"),
+        F.median("v").alias("median"),
     ]
 
 
@@ -107,7 +113,12 @@ def test_session_window_matches_native(spark, bench, tmp_path):
         return (
             source(reader, inp)
             .groupBy(F.session_window("ts", GAP), F.upper("k").alias("K"), F.col("v") > 2)
-            .agg(F.count("*").alias("n"), F.avg("v").alias("avg"), F.collect_list("v"))
+            .agg(
+                F.count("*").alias("n"),
+                F.avg("v").alias("avg"),
+                F.collect_list("v"),
+                F.percentile("v", [0.5, 0.75], F.second("ts") % 3).alias("weighted_percentiles"),
+            )
         )
 
     def merged_locally(reader: Any) -> Any:

@@ -6,15 +6,17 @@ One batch of ``groupBy(keys).agg(fns)`` runs as, in Spark's words::
 
 * **partial aggregation + shuffle**: ordinary Spark ``groupBy(keys).agg(buffers)``, where
   each aggregate function is decomposed into mergeable *buffers* (avg -> sum and count,
-  stddev -> count, mean and M2, ...). Its output is hash-partitioned by the keys into the
-  pinned number of shuffle partitions, which is exactly the state's partitioning.
+  stddev -> count, mean and M2, ...; :mod:`lockgate.plan.aggregate_functions`). Its
+  output is hash-partitioned by the keys into the pinned number of shuffle partitions,
+  which is exactly the state's partitioning.
 * **restore, merge, save**: a ``mapInArrow`` task per partition opens that partition's
   :class:`~lockgate.state.store.StateStore`, merges the batch's buffers into it, applies
   the output mode and watermark (dropping late rows, evicting expired keys), commits the
   next version and emits the rows the output mode asks for.
 * **final projection**: Spark SQL turns buffers into results (``sum / count``,
-  ``sqrt(m2 / (n - 1))``, ...) and rebuilds the key structs, with the types and names
-  Spark's own aggregation would give.
+  ``sqrt(m2 / (n - 1))``, ...; median, percentile and approx_count_distinct first get
+  Spark's own function over the values their state keeps) and rebuilds the key structs,
+  with the types and names Spark's own aggregation would give.
 """
 
 from __future__ import annotations
@@ -30,252 +32,22 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
-from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.plan.aggregate_functions import (
+    AggSpec,
+    _as_column,  # noqa: F401 (lockgate.api.grouped imports it from here)
+    _function_parts,  # noqa: F401 (likewise)
+    buffer_merger,
+    buffer_roles,
+    decompose,  # noqa: F401 (likewise)
+    final_column,
+    finish_after_state,
+    finished_after_state,
+)
 from lockgate.plan.cache import PlanCache, frame
 from lockgate.plan.nodes import PlanNode
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
-
-# -- decomposition of aggregate functions ---------------------------------------------
-_ALIASES = {
-    "mean": "avg",
-    "std": "stddev_samp",
-    "stddev": "stddev_samp",
-    "variance": "var_samp",
-    "first_value": "first",
-    "last_value": "last",
-    "any_value": "first",
-}
-_SUPPORTED = {
-    "approx_count_distinct",
-    "count",
-    "sum",
-    "avg",
-    "min",
-    "max",
-    "first",
-    "last",
-    "collect_list",
-    "collect_set",
-    "stddev_samp",
-    "stddev_pop",
-    "var_samp",
-    "var_pop",
-}
-
-
-@dataclass(frozen=True)
-class AggSpec:
-    """One aggregate function of the query, decomposed into buffers."""
-
-    kind: str
-    """Normalised function name, one of ``_SUPPORTED``."""
-    partials: tuple[Column, ...]
-    """Spark expressions computing this function's buffers over one batch."""
-    merges: tuple[str, ...]
-    """How each buffer merges with the state's: sum, count, min, max, first, last,
-    concat, union, moments (three buffers n, mean, m2 merged together)."""
-    ignore_nulls: bool = False
-    relative_sd: float | None = None
-    """approx_count_distinct's maximum relative standard deviation."""
-
-
-def _function_parts(spark: SparkSession, col: Column) -> tuple[str, list[Any], bool]:
-    """(name, argument expressions, distinct) of a top-level aggregate call."""
-    js = spark._jsparkSession
-    expr = js.expression(col._jc)
-    while expr.getClass().getSimpleName() == "Alias":
-        expr = expr.child()
-    if expr.getClass().getSimpleName() != "UnresolvedFunction":
-        raise NotSupportedYetError(
-            f"Aggregate expression {str(col)!r}",
-            "lockgate's streaming aggregation takes aggregate function calls, such as "
-            "F.sum('x') or F.avg(F.col('x') * 2), each as its own column; compute "
-            "expressions over their results in a select() after the aggregation.",
-        )
-    parts = expr.nameParts()
-    name = str(parts.apply(parts.size() - 1)).lower()
-    args_seq = expr.arguments()
-    args = [args_seq.apply(i) for i in range(args_seq.size())]
-    return _ALIASES.get(name, name), args, bool(expr.isDistinct())
-
-
-def _as_column(spark: SparkSession, expr: Any) -> Column:
-    from pyspark.sql.classic.column import Column as ClassicColumn
-
-    utils = spark.sparkContext._jvm.org.apache.spark.sql.classic.ExpressionUtils
-    return ClassicColumn(utils.column(expr))
-
-
-def decompose(spark: SparkSession, col: Column) -> AggSpec:
-    name, args, distinct = _function_parts(spark, col)
-    if distinct:
-        raise AnalysisError(
-            "Distinct aggregations are not supported on streaming DataFrames/Datasets. "
-            "Consider using approx_count_distinct() instead."
-        )
-    if name not in _SUPPORTED:
-        raise NotSupportedYetError(
-            f"Streaming aggregate function {name}()",
-            f"Supported: {', '.join(sorted(_SUPPORTED))}.",
-        )
-    if name in ("count", "min", "max", "collect_list", "collect_set"):
-        # The function itself computes its buffer; merging is the same operation.
-        merge = {"count": "count", "min": "min", "max": "max", "collect_list": "concat", "collect_set": "union"}
-        return AggSpec(name, (col,), (merge[name],))
-    arg = _as_column(spark, args[0])
-    if name == "approx_count_distinct":
-        return _approx_count_distinct(arg, args)
-    if name == "sum":
-        return AggSpec(name, (F.sum(arg),), ("sum",))
-    if name == "avg":
-        return AggSpec(name, (F.sum(arg.cast("double")), F.count(arg)), ("sum", "count"))
-    if name in ("first", "last"):
-        ignore = False
-        if len(args) > 1:
-            ignore = str(args[1].toString()).strip().lower() == "true"
-        fn = F.first if name == "first" else F.last
-        flag = F.count(arg) > 0 if ignore else F.lit(True)
-        return AggSpec(name, (fn(arg, ignore), flag), (name, "flag"), ignore_nulls=ignore)
-    # central moments: n, mean, m2 (Spark's CentralMomentAgg buffer)
-    x = arg.cast("double")
-    n = F.count(x).cast("double")
-    mean = F.coalesce(F.avg(x), F.lit(0.0))
-    m2 = F.coalesce(F.var_pop(x) * F.count(x), F.lit(0.0))
-    return AggSpec(name, (n, mean, m2), ("moments", "moments", "moments"))
-
-
-def _approx_count_distinct(arg: Column, args: list[Any]) -> AggSpec:
-    """HyperLogLog++ answers depend only on the set of distinct values seen, so the state
-    keeps that set (merged by union) and the result is Spark's own approx_count_distinct
-    over it (:func:`estimate_distinct_counts`): exactly native Spark's estimate. The state
-    grows with the distinct values of a group, not with Spark's 2^p registers."""
-    rsd = 0.05
-    if len(args) > 1:
-        text = str(args[1].toString()).strip().rstrip("BDLbdl")
-        try:
-            rsd = float(text)
-        except ValueError as exc:
-            raise AnalysisError(
-                f"approx_count_distinct's relative standard deviation must be a number, "
-                f"got {text!r}."
-            ) from exc
-    return AggSpec("approx_count_distinct", (F.collect_set(arg),), ("union",), relative_sd=rsd)
-
-
-def estimate_distinct_counts(
-    df: DataFrame, key_columns: list[str], buffer_columns: list[str], specs: tuple[AggSpec, ...]
-) -> DataFrame:
-    """Replace each approx_count_distinct buffer (an array of distinct values) of the
-    state task's output by Spark's estimate over it.
-
-    One row per group comes out of the state task; exploding a buffer and grouping by
-    the group's keys again gives Spark's approx_count_distinct over exactly that set,
-    while the other columns pass through ``first`` unchanged. The state task's output is
-    read once (a correlated subquery would make Spark join it with itself and run the
-    state task twice).
-    """
-    position = 0
-    for spec in specs:
-        names = buffer_columns[position : position + len(spec.partials)]
-        position += len(spec.partials)
-        if spec.kind != "approx_count_distinct":
-            continue
-        target = names[0]
-        others = [c for c in df.columns if c != target and c not in key_columns]
-        value = "__lg_distinct_value"
-        exploded = df.select(
-            *[F.col(f"`{c}`") for c in key_columns + others],
-            F.explode_outer(F.col(f"`{target}`")).alias(value),
-        )
-        df = exploded.groupBy(*[F.col(f"`{c}`") for c in key_columns]).agg(
-            *[F.first(F.col(f"`{c}`")).alias(c) for c in others],
-            F.approx_count_distinct(value, spec.relative_sd).alias(target),
-        )
-    return df
-
-
-def final_column(spec: AggSpec, buffers: list[Column]) -> Column:
-    """Spark SQL computing the function's result from its merged buffers."""
-    kind = spec.kind
-    if kind == "approx_count_distinct":
-        return buffers[0]  # already Spark's estimate (estimate_distinct_counts)
-    if kind in ("count", "min", "max", "collect_list", "collect_set", "sum", "first", "last"):
-        return buffers[0]
-    if kind == "avg":
-        s, c = buffers
-        return F.when(c == 0, F.lit(None)).otherwise(s / c)
-    n, _mean, m2 = buffers
-    if kind == "var_pop":
-        return F.when(n == 0, F.lit(None)).otherwise(m2 / n)
-    if kind == "stddev_pop":
-        return F.when(n == 0, F.lit(None)).otherwise(F.sqrt(m2 / n))
-    if kind == "var_samp":
-        return F.when(n <= 1, F.lit(None)).otherwise(m2 / (n - 1))
-    return F.when(n <= 1, F.lit(None)).otherwise(F.sqrt(m2 / (n - 1)))  # stddev_samp
-
-
-# -- merging buffers (runs in tasks) ---------------------------------------------------
-def merge_buffers(merges: tuple[str, ...], state: list[Any], batch: list[Any]) -> list[Any]:
-    out = list(state)
-    i = 0
-    while i < len(merges):
-        kind = merges[i]
-        a, b = state[i], batch[i]
-        if kind in ("sum", "count"):
-            out[i] = b if a is None else (a if b is None else a + b)
-        elif kind == "min":
-            out[i] = b if a is None else (a if b is None else min(a, b))
-        elif kind == "max":
-            out[i] = b if a is None else (a if b is None else max(a, b))
-        elif kind == "concat":
-            out[i] = list(a or []) + list(b or [])
-        elif kind == "union":
-            out[i] = list(dict.fromkeys([*(a or []), *(b or [])]))
-        elif kind in ("first", "last"):
-            state_set, batch_set = bool(state[i + 1]), bool(batch[i + 1])
-            take_batch = (kind == "first" and not state_set) or (kind == "last" and batch_set)
-            out[i] = batch[i] if take_batch and batch_set else state[i]
-            out[i + 1] = state_set or batch_set
-            i += 2
-            continue
-        elif kind == "moments":
-            n1, m1, q1 = (x or 0.0 for x in state[i : i + 3])
-            n2, m2_, q2 = (x or 0.0 for x in batch[i : i + 3])
-            n = n1 + n2
-            delta = m2_ - m1
-            delta_n = delta / n if n else 0.0
-            out[i] = n
-            out[i + 1] = m1 + delta_n * n2
-            out[i + 2] = q1 + q2 + delta * delta_n * n1 * n2
-            i += 3
-            continue
-        i += 1
-    return out
-
-
-def _merge_sums(state: list[Any], batch: Any) -> list[Any]:
-    return [b if a is None else (a if b is None else a + b) for a, b in zip(state, batch)]
-
-
-def buffer_merger(merges: tuple[str, ...]) -> Any:
-    """``merge(state, batch) -> merged`` for one key's buffers: :func:`merge_buffers`,
-    or a faster equivalent when every buffer is a sum or a count (count, sum, avg)."""
-    if merges and all(m in ("sum", "count") for m in merges):
-        return _merge_sums
-    return lambda state, batch: merge_buffers(merges, state, list(batch))
-
-
-def _buffer_values(column: Any) -> list[Any]:
-    """Python values of a buffer column as the state holds them (timestamps as int
-    microseconds, as ``StateStoreConf.timestamps_as_micros`` loads them)."""
-    if pa.types.is_timestamp(column.type):
-        from lockgate.state.store import column_values
-
-        return column_values(column, micros=True)
-    return column.to_pylist()
+    from pyspark.sql import DataFrame
 
 
 # -- the plan node ----------------------------------------------------------------------
@@ -401,10 +173,23 @@ def report_store_metrics(
     accumulator.add({f"{operator_id}.{name}": value for name, value in metrics.items()})
 
 
+def batch_values(column: Any, micros: bool = True) -> list[Any]:
+    """Python values of a batch's key or buffer column in the form the state holds them
+    once loaded from its files (with ``micros``, timestamps as int microseconds, as
+    ``StateStoreConf.timestamps_as_micros`` loads them; lists as tuples, structs as
+    tuples of (field, value) pairs), so a batch's keys and buffers meet, merge and
+    compare with the state's alike."""
+    from lockgate.state.store import column_values
+
+    if pa.types.is_boolean(column.type):  # column_values' numpy path takes no boolean Array
+        return column.to_pylist()
+    return column_values(column, micros=micros)
+
+
 def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any:
     """The restore-merge-save step for one partition (runs on an executor)."""
     from lockgate.plan.state_udf import with_batch_params
-    from lockgate.state.store import StateStore, column_values
+    from lockgate.state.store import StateStore, arrow_values
 
     task = with_batch_params(task, task.store.checkpoint_id)
     t_start = time.perf_counter()
@@ -425,11 +210,11 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
         if batch.num_rows == 0:
             continue
         keys = (
-            list(zip(*[column_values(batch.column(n), micros=True) for n in key_names]))
+            list(zip(*[batch_values(batch.column(n)) for n in key_names]))
             if key_names
             else [()] * batch.num_rows
         )
-        values = list(zip(*[_buffer_values(batch.column(n)) for n in value_names]))
+        values = list(zip(*[batch_values(batch.column(n)) for n in value_names]))
         for key, value in zip(keys, values):
             if drop_late and et is not None:
                 t = key[et]
@@ -477,7 +262,9 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
             cols[i].append(part)
         for j, part in enumerate(value):
             cols[n_keys + j].append(part)
-    arrays = [pa.array(c, type=f.type) for c, f in zip(cols, task.out_schema)]
+    arrays = [
+        pa.array(arrow_values(c, f.type), type=f.type) for c, f in zip(cols, task.out_schema)
+    ]
     yield pa.RecordBatch.from_arrays(arrays, schema=task.out_schema)
 
 
@@ -492,20 +279,6 @@ def spark_type_to_arrow(data_type: DataType, timezone: str) -> pa.DataType:
 
 def schema_to_arrow(schema: StructType, timezone: str) -> pa.Schema:
     return pa.schema([pa.field(f.name, spark_type_to_arrow(f.dataType, timezone), True) for f in schema.fields])
-
-
-_BUFFER_ROLES = {
-    "count": ("count",),
-    "sum": ("sum",),
-    "avg": ("sum", "count"),
-    "min": ("min",),
-    "max": ("max",),
-    "first": ("value", "isSet"),
-    "last": ("value", "isSet"),
-    "collect_list": ("values",),
-    "collect_set": ("values",),
-    "approx_count_distinct": ("distinctValues",),
-}
 
 
 def _sanitize(name: str) -> str:
@@ -534,8 +307,7 @@ class _UniqueNames:
 def buffer_names(specs: tuple[AggSpec, ...], output_names: list[str], names: _UniqueNames) -> list[str]:
     result = []
     for spec, out in zip(specs, output_names):
-        roles = _BUFFER_ROLES.get(spec.kind, ("n", "mean", "m2"))
-        result += [names.take(f"{out}_{role}") for role in roles]
+        result += [names.take(f"{out}_{role}") for role in buffer_roles(spec)]
     return result
 
 
@@ -760,8 +532,8 @@ def build_aggregate(
     stateful = map_with_state(
         flat, ctx, node, lambda: bind(run_aggregate_task, task), out_struct, operator_id, params, num_partitions
     )
-    if any(spec.kind == "approx_count_distinct" for spec in node.specs):
-        stateful = estimate_distinct_counts(stateful, flat_key_names, buffer_cols, node.specs)
+    if finished_after_state(node.specs):
+        stateful = finish_after_state(stateful, flat_key_names, buffer_cols, node.specs)
 
     def final_columns() -> list[Column]:
         out: list[Column] = []

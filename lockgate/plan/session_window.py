@@ -27,11 +27,13 @@ lockgate runs the same semantics as three steps:
   the previous batch's watermark, in every output mode, as Spark's restore does),
   merge-sorts the rest with the key's sessions (a stored session before a new row with
   the same start), merges sessions that overlap or touch (``next.start <= end``) with
-  :func:`~lockgate.plan.aggregate.merge_buffers`, and replaces the key's sessions. In
-  append mode it then emits and removes every session whose end is at or below the
-  batch's watermark; in complete mode it emits every session.
+  :func:`~lockgate.plan.aggregate_functions.merge_buffers`, and replaces the key's
+  sessions. In append mode it then emits and removes every session whose end is at or
+  below the batch's watermark; in complete mode it emits every session.
 * **final projection** (Spark SQL): buffers to results with
-  :func:`~lockgate.plan.aggregate.final_column`, sessions back to
+  :func:`~lockgate.plan.aggregate_functions.final_column` (median and percentile first
+  get Spark's own function over each session's values,
+  :func:`~lockgate.plan.aggregate_functions.finish_after_state`), sessions back to
   ``struct<start, end>``.
 
 Metrics follow Spark's operator: ``numRowsTotal`` counts sessions, ``numRowsUpdated``
@@ -54,19 +56,24 @@ from pyspark.sql.types import StructField, StructType
 from lockgate.errors import NotSupportedYetError
 from lockgate.plan.aggregate import (
     Aggregate,
-    AggSpec,
     StatefulContext,
     _micros,
     _UniqueNames,
     aliased_partials,
+    batch_values,
     buffer_names,
     filtered_input,
-    final_column,
     flatten_keys,
-    merge_buffers,
     report_store_metrics,
     schema_to_arrow,
     spark_type_to_arrow,
+)
+from lockgate.plan.aggregate_functions import (
+    AggSpec,
+    final_column,
+    finish_after_state,
+    finished_after_state,
+    merge_buffers,
 )
 
 if TYPE_CHECKING:
@@ -276,7 +283,8 @@ def merge_within_input_partitions(
 
 def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
     """Restore, merge and save the sessions of one state partition (runs on an executor)."""
-    from lockgate.state.store import StateStore
+    from lockgate.state.store import StateStore, arrow_values
+
     t_start = time.perf_counter()
     store = StateStore(task.store, partition, task.version - 1)
     n_buffers = len(task.buffer_columns)
@@ -291,7 +299,9 @@ def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
         starts = batch.column(task.start_column).cast(pa.int64()).to_pylist()
         ends = batch.column(task.end_column).cast(pa.int64()).to_pylist()
         inputs = batch.column(_MAP_PARTITION).to_pylist()
-        buffers = zip(*[batch.column(n).to_pylist() for n in task.buffer_columns])
+        # as the state holds them once loaded (structs as (field, value) pairs), so a
+        # batch's buffers merge and compare with the stored sessions' alike
+        buffers = zip(*[batch_values(batch.column(n), micros=False) for n in task.buffer_columns])
         for key, start, end, source, values in zip(keys, starts, ends, inputs, buffers):
             arrivals.setdefault(key, []).append((start, 1, end, source, seq, values))
             seq += 1
@@ -355,7 +365,9 @@ def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
         columns[n_keys + 1].append(end)
         for j, part in enumerate(values):
             columns[n_keys + 2 + j].append(part)
-    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, task.out_schema)]
+    arrays = [
+        pa.array(arrow_values(c, f.type), type=f.type) for c, f in zip(columns, task.out_schema)
+    ]
     yield pa.RecordBatch.from_arrays(arrays, schema=task.out_schema)
 
 
@@ -493,6 +505,9 @@ def build_session_aggregate(
         operator_id=operator_id,
     )
     stateful = flat.mapInArrow(partitioned(bind(run_session_task, task), ctx.num_partitions, tasks), out_struct)
+    if finished_after_state(node.specs):  # median, percentile: Spark's function per session
+        session_keys = [*flat_keys, start_name, end_name]
+        stateful = finish_after_state(stateful, session_keys, buffers, node.specs)
 
     out: list[Column] = []
     other_layouts = iter(layouts)

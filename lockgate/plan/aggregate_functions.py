@@ -1,0 +1,581 @@
+"""Aggregate functions of a streaming aggregation: buffers, merges and results.
+
+Each function of ``groupBy(keys).agg(fns)`` is decomposed (:func:`decompose`) into
+*buffers*, Spark expressions computed over each batch by the partial aggregation (avg ->
+sum and count; stddev, skewness, kurtosis -> Spark's CentralMomentAgg buffer of n, mean
+and central moments; covar_pop, corr -> Spark's co-moments; max_by -> the value and its
+ordering, ...). The state task merges a batch's buffers into the state's per key
+(:func:`merge_buffers`, Spark's own merge expressions with the state on the left), and
+Spark SQL turns the merged buffers into the result (:func:`final_column`, Spark's
+evaluate expressions). Functions whose state is the values themselves
+(approx_count_distinct, median, percentile) get their result from Spark's own function
+over them after the state task (:func:`finish_after_state`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from lockgate.errors import AnalysisError, NotSupportedYetError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+# -- decomposition of aggregate functions ---------------------------------------------
+_ALIASES = {
+    "mean": "avg",
+    "std": "stddev_samp",
+    "stddev": "stddev_samp",
+    "variance": "var_samp",
+    "first_value": "first",
+    "last_value": "last",
+    "any_value": "first",  # Spark's AnyValue is replaced by First(child, ignoreNulls)
+    "every": "bool_and",
+    "some": "bool_or",
+    "any": "bool_or",
+    "approx_percentile": "percentile_approx",
+}
+_SUPPORTED = {
+    "approx_count_distinct",
+    "count",
+    "count_if",
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "first",
+    "last",
+    "bool_and",
+    "bool_or",
+    "max_by",
+    "min_by",
+    "collect_list",
+    "collect_set",
+    "stddev_samp",
+    "stddev_pop",
+    "var_samp",
+    "var_pop",
+    "skewness",
+    "kurtosis",
+    "covar_pop",
+    "covar_samp",
+    "corr",
+    "median",
+    "percentile",
+}
+_SELF_MERGING = {
+    # The function computes its own buffer over a batch; merging is the same operation
+    # (count_if is Spark's Count(NullIf(cond, false)); bool_and/bool_or are Min/Max).
+    "count": "count",
+    "count_if": "count",
+    "min": "min",
+    "max": "max",
+    "bool_and": "min",
+    "bool_or": "max",
+    "collect_list": "concat",
+    "collect_set": "union",
+}
+_MOMENTS = {
+    "stddev_samp": 2,
+    "stddev_pop": 2,
+    "var_samp": 2,
+    "var_pop": 2,
+    "skewness": 3,
+    "kurtosis": 4,
+}
+"""Central-moment functions and the moment order of Spark's CentralMomentAgg buffer."""
+_MOMENT_MERGES = {2: "moments", 3: "moments3", 4: "moments4"}
+_MOMENT_WIDTHS = {"moments": 3, "moments3": 4, "moments4": 5, "covariance": 4, "corr": 6}
+"""How many buffers each merge of moments takes together."""
+_FINISHED_AFTER_STATE = {"approx_count_distinct", "median", "percentile"}
+"""Functions whose state is the values themselves, and whose result Spark's own
+function computes over them after the state task (:func:`finish_after_state`)."""
+
+
+@dataclass(frozen=True)
+class AggSpec:
+    """One aggregate function of the query, decomposed into buffers."""
+
+    kind: str
+    """Normalised function name, one of ``_SUPPORTED``."""
+    partials: tuple[Column, ...]
+    """Spark expressions computing this function's buffers over one batch."""
+    merges: tuple[str, ...]
+    """How each buffer merges with the state's: sum, count, min, max, first, last,
+    concat, union, max_by/min_by (value and ordering merged together), moments,
+    moments3, moments4, covariance, corr (Spark's buffers of n, means and co-moments,
+    merged together)."""
+    ignore_nulls: bool = False
+    relative_sd: float | None = None
+    """approx_count_distinct's maximum relative standard deviation."""
+    null_on_divide_by_zero: bool = True
+    """Spark's ``nullOnDivideByZero`` of the statistical functions (false under
+    ``spark.sql.legacy.statisticalAggregate``: NaN where a divisor is zero)."""
+    finish_args: tuple[Column, ...] = ()
+    """percentile's percentage, passed to Spark's function after the state task."""
+    weighted: bool = False
+    """percentile with a frequency column: the buffer holds (value, frequency) pairs."""
+
+
+def _function_parts(spark: SparkSession, col: Column) -> tuple[str, list[Any], bool]:
+    """(name, argument expressions, distinct) of a top-level aggregate call."""
+    js = spark._jsparkSession
+    expr = js.expression(col._jc)
+    while expr.getClass().getSimpleName() == "Alias":
+        expr = expr.child()
+    if expr.getClass().getSimpleName() != "UnresolvedFunction":
+        raise NotSupportedYetError(
+            f"Aggregate expression {str(col)!r}",
+            "lockgate's streaming aggregation takes aggregate function calls, such as "
+            "F.sum('x') or F.avg(F.col('x') * 2), each as its own column; compute "
+            "expressions over their results in a select() after the aggregation.",
+        )
+    parts = expr.nameParts()
+    name = str(parts.apply(parts.size() - 1)).lower()
+    args_seq = expr.arguments()
+    args = [args_seq.apply(i) for i in range(args_seq.size())]
+    return _ALIASES.get(name, name), args, bool(expr.isDistinct())
+
+
+def _as_column(spark: SparkSession, expr: Any) -> Column:
+    from pyspark.sql.classic.column import Column as ClassicColumn
+
+    utils = spark.sparkContext._jvm.org.apache.spark.sql.classic.ExpressionUtils
+    return ClassicColumn(utils.column(expr))
+
+
+def _is_literal(expr: Any, text: str) -> bool:
+    if expr.getClass().getSimpleName() != "Literal":
+        return False
+    return str(expr.toString()).strip().lower() == text
+
+
+def _null_on_divide_by_zero(spark: SparkSession) -> bool:
+    """Spark's statistical functions read ``spark.sql.legacy.statisticalAggregate`` when
+    the function is resolved (the query is defined), as this is called."""
+    legacy = spark.conf.get("spark.sql.legacy.statisticalAggregate", "false")
+    return str(legacy).strip().lower() != "true"
+
+
+def decompose(spark: SparkSession, col: Column) -> AggSpec:
+    name, args, distinct = _function_parts(spark, col)
+    if distinct:
+        raise AnalysisError(
+            "Distinct aggregations are not supported on streaming DataFrames/Datasets. "
+            "Consider using approx_count_distinct() instead."
+        )
+    if name == "percentile_approx":
+        raise NotSupportedYetError(
+            "Streaming aggregate function percentile_approx()/approx_percentile()",
+            "Spark's answer depends on the order in which its quantile summaries are "
+            "merged (each batch's into the state's), which lockgate cannot reproduce, so it "
+            "would not give native Spark's values batch by batch. Use percentile(x, p) or "
+            "median(x), exact percentiles that lockgate computes as Spark does (the state "
+            "keeps a group's values).",
+        )
+    if name not in _SUPPORTED:
+        raise NotSupportedYetError(
+            f"Streaming aggregate function {name}()",
+            f"Supported: {', '.join(sorted(_SUPPORTED))}.",
+        )
+    if name in _SELF_MERGING:
+        return AggSpec(name, (col,), (_SELF_MERGING[name],))
+    arg = _as_column(spark, args[0])
+    if name == "approx_count_distinct":
+        return _approx_count_distinct(arg, args)
+    if name in ("median", "percentile"):
+        return _percentile(spark, name, arg, args)
+    if name == "sum":
+        return AggSpec(name, (F.sum(arg),), ("sum",))
+    if name == "avg":
+        return AggSpec(name, (F.sum(arg.cast("double")), F.count(arg)), ("sum", "count"))
+    if name in ("first", "last"):
+        ignore = False
+        if len(args) > 1:
+            ignore = str(args[1].toString()).strip().lower() == "true"
+        fn = F.first if name == "first" else F.last
+        flag = F.count(arg) > 0 if ignore else F.lit(True)
+        return AggSpec(name, (fn(arg, ignore), flag), (name, "flag"), ignore_nulls=ignore)
+    if name in ("max_by", "min_by"):
+        if len(args) > 2:
+            raise NotSupportedYetError(
+                f"Streaming {name}(x, ordering, k)", f"Use {name}(x, ordering) without k."
+            )
+        # Spark's buffer: the value and the extreme ordering (MaxMinBy), here the
+        # function itself and max/min of the ordering over the batch.
+        ordering = _as_column(spark, args[1])
+        extreme = F.max(ordering) if name == "max_by" else F.min(ordering)
+        return AggSpec(name, (col, extreme), (name, "ordering"))
+    nulls = _null_on_divide_by_zero(spark)
+    if name in ("covar_pop", "covar_samp", "corr"):
+        return _co_moments(name, arg, _as_column(spark, args[1]), nulls)
+    return _central_moments(name, arg, nulls)
+
+
+def _central_moments(name: str, arg: Column, null_on_divide_by_zero: bool) -> AggSpec:
+    """Spark's CentralMomentAgg buffer over one batch: n, avg, m2 (, m3 (, m4)), the
+    sums of powers of deviations from the mean, recovered from Spark's own
+    var_pop/skewness/kurtosis of the batch (a one-pass, numerically stable route)."""
+    order = _MOMENTS[name]
+    x = arg.cast("double")
+    count = F.count(x)
+    n = count.cast("double")
+    mean = F.coalesce(F.avg(x), F.lit(0.0))
+    m2 = F.coalesce(F.var_pop(x) * count, F.lit(0.0))
+    partials = [n, mean, m2]
+    if order >= 3:
+        # skewness = sqrt(n) m3 / m2^1.5; all values equal (m2 = 0) means m3 = 0
+        m3 = F.skewness(x) * F.sqrt(m2 * m2 * m2) / F.sqrt(n)
+        partials.append(F.when(m2 == 0.0, F.lit(0.0)).otherwise(m3))
+    if order >= 4:
+        # kurtosis = n m4 / m2^2 - 3
+        m4 = (F.kurtosis(x) + F.lit(3.0)) * (m2 * m2) / n
+        partials.append(F.when(m2 == 0.0, F.lit(0.0)).otherwise(m4))
+    merge = _MOMENT_MERGES[order]
+    return AggSpec(
+        name,
+        tuple(partials),
+        (merge,) * len(partials),
+        null_on_divide_by_zero=null_on_divide_by_zero,
+    )
+
+
+def _co_moments(name: str, x_arg: Column, y_arg: Column, null_on_divide_by_zero: bool) -> AggSpec:
+    """Spark's Covariance buffer (n, xAvg, yAvg, ck) or PearsonCorrelation's (and xMk,
+    yMk) over one batch: only rows where both values are set count."""
+    x = F.when(y_arg.isNotNull(), x_arg.cast("double"))
+    y = F.when(x_arg.isNotNull(), y_arg.cast("double"))
+    count = F.count(x)
+    partials = [
+        count.cast("double"),
+        F.coalesce(F.avg(x), F.lit(0.0)),
+        F.coalesce(F.avg(y), F.lit(0.0)),
+        F.coalesce(F.covar_pop(x, y) * count, F.lit(0.0)),
+    ]
+    merge = "covariance"
+    if name == "corr":
+        partials += [
+            F.coalesce(F.var_pop(x) * count, F.lit(0.0)),
+            F.coalesce(F.var_pop(y) * count, F.lit(0.0)),
+        ]
+        merge = "corr"
+    return AggSpec(
+        name,
+        tuple(partials),
+        (merge,) * len(partials),
+        null_on_divide_by_zero=null_on_divide_by_zero,
+    )
+
+
+def _percentile(spark: SparkSession, name: str, arg: Column, args: list[Any]) -> AggSpec:
+    """median(x), percentile(x, p[, frequency]): the state keeps the group's values (a
+    list merged by concatenation, as collect_list's) and Spark's own function computes
+    the result over them after the state task (:func:`finish_after_state`), so it is
+    native Spark's exact percentile by construction. The state grows with the values."""
+    if name == "median":
+        return AggSpec(name, (F.collect_list(arg),), ("concat",))
+    percentage = _as_column(spark, args[1])
+    if len(args) < 3 or _is_literal(args[2], "1"):
+        return AggSpec(name, (F.collect_list(arg),), ("concat",), finish_args=(percentage,))
+    frequency = _as_column(spark, args[2])
+    # Spark's Percentile skips rows whose value or frequency is null.
+    pair = F.when(
+        arg.isNotNull() & frequency.isNotNull(),
+        F.struct(arg.alias("value"), frequency.alias("frequency")),
+    )
+    return AggSpec(
+        name, (F.collect_list(pair),), ("concat",), finish_args=(percentage,), weighted=True
+    )
+
+
+def _approx_count_distinct(arg: Column, args: list[Any]) -> AggSpec:
+    """HyperLogLog++ answers depend only on the set of distinct values seen, so the state
+    keeps that set (merged by union) and the result is Spark's own approx_count_distinct
+    over it (:func:`finish_after_state`): exactly native Spark's estimate. The state
+    grows with the distinct values of a group, not with Spark's 2^p registers."""
+    rsd = 0.05
+    if len(args) > 1:
+        text = str(args[1].toString()).strip().rstrip("BDLbdl")
+        try:
+            rsd = float(text)
+        except ValueError as exc:
+            raise AnalysisError(
+                f"approx_count_distinct's relative standard deviation must be a number, "
+                f"got {text!r}."
+            ) from exc
+    return AggSpec("approx_count_distinct", (F.collect_set(arg),), ("union",), relative_sd=rsd)
+
+
+def finished_after_state(specs: tuple[AggSpec, ...]) -> bool:
+    """Whether :func:`finish_after_state` has work for these functions."""
+    return any(spec.kind in _FINISHED_AFTER_STATE for spec in specs)
+
+
+def _finish(spec: AggSpec, values: Column) -> Column:
+    """Spark's own function over the exploded values of one buffer."""
+    if spec.kind == "approx_count_distinct":
+        return F.approx_count_distinct(values, spec.relative_sd)
+    if spec.kind == "median":
+        return F.median(values)
+    if spec.weighted:
+        value, frequency = values.getField("value"), values.getField("frequency")
+        return F.call_function("percentile", value, spec.finish_args[0], frequency)
+    return F.call_function("percentile", values, spec.finish_args[0])
+
+
+def finish_after_state(
+    df: DataFrame, key_columns: list[str], buffer_columns: list[str], specs: tuple[AggSpec, ...]
+) -> DataFrame:
+    """Replace each buffer of values (approx_count_distinct's distinct values, median's
+    and percentile's values) in the state task's output by Spark's own function over it.
+
+    One row per group comes out of the state task. The buffers are zipped into one array
+    (``arrays_zip`` pads the shorter ones with nulls, which every one of these functions
+    skips), exploded once and grouped by the group's keys again, so every function gets
+    exactly its group's values; the other columns pass through ``first`` unchanged. The
+    state task's output is read once (a correlated subquery would make Spark join it
+    with itself and run the state task twice), and one shuffle serves all the functions.
+    """
+    position = 0
+    targets: list[tuple[AggSpec, str]] = []
+    for spec in specs:
+        names = buffer_columns[position : position + len(spec.partials)]
+        position += len(spec.partials)
+        if spec.kind in _FINISHED_AFTER_STATE:
+            targets.append((spec, names[0]))
+    if not targets:
+        return df
+    names = [name for _, name in targets]
+    others = [c for c in df.columns if c not in names and c not in key_columns]
+    values = "__lg_values"
+    exploded = df.select(
+        *[F.col(f"`{c}`") for c in key_columns + others],
+        F.explode_outer(F.arrays_zip(*[F.col(f"`{n}`") for n in names])).alias(values),
+    )
+    # Without keys (a global aggregation), grouping by a literal keeps "no rows in, no
+    # rows out" (Spark's RemoveLiteralFromGroupExpressions), where groupBy() would emit a
+    # row for a batch that emits none.
+    keys = [F.col(f"`{c}`") for c in key_columns] or [F.lit(0).alias("__lg_group")]
+    finished = exploded.groupBy(*keys).agg(
+        *[F.first(F.col(f"`{c}`")).alias(c) for c in others],
+        *[_finish(spec, F.col(values).getField(name)).alias(name) for spec, name in targets],
+    )
+    return finished if key_columns else finished.drop("__lg_group")
+
+
+def final_column(spec: AggSpec, buffers: list[Column]) -> Column:
+    """Spark SQL computing the function's result from its merged buffers: Spark's own
+    evaluateExpression. Its divisions give null for a zero divisor (``try_divide``), as
+    Spark's do inside these functions whatever ``spark.sql.ansi.enabled`` says."""
+    kind = spec.kind
+    if kind in _FINISHED_AFTER_STATE:
+        return buffers[0]  # already Spark's function over the values (finish_after_state)
+    if kind in _SELF_MERGING or kind in ("sum", "first", "last", "max_by", "min_by"):
+        return buffers[0]
+    if kind == "avg":
+        s, c = buffers
+        return F.when(c == 0, F.lit(None)).otherwise(s / c)
+    null = F.lit(None).cast("double")
+    # divideByZeroEvalResult: null, or NaN under spark.sql.legacy.statisticalAggregate
+    by_zero = null if spec.null_on_divide_by_zero else F.lit(float("nan"))
+    n = buffers[0]
+    if kind in ("covar_pop", "covar_samp", "corr"):
+        ck = buffers[3]
+        if kind == "covar_pop":
+            return F.when(n == 0.0, null).otherwise(ck / n)
+        if kind == "covar_samp":
+            return F.when(n == 0.0, null).when(n == 1.0, by_zero).otherwise(ck / (n - 1.0))
+        x_mk, y_mk = buffers[4], buffers[5]
+        value = F.try_divide(ck, F.sqrt(x_mk * y_mk))
+        return F.when(n == 0.0, null).when(n == 1.0, by_zero).otherwise(value)
+    m2 = buffers[2]
+    if kind == "var_pop":
+        return F.when(n == 0.0, null).otherwise(m2 / n)
+    if kind == "stddev_pop":
+        return F.when(n == 0.0, null).otherwise(F.sqrt(m2 / n))
+    if kind == "var_samp":
+        return F.when(n == 0.0, null).when(n == 1.0, by_zero).otherwise(m2 / (n - 1.0))
+    if kind == "stddev_samp":
+        return F.when(n == 0.0, null).when(n == 1.0, by_zero).otherwise(F.sqrt(m2 / (n - 1.0)))
+    if kind == "skewness":
+        m3 = buffers[3]
+        value = F.try_divide(F.sqrt(n) * m3, F.sqrt(m2 * m2 * m2))
+        return F.when(n == 0.0, null).when(m2 == 0.0, by_zero).otherwise(value)
+    m4 = buffers[4]  # kurtosis
+    value = F.try_divide(n * m4, m2 * m2) - F.lit(3.0)
+    return F.when(n == 0.0, null).when(m2 == 0.0, by_zero).otherwise(value)
+
+
+# -- merging buffers (runs in tasks) ---------------------------------------------------
+def _order_key(value: Any) -> Any:
+    """A sort key giving Spark's ordering of a value: NaN above every other double (and
+    equal to itself), -0.0 equal to 0.0, nested nulls first, structs field by field,
+    arrays element by element (a prefix first)."""
+    if value is None:
+        return (0,)
+    if isinstance(value, float):
+        return (1, 1) if math.isnan(value) else (1, 0, value)
+    if isinstance(value, dict):
+        return (1, tuple(_order_key(v) for v in value.values()))
+    if isinstance(value, (list, tuple)):
+        return (1, tuple(_order_key(v) for v in value))
+    return (1, value)
+
+
+def _greater(a: Any, b: Any) -> bool:
+    """``a > b`` in Spark's ordering, for two non-null values of one type."""
+    kind = type(a)
+    if kind is float:
+        if math.isnan(a):
+            return not math.isnan(b)
+        return not math.isnan(b) and a > b
+    if kind is dict or kind is list or kind is tuple:
+        return bool(_order_key(a) > _order_key(b))
+    return bool(a > b)
+
+
+def _merge_moments(
+    kind: str, state: list[Any], batch: list[Any], i: int
+) -> tuple[list[float], int]:
+    """Spark's mergeExpressions of CentralMomentAgg (moments: n, avg, m2; moments3 and
+    moments4 add m3, m4), Covariance (n, xAvg, yAvg, ck) and PearsonCorrelation (and xMk,
+    yMk), in Spark's order of operations; returns the merged buffers and their count."""
+    width = _MOMENT_WIDTHS[kind]
+    left = [x or 0.0 for x in state[i : i + width]]
+    right = [x or 0.0 for x in batch[i : i + width]]
+    n1, n2 = left[0], right[0]
+    n = n1 + n2
+    if kind in ("covariance", "corr"):
+        dx = right[1] - left[1]
+        dx_n = 0.0 if n == 0.0 else dx / n
+        dy = right[2] - left[2]
+        dy_n = 0.0 if n == 0.0 else dy / n
+        merged = [
+            n,
+            left[1] + dx_n * n2,
+            left[2] + dy_n * n2,
+            left[3] + right[3] + dx * dy_n * n1 * n2,
+        ]
+        if kind == "corr":
+            merged.append(left[4] + right[4] + dx * dx_n * n1 * n2)
+            merged.append(left[5] + right[5] + dy * dy_n * n1 * n2)
+        return merged, width
+    delta = right[1] - left[1]
+    delta_n = 0.0 if n == 0.0 else delta / n
+    m2_1, m2_2 = left[2], right[2]
+    merged = [n, left[1] + delta_n * n2, m2_1 + m2_2 + delta * delta_n * n1 * n2]
+    if width >= 4:
+        m3_1, m3_2 = left[3], right[3]
+        merged.append(
+            m3_1
+            + m3_2
+            + delta_n * delta_n * delta * n1 * n2 * (n1 - n2)
+            + 3.0 * delta_n * (n1 * m2_2 - n2 * m2_1)
+        )
+    if width >= 5:
+        merged.append(
+            left[4]
+            + right[4]
+            + delta_n * delta_n * delta_n * delta * n1 * n2 * (n1 * n1 - n1 * n2 + n2 * n2)
+            + 6.0 * delta_n * delta_n * (n1 * n1 * m2_2 + n2 * n2 * m2_1)
+            + 4.0 * delta_n * (n1 * m3_2 - n2 * m3_1)
+        )
+    return merged, width
+
+
+def merge_buffers(merges: tuple[str, ...], state: list[Any], batch: list[Any]) -> list[Any]:
+    """One key's buffers after merging a batch's (``batch``) into the state's (``state``),
+    as Spark's merge expressions do with the state's buffer on the left."""
+    out = list(state)
+    i = 0
+    while i < len(merges):
+        kind = merges[i]
+        a, b = state[i], batch[i]
+        if kind in ("sum", "count"):
+            out[i] = b if a is None else (a if b is None else a + b)
+        elif kind == "min":
+            out[i] = b if a is None else (a if b is None or not _greater(a, b) else b)
+        elif kind == "max":
+            out[i] = b if a is None else (a if b is None or not _greater(b, a) else b)
+        elif kind == "concat":
+            out[i] = list(a or []) + list(b or [])
+        elif kind == "union":
+            out[i] = list(dict.fromkeys([*(a or []), *(b or [])]))
+        elif kind in ("first", "last"):
+            state_set, batch_set = bool(state[i + 1]), bool(batch[i + 1])
+            take_batch = (kind == "first" and not state_set) or (kind == "last" and batch_set)
+            out[i] = batch[i] if take_batch and batch_set else state[i]
+            out[i + 1] = state_set or batch_set
+            i += 2
+            continue
+        elif kind in ("max_by", "min_by"):
+            # Spark's MaxMinBy merge: a side without ordering gives way to the other
+            # (neither: null); else the state's value only if its ordering is strictly
+            # more extreme, so a tie takes the batch's value.
+            ord_a, ord_b = state[i + 1], batch[i + 1]
+            if ord_a is None:
+                out[i], out[i + 1] = (b, ord_b) if ord_b is not None else (None, None)
+            else:
+                state_wins = ord_b is None or (
+                    _greater(ord_a, ord_b) if kind == "max_by" else _greater(ord_b, ord_a)
+                )
+                out[i], out[i + 1] = (a, ord_a) if state_wins else (b, ord_b)
+            i += 2
+            continue
+        elif kind in _MOMENT_WIDTHS:
+            merged, width = _merge_moments(kind, state, batch, i)
+            out[i : i + width] = merged
+            i += width
+            continue
+        i += 1
+    return out
+
+
+def _merge_sums(state: list[Any], batch: Any) -> list[Any]:
+    return [b if a is None else (a if b is None else a + b) for a, b in zip(state, batch)]
+
+
+def buffer_merger(merges: tuple[str, ...]) -> Any:
+    """``merge(state, batch) -> merged`` for one key's buffers: :func:`merge_buffers`,
+    or a faster equivalent when every buffer is a sum or a count (count, sum, avg)."""
+    if merges and all(m in ("sum", "count") for m in merges):
+        return _merge_sums
+    return lambda state, batch: merge_buffers(merges, state, list(batch))
+
+
+_BUFFER_ROLES = {
+    "count": ("count",),
+    "count_if": ("count",),
+    "sum": ("sum",),
+    "avg": ("sum", "count"),
+    "min": ("min",),
+    "max": ("max",),
+    "bool_and": ("value",),
+    "bool_or": ("value",),
+    "first": ("value", "isSet"),
+    "last": ("value", "isSet"),
+    "max_by": ("value", "ordering"),
+    "min_by": ("value", "ordering"),
+    "collect_list": ("values",),
+    "collect_set": ("values",),
+    "approx_count_distinct": ("distinctValues",),
+    "median": ("values",),
+    "percentile": ("values",),
+    "skewness": ("n", "avg", "m2", "m3"),
+    "kurtosis": ("n", "avg", "m2", "m3", "m4"),
+    "covar_pop": ("n", "xAvg", "yAvg", "ck"),
+    "covar_samp": ("n", "xAvg", "yAvg", "ck"),
+    "corr": ("n", "xAvg", "yAvg", "ck", "xMk", "yMk"),
+}
+"""Names of each function's buffers in the state files (stddev and variance: n, mean, m2)."""
+
+
+def buffer_roles(spec: AggSpec) -> tuple[str, ...]:
+    """What each of the function's buffers holds, naming its state column."""
+    return _BUFFER_ROLES.get(spec.kind, ("n", "mean", "m2"))
