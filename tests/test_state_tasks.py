@@ -163,3 +163,13 @@ def test_one_task_per_core_matches_native_across_a_restart(spark, ls, tmp_path):
     checkpoint = Path(bench.pairs[0].lockgate.checkpoint)
     assert sorted(p.name for p in (checkpoint / "state" / "0").iterdir() if p.name.isdigit()) == ["0", "1"]
 
+
+
+def test_column_values_of_booleans_without_nulls():
+    """A deduplication key or a join side's column of booleans (a ``pa.Array`` with no
+    nulls, which numpy cannot take without a copy) gives Python bools."""
+    from lockgate.state.store import column_values
+
+    assert column_values(pa.array([True, False])) == [True, False]
+    assert column_values(pa.chunked_array([pa.array([False])])) == [False]
+    assert column_values(pa.array([1.5, 2.0])) == [1.5, 2.0]

@@ -211,12 +211,12 @@ def column_values(column: pa.ChunkedArray | pa.Array, micros: bool = False) -> l
         column = micros_array(column)
         t = column.type
     if pa.types.is_floating(t):
-        values = column.to_numpy().tolist() if column.null_count == 0 else column.to_pylist()
+        values = column.to_numpy(zero_copy_only=False).tolist() if column.null_count == 0 else column.to_pylist()
         if len(column) and pa.compute.any(pa.compute.is_nan(column)).as_py():
             return [NAN if v != v else v for v in values]
         return values  # type: ignore[no-any-return]
     if column.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_boolean(t)):
-        return column.to_numpy().tolist()
+        return column.to_numpy(zero_copy_only=False).tolist()
     values = column.to_pylist()
     if _is_nested(t):
         return [_hashable(v) for v in values]
