@@ -181,8 +181,6 @@ def batch_values(column: Any, micros: bool = True) -> list[Any]:
     compare with the state's alike."""
     from lockgate.state.store import column_values
 
-    if pa.types.is_boolean(column.type):  # column_values' numpy path takes no boolean Array
-        return column.to_pylist()
     return column_values(column, micros=micros)
 
 

@@ -114,7 +114,7 @@ def read_state(
     num_partitions = int(meta["numPartitions"])
     from lockgate.plan.join.planner import StreamJoin
 
-    store_name, hidden = None, 0
+    store_name = None
     if meta.get("operatorName") == StreamJoin.operator_name:
         if join_side not in ("left", "right"):
             raise ValueError(
@@ -123,7 +123,6 @@ def read_state(
             )
         store_name = join_side
         key_schema, value_schema = _side_schema(key_schema, join_side), _side_schema(value_schema, join_side)
-        hidden = 1  # each buffered row's index among those of its key
     elif join_side is not None:
         raise ValueError(
             f"joinSide={join_side!r} applies to stream-stream joins only; stateful operator "
@@ -141,9 +140,10 @@ def read_state(
     key_fields, value_fields = list(key_schema), list(value_schema)
     columns = None
     if store_name is not None:
-        # the row as it was buffered, without the index and lockgate's own columns, keyed
-        # by its join keys named as Spark's state reader names them (field0, field1, ...)
-        key_fields = key_fields[:-hidden]
+        # the row as it was buffered, without the index (the last key column: the row's
+        # place among its key's) and lockgate's own columns, keyed by its join keys named
+        # as Spark's state reader names them (field0, field1, ...)
+        key_fields = key_fields[:-1]
         value_fields = [f for f in value_fields if f.name != "matched" and not f.name.startswith("derived_")]
         columns = ([f.name for f in key_fields], [f.name for f in value_fields])
         key_fields = [f.with_name(f"field{i}") for i, f in enumerate(key_fields)]
