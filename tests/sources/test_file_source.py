@@ -226,7 +226,8 @@ def test_max_file_age_ignored_with_latest_first_and_a_limit(spark, tmp_path, src
 
 def test_file_name_only(spark, tmp_path, src_dir):
     write_json(src_dir, "x/data.json", [1], NOW_MS)
-    source = make_source(spark, tmp_path, fileNameOnly="true")
+    # A glob: its matches x and y are roots (plain subdirectories of a root are not read).
+    source = make_source(spark, tmp_path, path=f"{src_dir}/*", fileNameOnly="true")
     end, got = next_batch(source, None)
     assert got == [1]
     write_json(src_dir, "y/data.json", [2], NOW_MS + 1000)  # same name, other directory
@@ -234,8 +235,8 @@ def test_file_name_only(spark, tmp_path, src_dir):
     end, got = next_batch(source, end)
     assert got == [3]
 
-    # Without the option, both files named data.json are read (listing is recursive).
-    plain = make_source(spark, tmp_path, metadata="ck2")
+    # Without the option, both files named data.json are read.
+    plain = make_source(spark, tmp_path, path=f"{src_dir}/*", metadata="ck2")
     assert next_batch(plain, None)[1] == [1, 2, 3]
 
 
@@ -342,10 +343,12 @@ def test_arrow_backend_lists_like_the_local_one(tmp_path, src_dir):
     )
 
     def summary(location):
-        return sorted((f.uri, f.size, f.mtime_ms) for f in location.list_files())
+        return sorted((f.uri, f.size, f.mtime_ms) for f in location.list_files().files)
 
     assert summary(arrow) == summary(local)
-    assert [os.path.basename(f.path) for f in sorted(local.list_files(), key=lambda f: f.uri)] == [
+    assert [
+        os.path.basename(f.path) for f in sorted(local.list_files().files, key=lambda f: f.uri)
+    ] == [
         "a.json",
         "b.json",
     ]
@@ -572,3 +575,293 @@ def test_reads_spark_compacted_source_log(spark, tmp_path, src_dir):
     end = source.latestOffset({"logOffset": 1}, READ_ALL_AVAILABLE)
     assert end == {"logOffset": 2}
     assert ids_of(source.getBatch({"logOffset": 1}, end)) == [3]
+
+
+# ======================================================================================
+# Which files a source reads: Spark's listing rules, differential against native Spark
+# ======================================================================================
+
+
+def _place(directory, files):
+    """Write text files ``{relative path: lines}`` under ``directory``; each appears whole
+    (written aside, then renamed into place)."""
+    for rel, lines in files.items():
+        target = os.path.join(str(directory), rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        staged = os.path.join(str(directory), "..", "staging-" + rel.replace("/", "_"))
+        with open(staged, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(staged, target)
+
+
+def _listing_differential(spark, ls, tmp_path, suffix="", schema=None, fmt="text", **options):
+    """A :class:`Differential` reading ``tmp_path/in`` + ``suffix``; also returns the
+    schemas both readers reported (native first)."""
+    from tests.differential import Differential
+
+    src = tmp_path / "in"
+    src.mkdir(exist_ok=True)
+    schemas = []
+
+    def query(reader):
+        reader = reader.format(fmt).options(
+            **{k: v.replace("SRC", str(src)) for k, v in options.items()}
+        )
+        if schema is not None:
+            reader = reader.schema(schema)
+        df = reader.load(str(src) + suffix)
+        schemas.append(df.schema)
+        return df
+
+    return Differential(spark, ls, tmp_path / "q", query), src, schemas
+
+
+_LAYOUTS = {
+    # The issue's example: files in plain subdirectories are not read.
+    "plain_subdirectories": (
+        {"a.txt": ["a"], "sub/b.txt": ["b"], "sub/deep/c.txt": ["c"]},
+        "",
+        {},
+    ),
+    # Hidden: _x and .x (files and directories), x._COPYING_, Parquet's summaries; a
+    # name with '=' is not hidden.
+    "hidden_names": (
+        {
+            "a.txt": ["a"],
+            ".h.txt": ["h"],
+            "_u.txt": ["u"],
+            "_common_metadata": ["cm"],
+            "_metadata": ["md"],
+            "x._COPYING_": ["cp"],
+            "_x=1.txt": ["xeq"],
+        },
+        "",
+        {},
+    ),
+    "partition_directories": ({"p=1/a.txt": ["a"], "p=2/b.txt": ["b"]}, "", {}),
+    # Nested, typed (int, string, date) and with an escaped value.
+    "nested_partitions": (
+        {
+            "p=1/q=x/d=2024-01-01/a.txt": ["a"],
+            "p=2/q=1.5/d=2024-01-02/b.txt": ["b"],
+            "p=3/q=a%20b/d=2024-01-03/c.txt": ["c"],
+        },
+        "",
+        {},
+    ),
+    # Plain directories below partition directories are read; files beside partition
+    # directories are listed but dropped by the partitioned read; _temporary is skipped.
+    "plain_below_partitions": (
+        {
+            "p=1/sub/a.txt": ["a"],
+            "p=2/b.txt": ["b"],
+            "top.txt": ["t"],
+            "p=2/_temporary/c.txt": ["c"],
+            "_tmp/d.txt": ["d"],
+        },
+        "",
+        {},
+    ),
+    "partitions_below_a_plain_directory": ({"sub/p=1/a.txt": ["a"]}, "", {}),
+    # Globs: each match is a root; hidden names match a glob; a root's plain
+    # subdirectories are not read.
+    "glob_star": (
+        {
+            "a.txt": ["a"],
+            "sub/b.txt": ["b"],
+            "sub/deep/c.txt": ["c"],
+            "p=1/d.txt": ["d"],
+            "_h/e.txt": ["e"],
+            ".g/f.txt": ["f"],
+        },
+        "/*",
+        {},
+    ),
+    "glob_of_files": (
+        {"s1/xa.txt": ["xa"], "s1/ya.txt": ["ya"], "s2/xb.txt": ["xb"], "s2/deep/xc.txt": ["xc"]},
+        "/*/x*.txt",
+        {},
+    ),
+    "glob_braces": (
+        {"a/1.txt": ["a"], "b/2.txt": ["b"], "c/3.txt": ["c"], "a/deep/4.txt": ["ad"]},
+        "/{a,b}",
+        {},
+    ),
+    "glob_hidden_matches": (
+        {"_u.txt": ["u"], ".h.txt": ["h"], "a.txt": ["a"], "_d/x.txt": ["x"]},
+        "/[_.]*",
+        {},
+    ),
+    "glob_of_partitions": ({"p=1/a.txt": ["a"], "p=2/b.txt": ["b"]}, "/p=*", {}),
+    "glob_of_partitions_with_base_path": (
+        {"p=1/a.txt": ["a"], "p=2/b.txt": ["b"], "q/c.txt": ["c"]},
+        "/p=*",
+        {"basePath": "SRC"},
+    ),
+    # recursiveFileLookup: every file below, no partition columns.
+    "recursive_file_lookup": (
+        {
+            "a.txt": ["a"],
+            "sub/b.txt": ["b"],
+            "sub/deep/c.txt": ["c"],
+            "p=1/d.txt": ["d"],
+            "_h/e.txt": ["e"],
+        },
+        "",
+        {"recursiveFileLookup": "true"},
+    ),
+    "recursive_with_path_glob_filter": (
+        {"a.txt": ["a"], "b.csv": ["b"], "sub/c.txt": ["c"], "sub/d.csv": ["d"]},
+        "",
+        {"recursiveFileLookup": "true", "pathGlobFilter": "*.txt"},
+    ),
+    "path_glob_filter": (
+        {"a.txt": ["a"], "b.csv": ["b"], "c.txt": ["c"], "sub/c.txt": ["sc"]},
+        "",
+        {"pathGlobFilter": "{a,c}*"},
+    ),
+    "path_glob_filter_with_partitions": (
+        {"p=1/c.txt": ["c"], "p=1/d.csv": ["d"], "p=2/e.txt": ["e"]},
+        "",
+        {"pathGlobFilter": "*.txt"},
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(_LAYOUTS))
+def test_listing_rules_match_spark(spark, ls, tmp_path, layout):
+    files, suffix, options = _LAYOUTS[layout]
+    d, src, schemas = _listing_differential(spark, ls, tmp_path, suffix, **options)
+    _place(src, files)
+    try:
+        rows = d.run()
+    finally:
+        d.stop()
+    assert rows, "the oracle read nothing: the layout tests nothing"
+    native, lockgate = schemas
+    assert lockgate == native
+
+
+@pytest.mark.parametrize(
+    "schema",
+    ["p INT, v STRING", "v STRING, p STRING", "v STRING", "v STRING, p INT, q STRING"],
+)
+def test_partition_columns_with_a_user_schema(spark, ls, tmp_path, schema):
+    """Partition columns come after the data columns, typed by the user schema where it
+    names them, inferred where it does not."""
+    d, src, schemas = _listing_differential(spark, ls, tmp_path, schema=schema, fmt="json")
+    _place(src, {"p=1/a.json": ['{"v": "a", "q": "in-file"}'], "p=2/b.json": ['{"v": "b"}']})
+    try:
+        assert d.run()
+    finally:
+        d.stop()
+    assert schemas[1] == schemas[0]
+
+
+def test_partition_columns_ignored_by_recursive_file_lookup(spark, ls, tmp_path):
+    d, src, schemas = _listing_differential(
+        spark, ls, tmp_path, schema="v STRING, p INT", fmt="json", recursiveFileLookup="true"
+    )
+    _place(src, {"p=1/a.json": ['{"v": "a"}'], "p=2/deep/b.json": ['{"v": "b", "p": 7}']})
+    try:
+        assert d.run()
+    finally:
+        d.stop()
+    assert schemas[1] == schemas[0]
+
+
+_STEPS = {
+    "plain": (
+        "",
+        {},
+        [{"a.txt": ["a"]}, {"sub/b.txt": ["b"]}, {"c.txt": ["c"]}, {"new/deep/d.txt": ["d"]}],
+    ),
+    "partitioned": (
+        "",
+        {},
+        [{"p=1/a.txt": ["a"]}, {"p=2/b.txt": ["b"]}, {"p=3/q/c.txt": ["c"]}, {"p=1/d.txt": ["d"]}],
+    ),
+    "recursive": (
+        "",
+        {"recursiveFileLookup": "true"},
+        [{"a.txt": ["a"]}, {"new/deep/b.txt": ["b"]}, {"p=1/c.txt": ["c"]}],
+    ),
+    "glob": (
+        "/*",
+        {},
+        [{"s1/a.txt": ["a"]}, {"s2/b.txt": ["b"]}, {"s2/deep/c.txt": ["c"]}, {"top.txt": ["t"]}],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_STEPS))
+def test_files_added_later_in_new_directories(spark, ls, tmp_path, case):
+    """Files in new subdirectories and new partition directories, batch after batch."""
+    suffix, options, steps = _STEPS[case]
+    d, src, _ = _listing_differential(spark, ls, tmp_path, suffix, **options)
+    # The first step's files exist when the query is defined (partition columns).
+    _place(src, steps[0])
+    try:
+        for step in steps:
+            _place(src, step)
+            d.run()
+    finally:
+        d.stop()
+
+
+def _error_class(exc):
+    import re as _re
+
+    found = _re.search(r"\[([A-Z_]+)\]", str(exc))
+    return found.group(1) if found else type(exc).__name__
+
+
+@pytest.mark.parametrize(
+    ("files", "error_class"),
+    [
+        ({"p=1/a.txt": ["a"], "sub/b.txt": ["b"]}, "CONFLICTING_DIRECTORY_STRUCTURES"),
+        ({"a.txt": ["a"], "sub/p=1/b.txt": ["b"]}, "CONFLICTING_DIRECTORY_STRUCTURES"),
+        ({"p=1/a.txt": ["a"], "_metadata/x.txt": ["x"]}, "CONFLICTING_DIRECTORY_STRUCTURES"),
+        ({"p=1/a.txt": ["a"], "q=2/b.txt": ["b"]}, "CONFLICTING_PARTITION_COLUMN_NAMES"),
+        ({"p=1/q=2/a.txt": ["a"], "p=3/b.txt": ["b"]}, "CONFLICTING_PARTITION_COLUMN_NAMES"),
+        ({"p=/a.txt": ["a"]}, "EMPTY_PARTITION_COLUMN_VALUE"),
+    ],
+)
+def test_inconsistent_partition_directories_are_refused(spark, ls, tmp_path, files, error_class):
+    src = tmp_path / "in"
+    _place(src, files)
+    for reader in (spark.readStream, ls.readStream):
+        with pytest.raises(Exception) as caught:
+            reader.format("text").load(str(src))
+        assert _error_class(caught.value) == error_class, caught.value
+
+
+@pytest.mark.parametrize(
+    ("first", "later", "native_says"),
+    [
+        # Partition directories, then a plain directory with files: Spark's check fails
+        # the query at the next listing.
+        ({"p=1/a.txt": ["a"]}, {"sub/b.txt": ["b"]}, "CONFLICTING_DIRECTORY_STRUCTURES"),
+        # No partition directory when defined, one later: the batch has a column the
+        # schema lacks, and Spark fails it ("Invalid batch").
+        ({"a.txt": ["a"]}, {"p=2/b.txt": ["b"]}, "Invalid batch"),
+    ],
+)
+def test_layout_changing_under_a_running_query_fails_it(
+    spark, ls, tmp_path, first, later, native_says
+):
+    d, src, _ = _listing_differential(spark, ls, tmp_path)
+    _place(src, first)
+    try:
+        d.run()
+        _place(src, later)
+        errors = []
+        for side in d.sides:
+            with pytest.raises(Exception) as caught:
+                side.query.processAllAvailable()
+            errors.append(str(caught.value))
+    finally:
+        d.stop()
+    assert native_says in errors[0]
+    expected = "partition directories" if native_says == "Invalid batch" else native_says
+    assert expected in errors[1], errors[1]

@@ -16,12 +16,20 @@ returned, a batch replayed after a crash reads exactly the same files.
 
 Behaviour follows Spark (``FileStreamSource``, ``FileStreamOptions``):
 
-* Files are listed recursively; names starting with ``_`` (unless they contain ``=``,
-  i.e. partition directories) or ``.``, and names ending in ``._COPYING_``, are skipped,
-  as by Spark's ``InMemoryFileIndex``. Hadoop glob patterns (``*``, ``?``, ``[ab]``,
-  ``[^ab]``, ``{a,b}``, ``\\`` escapes) are expanded on local and on ``pyarrow.fs``
-  filesystems; glob matches with hidden names are skipped too, so a glob never picks up
-  a file sink's ``_spark_metadata`` or staging directories.
+* Which files are read follows Spark's ``InMemoryFileIndex.allFiles`` over the path
+  (:meth:`~lockgate.sources.file.paths.DataLocation.list_files`): the path, or each
+  match of a Hadoop glob (``*``, ``?``, ``[ab]``, ``[^ab]``, ``{a,b}``, ``\\`` escapes;
+  a glob matches hidden names too, as Hadoop's), is a root. Files directly in a root
+  directory are read; files in its plain subdirectories are not, unless some directory
+  is a ``key=value`` partition directory (then every file below is listed, partition
+  columns come after the data columns, typed as Spark infers them or as the user schema
+  says, and inconsistent layouts fail with Spark's ``CONFLICTING_DIRECTORY_STRUCTURES``
+  / ``CONFLICTING_PARTITION_COLUMN_NAMES``) or ``recursiveFileLookup`` is true (every
+  file below, no partition columns). Below a root, names starting with ``_`` (unless
+  they contain ``=``) or ``.``, and names ending in ``._COPYING_``, are skipped; so are
+  ``_metadata``/``_common_metadata`` files. ``pathGlobFilter`` keeps the files whose
+  name matches. The partition columns are fixed when the query is defined; a batch
+  whose files read as other columns fails, as Spark's ("Invalid batch").
 * A file seen once is never read again, even when it is rewritten (the seen map is
   keyed by path, or by file name with ``fileNameOnly``). The seen map is rebuilt from
   the log at start, so a restarted query never re-reads logged files.

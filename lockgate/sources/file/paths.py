@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from lockgate.checkpoint.fs import ArrowFileSystem, CheckpointFileSystem, LocalFileSystem
-from lockgate.errors import OptionError
+from lockgate.errors import OptionError, SourceError
 
 # Characters Hadoop's ``Path.toUri`` leaves unquoted in a path (RFC 3986 pchar and "/"),
 # so logged paths look like the ones Spark writes.
@@ -40,6 +40,46 @@ def is_hidden_path_name(name: str) -> bool:
     )
     include = name.startswith("_common_metadata") or name.startswith("_metadata")
     return exclude and not include
+
+
+def is_data_file_name(name: str) -> bool:
+    """Whether a listed file is data: not hidden, and not Parquet's ``_metadata`` or
+    ``_common_metadata`` summary (which :func:`is_hidden_path_name` keeps, for Parquet)."""
+    return not (
+        (name.startswith("_") and "=" not in name)
+        or name.startswith(".")
+        or name.endswith("._COPYING_")
+    )
+
+
+def _unescape_path_name(text: str) -> str:
+    """Spark's ``unescapePathName``: ``%XX`` (two hex digits) is the character XX."""
+    return re.sub(r"%([0-9a-fA-F]{2})", lambda m: chr(int(m.group(1), 16)), text)
+
+
+def parse_partition_column(name: str) -> tuple[str, str] | None:
+    """``key=value`` -> ``(key, raw value)``; ``None`` for a directory name without ``=``.
+
+    Raises Spark's ``EMPTY_PARTITION_COLUMN_NAME`` / ``EMPTY_PARTITION_COLUMN_VALUE``.
+    """
+    at = name.find("=")
+    if at == -1:
+        return None
+    key = _unescape_path_name(name[:at])
+    if not key:
+        raise SourceError(
+            f"[EMPTY_PARTITION_COLUMN_NAME] Found an empty partition column name in the path "
+            f"segment '{name}'. Each partition directory must have a non-empty column name "
+            "before the '=' sign (e.g., 'col=value')."
+        )
+    value = name[at + 1 :]
+    if not value:
+        raise SourceError(
+            f"[EMPTY_PARTITION_COLUMN_VALUE] Found an empty partition column value in the path "
+            f"segment '{name}'. Each partition directory must have a non-empty value after "
+            "the '=' sign (e.g., 'col=value')."
+        )
+    return key, value
 
 
 def has_glob(text: str) -> bool:
@@ -158,6 +198,15 @@ class FileStatus:
     path: str
     size: int
     mtime_ms: int
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a file stream source reads now: :meth:`DataLocation.list_files`."""
+
+    files: list[FileStatus]
+    partition_columns: tuple[str, ...]
+    """Partition column names found in ``key=value`` directories (empty if none)."""
 
 
 @dataclass(frozen=True)
@@ -404,6 +453,7 @@ class DataLocation:
         return sorted(seen)
 
     def _match(self, directory: str, components: list[str]) -> Iterator[str]:
+        # Hadoop's globber applies no hidden-name filter: ``dir/*`` matches ``_x`` too.
         if not components:
             yield directory
             return
@@ -416,44 +466,168 @@ class DataLocation:
             return
         regex = glob_to_regex(head)
         for entry in sorted(self.backend.list_dir(directory), key=lambda e: e.name):
-            if is_hidden_path_name(entry.name) or not regex.fullmatch(entry.name):
+            if not regex.fullmatch(entry.name):
                 continue
             if rest and not entry.is_dir:
                 continue
             yield from self._match(entry.path, rest)
 
-    def list_files(self, name_filter: re.Pattern[str] | None = None) -> list[FileStatus]:
-        """Every data file under the matched roots, recursively, minus hidden names."""
-        out: list[FileStatus] = []
+    def list_files(
+        self,
+        name_filter: re.Pattern[str] | None = None,
+        *,
+        recursive: bool = False,
+        base_path: str | None = None,
+        case_sensitive: bool = False,
+    ) -> Listing:
+        """The files a file stream source reads now, by Spark's rules.
+
+        As Spark's ``FileStreamSource`` (an ``InMemoryFileIndex`` over the globbed paths,
+        then ``allFiles``): every root (the path, or each glob match; a glob matches hidden
+        names too) is listed recursively, skipping hidden directories and non-data files
+        and keeping the files ``name_filter`` (``pathGlobFilter``) matches. Then
+
+        * with ``recursive`` (``recursiveFileLookup``), every listed file;
+        * when some directory holding files is a ``key=value`` partition directory (below
+          ``base_path``, or else below the root), every listed file, after Spark's checks
+          that the partition directories agree (``CONFLICTING_DIRECTORY_STRUCTURES``,
+          ``CONFLICTING_PARTITION_COLUMN_NAMES``);
+        * otherwise only the root files and the files directly inside a root directory:
+          files in plain subdirectories are not read.
+
+        One recursive listing per call; the partition checks work on the directory names.
+        """
+        files: list[tuple[str, FileStatus]] = []  # (parent directory, file)
+        top: list[FileStatus] = []
+        roots: list[str] = []
+        seen: set[str] = set()
         for root in self.roots():
             entry = self.backend.stat(root)
             if entry is None:
                 continue
             if entry.is_dir:
-                out.extend(self._walk(root, name_filter))
-            elif not is_hidden_path_name(entry.name) and (
+                roots.append(root)
+                for parent, status in self._walk(root, name_filter):
+                    if status.path not in seen:
+                        seen.add(status.path)
+                        files.append((parent, status))
+                        if parent == root:
+                            top.append(status)
+            elif is_data_file_name(entry.name) and (
                 name_filter is None or name_filter.fullmatch(entry.name)
             ):
-                out.append(self._status(entry))
-        return out
+                parent = _parent(root) or root
+                roots.append(parent)
+                if root not in seen:
+                    seen.add(root)
+                    status = self._status(entry)
+                    files.append((parent, status))
+                    top.append(status)
+        if recursive:
+            return Listing([f for _, f in files], ())
+        bases = {_strip(base_path)} if base_path else set(roots)
+        columns_by_dir: dict[str, list[str]] = {}
+        discovered: set[str] = set()
+        for leaf in sorted({parent for parent, _ in files}):
+            columns, base = self._parse_partition(leaf, bases)
+            if base is not None:
+                discovered.add(self.backend.to_spark(base))
+            if columns:
+                columns_by_dir[leaf] = columns
+        if not columns_by_dir:
+            return Listing(top, ())
+        if len({d.lower() for d in discovered}) > 1:
+            paths = "".join(f"\n\t{d}" for d in sorted(discovered))
+            raise SourceError(
+                "[CONFLICTING_DIRECTORY_STRUCTURES] Conflicting directory structures detected.\n"
+                f"Suspicious paths:\n{paths}\n\n"
+                'If provided paths are partition directories, please set "basePath" in the '
+                "options of the data source to specify the root directory of the table.\n"
+                "If there are multiple root directories, please load them separately and "
+                "then union them."
+            )
+        lists: dict[tuple[str, ...], list[str]] = {}
+        for leaf, columns in columns_by_dir.items():
+            key = tuple(columns if case_sensitive else (c.lower() for c in columns))
+            lists.setdefault(key, []).append(leaf)
+        if len(lists) > 1:
+            names = "".join(
+                f"\n\tPartition column name list #{i}: {', '.join(k)}" for i, k in enumerate(lists)
+            )
+            suspicious = "".join(
+                f"\n\t{self.backend.to_spark(d)}" for k in sorted(lists, key=len) for d in lists[k]
+            )
+            raise SourceError(
+                "[CONFLICTING_PARTITION_COLUMN_NAMES] Conflicting partition column names "
+                f"detected:\n{names}\n\n"
+                "For partitioned table directories, data files should only live in leaf "
+                "directories.\nAnd directories at the same level should have the same "
+                "partition column name.\nPlease check the following directories for "
+                f"unexpected files or inconsistent partition column names:\n{suspicious}"
+            )
+        first = next(iter(columns_by_dir.values()))
+        return Listing([f for _, f in files], tuple(first))
 
-    def _walk(self, root: str, name_filter: re.Pattern[str] | None) -> Iterator[FileStatus]:
+    def _parse_partition(self, leaf: str, bases: set[str]) -> tuple[list[str], str | None]:
+        """Spark's ``parsePartition`` on a directory holding files: its partition column
+        names (innermost last) and the directory partition discovery stopped at.
+
+        Walks up from ``leaf`` until a base path, or until a plain directory above some
+        ``key=value`` ones; a ``_temporary`` directory on the way makes it no partition
+        and no base. Without any ``key=value`` directory the base is ``leaf`` itself.
+        """
+        columns: list[str] = []
+        current = leaf
+        while True:
+            name = current.rstrip("/").rsplit("/", 1)[-1]
+            if name.lower() == "_temporary":
+                return [], None
+            if current in bases:
+                break
+            column = parse_partition_column(name)
+            if column is not None:
+                columns.append(column[0])
+            parent = _parent(current)
+            if (column is None and columns) or parent is None:
+                break
+            current = parent
+        if not columns:
+            return [], leaf
+        columns.reverse()
+        return columns, current
+
+    def _walk(
+        self, root: str, name_filter: re.Pattern[str] | None
+    ) -> Iterator[tuple[str, FileStatus]]:
         stack = [root]
         while stack:
             directory = stack.pop()
             for entry in self.backend.list_dir(directory):
-                if is_hidden_path_name(entry.name):
-                    continue
                 if entry.is_dir:
-                    stack.append(entry.path)
-                elif name_filter is None or name_filter.fullmatch(entry.name):
-                    yield self._status(entry)
+                    if not is_hidden_path_name(entry.name):
+                        stack.append(entry.path)
+                elif is_data_file_name(entry.name) and (
+                    name_filter is None or name_filter.fullmatch(entry.name)
+                ):
+                    yield directory, self._status(entry)
 
     def _status(self, entry: _Entry) -> FileStatus:
         return FileStatus(self.backend.to_uri(entry.path), entry.path, entry.size, entry.mtime_ms)
 
     def exists(self) -> bool:
         return self.backend.stat(self.base) is not None
+
+
+def _strip(path: str) -> str:
+    return path.rstrip("/") or path
+
+
+def _parent(path: str) -> str | None:
+    """The parent of a backend path; ``None`` at the top (``/``, or a bucket)."""
+    head, sep, _ = path.rstrip("/").rpartition("/")
+    if not sep:
+        return None
+    return head or "/"
 
 
 def _first_glob(parts: list[str]) -> int:

@@ -26,6 +26,7 @@ from lockgate.sources.file.options import FileStreamOptions, _require_path, read
 from lockgate.sources.file.paths import (
     DataLocation,
     FileStatus,
+    Listing,
     escape_glob,
     expand_braces,
     glob_to_regex,
@@ -245,18 +246,15 @@ class FileStreamSource(Source):
         self._format = format_name
         self._location = location
         self._opts = opts
-        self._read_options = dict(read_options)
-        if not location.is_glob and "basepath" not in {k.lower() for k in read_options}:
-            # Like Spark: partition directories below the source path become columns.
-            root = location.backend.stat(location.base)
-            if root is not None and root.is_dir:
-                self._read_options["basePath"] = location.backend.to_spark(location.base)
-        glob_filter = next(
-            (v for k, v in read_options.items() if k.lower() == "pathglobfilter"), None
-        )
-        self._name_filter = (
-            _any_of([glob_to_regex(p) for p in expand_braces(glob_filter)]) if glob_filter else None
-        )
+        self._listing_options = _ListingOptions.parse(context.spark, location, read_options)
+        # As Spark's getBatch: a plain source path is the batch reads' basePath (in place
+        # of the user's), so partition directories below it become columns.
+        self._read_options = {k: v for k, v in read_options.items() if k.lower() != "basepath"}
+        root = location.backend.stat(location.base) if not location.is_glob else None
+        if root is not None and root.is_dir:
+            self._read_options["basePath"] = location.backend.to_spark(location.base)
+        else:
+            self._read_options = dict(read_options)
         self._log = FileStreamSourceLog(context.fs, context.metadata_path)
         latest = self._log.get_latest_batch_id()
         self._current = -1 if latest is None else latest
@@ -357,9 +355,17 @@ class FileStreamSource(Source):
             .load(paths)
         )
         if df.columns != self._schema.fieldNames():
-            # Partition directories the schema does not name would add columns.
-            quoted = ["`" + name.replace("`", "``") + "`" for name in self._schema.fieldNames()]
-            df = df.select(*quoted)
+            # Spark fails such a batch too ("Invalid batch"): the schema was fixed when the
+            # query was defined, and the partition directories changed since.
+            raise SourceError(
+                f"The files of this batch read as columns {df.columns}, but the file source "
+                f"{self._location.qualified} was defined with columns "
+                f"{self._schema.fieldNames()}: partition directories (key=value) appeared "
+                "in or vanished from the source directory after the query was defined, or "
+                "the batch holds only files outside the partition directories. Keep one "
+                "directory layout for a source path, or define the query again (its schema "
+                "is taken from the directories when it is defined)."
+            )
         return df
 
     def commit(self, end: Any) -> None:
@@ -396,7 +402,7 @@ class FileStreamSource(Source):
             if self._sink_metadata_dir() is not None:
                 self._has_sink_metadata = True
             else:
-                files = self._location.list_files(self._name_filter)
+                files = self._list_files()
                 # Decide once files exist; check again so a sink that wrote its log just
                 # after the first check is not missed.
                 if files:
@@ -405,7 +411,10 @@ class FileStreamSource(Source):
                     return self._sorted(files)
         if self._has_sink_metadata:
             return self._sorted(self._files_from_sink_log())
-        return self._sorted(self._location.list_files(self._name_filter))
+        return self._sorted(self._list_files())
+
+    def _list_files(self) -> list[FileStatus]:
+        return self._listing_options.list(self._location).files
 
     def _sorted(self, files: list[FileStatus]) -> list[FileStatus]:
         if self._opts.latest_first:
@@ -452,6 +461,58 @@ class FileStreamSource(Source):
                 f"{batch_id}: {exc}",
                 path=exc.path,
             ) from exc
+
+
+class _ListingOptions:
+    """The reader options that decide which files a source lists (see
+    :meth:`DataLocation.list_files`): ``pathGlobFilter``, ``recursiveFileLookup``,
+    ``basePath``, and ``spark.sql.caseSensitive`` for partition column names."""
+
+    def __init__(
+        self,
+        name_filter: re.Pattern[str] | None,
+        recursive: bool,
+        base_path: str | None,
+        case_sensitive: bool,
+    ) -> None:
+        self.name_filter = name_filter
+        self.recursive = recursive
+        self.base_path = base_path
+        self.case_sensitive = case_sensitive
+
+    @classmethod
+    def parse(
+        cls, spark: SparkSession, location: DataLocation, read_options: dict[str, str]
+    ) -> _ListingOptions:
+        lower = {k.lower(): v for k, v in read_options.items()}
+        glob_filter = lower.get("pathglobfilter")
+        name_filter = (
+            _any_of([glob_to_regex(p) for p in expand_braces(glob_filter)]) if glob_filter else None
+        )
+        raw_recursive = (lower.get("recursivefilelookup") or "false").strip().lower()
+        if raw_recursive not in ("true", "false"):
+            raise OptionError(
+                f"Invalid value {lower.get('recursivefilelookup')!r} for option "
+                "'recursiveFileLookup': use 'true' or 'false'.",
+                option="recursiveFileLookup",
+            )
+        base_path = None
+        if lower.get("basepath"):
+            base = DataLocation.parse(lower["basepath"], allow_glob=False)
+            if base.backend.identity == location.backend.identity:
+                base_path = base.base
+        case_sensitive = (
+            spark.conf.get("spark.sql.caseSensitive", "false") or "false"
+        ).strip().lower() == "true"
+        return cls(name_filter, raw_recursive == "true", base_path, case_sensitive)
+
+    def list(self, location: DataLocation) -> Listing:
+        return location.list_files(
+            self.name_filter,
+            recursive=self.recursive,
+            base_path=self.base_path,
+            case_sensitive=self.case_sensitive,
+        )
 
 
 def _any_of(patterns: list[re.Pattern[str]]) -> re.Pattern[str]:
@@ -503,30 +564,40 @@ class FileSourceProvider(SourceProvider):
         # may only match once upstream starts writing.
         if not location.is_glob and not location.exists():
             raise AnalysisError(f"[PATH_NOT_FOUND] Path does not exist: {location.qualified}.")
-        if self.name == "text":
-            if user_schema is None:
-                return StructType([StructField("value", StringType(), True)])
-            if len(user_schema.fields) != 1 or not isinstance(
-                user_schema.fields[0].dataType, StringType
-            ):
+        read_opts = reader_options(options)
+        # As Spark's DataSource.sourceSchema: partition columns are found now, in the
+        # key=value directories the source would list, and come after the data columns.
+        listing = _ListingOptions.parse(spark, location, read_opts).list(location)
+        partitions = {c.lower() for c in listing.partition_columns}
+        if self.name == "text" and user_schema is not None:
+            data = [f for f in user_schema.fields if f.name.lower() not in partitions]
+            if len(data) != 1 or not isinstance(data[0].dataType, StringType):
                 raise AnalysisError(
                     "Text data source supports only a single column of string type, and the "
                     f"given schema is {user_schema.simpleString()}."
                 )
-            return _as_nullable(user_schema)
-        if user_schema is not None:
-            schema = user_schema
-        else:
+        if user_schema is None and self.name != "text":
             inference = spark.conf.get("spark.sql.streaming.schemaInference", "false")
             if (inference or "false").strip().lower() != "true":
                 raise AnalysisError(SCHEMA_NOT_SPECIFIED)
-            read_opts = reader_options(options)
-            schema = (
-                spark.read.format(self.name)
-                .options(**read_opts)
-                .load(location.backend.to_spark(location.base) + _glob_suffix(location))
-                .schema
-            )
+        if user_schema is None and self.name == "text":
+            user_schema = StructType([StructField("value", StringType(), True)])
+            if not partitions:
+                return user_schema
+        roots = location.roots()
+        if user_schema is not None and not (partitions and roots):
+            schema = user_schema
+        else:
+            reader = spark.read.format(self.name).options(**read_opts)
+            if user_schema is not None:
+                reader = reader.schema(user_schema)
+            if roots:
+                backend = location.backend
+                schema = reader.load([escape_glob(backend.to_spark(r)) for r in roots]).schema
+            else:  # a glob matching nothing yet: Spark's own error
+                schema = reader.load(
+                    location.backend.to_spark(location.base) + _glob_suffix(location)
+                ).schema
         # spark.sql.streaming.fileSource.schema.forceNullable (default true): files may
         # lack any column, so every column is nullable.
         force = spark.conf.get("spark.sql.streaming.fileSource.schema.forceNullable", "true")
