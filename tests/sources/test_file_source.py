@@ -268,7 +268,13 @@ def test_clean_source_delete(spark, tmp_path, src_dir):
 def test_clean_source_archive(spark, tmp_path, src_dir):
     archive = tmp_path / "archive"
     a = write_json(src_dir, "sub/a.json", [1], NOW_MS)
-    source = make_source(spark, tmp_path, cleanSource="ARCHIVE", sourceArchiveDir=str(archive))
+    source = make_source(
+        spark,
+        tmp_path,
+        path=f"{src_dir}/*",  # sub/ is a root (a plain subdirectory of a root is not read)
+        cleanSource="ARCHIVE",
+        sourceArchiveDir=str(archive),
+    )
     end0, got = next_batch(source, None)
     assert got == [1]
     source.commit(end0)
@@ -384,7 +390,9 @@ def test_partition_directories_become_columns(spark, tmp_path, src_dir):
     source = make_source(spark, tmp_path, schema=schema)
     end = source.latestOffset(None, READ_ALL_AVAILABLE)
     df = source.getBatch(None, end)
-    assert df.columns == ["day", "id", "name"]
+    # As Spark's: the partition column comes after the data columns, typed as the schema says.
+    assert df.columns == ["id", "name", "day"]
+    assert source.schema["day"].dataType == IntegerType()
     assert sorted((r["day"], r["id"]) for r in df.collect()) == [(1, 1), (2, 2)]
 
 
