@@ -12,9 +12,9 @@ import threading
 from datetime import datetime, timezone
 
 import pytest
+from differential import batch_progress, feed, last_batch, unique, wait_until
 from pyspark.sql.streaming import StreamingQueryListener as PySparkStreamingQueryListener
 from pyspark.sql.streaming.listener import StreamingQueryProgress
-from streaming_helpers import batch_progress, feed, last_batch, unique, wait_until
 
 import lockgate
 from lockgate import ManualClock, MemoryStream

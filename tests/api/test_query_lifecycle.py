@@ -11,9 +11,7 @@ import time
 import uuid
 
 import pytest
-from pyspark.errors import AnalysisException
-from pyspark.errors import StreamingQueryException as PySparkStreamingQueryException
-from streaming_helpers import (
+from differential import (
     batch_progress,
     end_offset,
     feed,
@@ -22,6 +20,8 @@ from streaming_helpers import (
     unique,
     wait_until,
 )
+from pyspark.errors import AnalysisException
+from pyspark.errors import StreamingQueryException as PySparkStreamingQueryException
 
 import lockgate
 from lockgate import ManualClock, MemoryStream

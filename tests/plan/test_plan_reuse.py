@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from differential import Bench, SCHEMA, ev, feed, spark_conf, wait_until
 from pyspark.sql import functions as F
-from streaming_helpers import feed, spark_conf, wait_until
-from test_stateful import SCHEMA, Bench, ev
 
 import lockgate
 from lockgate.errors import OptionError

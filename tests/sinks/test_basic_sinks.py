@@ -8,8 +8,8 @@ import threading
 import uuid
 
 import pytest
+from differential import feed, last_batch
 from pyspark.errors import AnalysisException
-from streaming_helpers import feed, last_batch
 
 import lockgate
 from lockgate import MemoryStream

@@ -19,10 +19,9 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from differential import exact_batches
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
-from differential import exact_batches
-from test_stateful import Bench
 
 from lockgate.state.store import StateStore, StateStoreConf, _cache_put, clear_cache, column_values
 
@@ -138,10 +137,9 @@ RESTART_BEFORE_STEP = 4
 
 
 @pytest.fixture
-def bench(spark, ls, tmp_path, no_json_filter_pushdown):
-    b = Bench(spark, ls, tmp_path)
-    yield b
-    b.stop()
+def bench(no_json_filter_pushdown, bench):
+    """The shared ``bench`` (tests/conftest.py), with the JSON filter pushdown off first."""
+    return bench
 
 
 def test_nested_columns_in_stream_joins_match_native(bench, tmp_path):
