@@ -1,4 +1,5 @@
 """``MemoryStream``: a source fed from Python, for tests and notebooks (Spark's MemoryStream).
+A test double: it sits above the API (``toDF`` makes a ``StreamingDataFrame``).
 
 Each ``addData`` call becomes one small DataFrame held by Spark; offsets count the
 calls (the first ``addData`` returns offset 0), so a batch covers whole calls.
@@ -13,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import DataFrame, Row
 from pyspark.sql.types import DataType, StructField, StructType
 
+from lockgate.api.dataframe import StreamingDataFrame
+from lockgate.api.session import StreamingSession
+from lockgate.plan.nodes import StreamingRelation
 from lockgate.sources.base import (
     ContinuousPartitionReader,
     ContinuousStream,
@@ -24,8 +28,6 @@ from lockgate.sources.base import (
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-    from lockgate.api.dataframe import StreamingDataFrame
 
 
 def _parse_schema(spark: SparkSession, schema: StructType | DataType | str) -> StructType:
@@ -105,17 +107,12 @@ class MemoryStream(Source):
 
     def toDF(self) -> StreamingDataFrame:  # noqa: N802
         """The streaming DataFrame reading this stream."""
-        from lockgate.api.dataframe import StreamingDataFrame
-        from lockgate.plan.nodes import StreamingRelation
-
         relation = StreamingRelation(
             provider=_ThisSource(self), source_name="memory", options=(), schema=self._schema
         )
         return StreamingDataFrame._from_plan(self._session_obj(), relation)
 
     def _session_obj(self) -> Any:
-        from lockgate.api.session import StreamingSession
-
         if isinstance(self._session, StreamingSession):
             return self._session
         return StreamingSession.for_spark(self._spark)
