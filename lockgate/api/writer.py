@@ -266,7 +266,7 @@ class DataStreamWriter:
     def _check_continuous(self) -> tuple[Any, Any, str]:
         """Spark's checks for continuous processing; the source and the row program."""
         from lockgate.execution.continuous.checks import check_for_continuous
-        from lockgate.execution.continuous.expressions import compile_plan
+        from lockgate.plan.row_expressions import compile_plan
         from lockgate.plan.nodes import source_relations
 
         analyzed = check_for_continuous(self._df)

@@ -28,7 +28,7 @@ from lockgate.checkpoint import (
 )
 from lockgate.errors import AnalysisError
 from lockgate.execution.continuous.coordinator import CoordinatorServer, EpochCoordinator
-from lockgate.execution.continuous.expressions import Program
+from lockgate.plan.row_expressions import Program
 from lockgate.execution.continuous.task import TaskSpec, run_partition
 from lockgate.execution.progress import ProgressTracker, format_timestamp, rate
 from lockgate.execution.stream import QueryState, StreamExecution

@@ -113,10 +113,10 @@ class _Converter:
 
     def _row_expression(self, e: Any) -> tuple[Any, ...] | None:
         """``e``, reading both sides, as a program of the continuous tasks' row evaluator
-        (:mod:`lockgate.execution.continuous.expressions`, Spark's semantics for
+        (:mod:`lockgate.plan.row_expressions`, Spark's semantics for
         arithmetic, strings, dates, conditionals), or None when it cannot compile it.
         A part reading one side only is computed by the evaluator too."""
-        from lockgate.execution.continuous.expressions import compile_expression
+        from lockgate.plan.row_expressions import compile_expression
 
         refs = _attributes(e, self.attrs)
         if len({self.attrs[i][0] for i in refs}) != 2 or _has_unknown_attribute(e, self.attrs):
@@ -416,7 +416,7 @@ def _compile_row_expression(program: Any, inputs: tuple[tuple[int, int, str], ..
     """A ("row", ...) expression: the continuous evaluator's function over the values it
     reads, in Spark's internal form (timestamps in microseconds, dates in days), its
     result in the task's form (dates as dates)."""
-    from lockgate.execution.continuous.expressions import build_expression
+    from lockgate.plan.row_expressions import build_expression
 
     fn = build_expression(program)
 
