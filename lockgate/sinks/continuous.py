@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lockgate.execution.continuous.protocol import decode_rows, encode_rows
+from lockgate.row_codec import decode_rows, encode_rows
 from lockgate.sinks.base import ContinuousDataWriter, ContinuousSink
 
 if TYPE_CHECKING:

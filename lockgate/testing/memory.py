@@ -17,6 +17,7 @@ from pyspark.sql.types import DataType, StructField, StructType
 from lockgate.api.dataframe import StreamingDataFrame
 from lockgate.api.session import StreamingSession
 from lockgate.plan.nodes import StreamingRelation
+from lockgate.row_codec import decode_rows, encode_rows
 from lockgate.sources.base import (
     ContinuousPartitionReader,
     ContinuousStream,
@@ -179,8 +180,6 @@ class MemoryContinuousStream(ContinuousStream):
 
     def coordinatorHandlers(self) -> dict[str, Any]:  # noqa: N802
         def get_records(message: dict[str, Any], payload: bytes | None) -> tuple[dict[str, Any], bytes]:
-            from lockgate.execution.continuous.protocol import encode_rows
-
             records = self.stream._records_for(
                 int(message["partition"]),
                 int(message["offset"]),
@@ -201,8 +200,6 @@ class _MemoryPartitionReader(ContinuousPartitionReader):
         self._client = client
 
     def read(self, timeout_s: float) -> list[tuple[Any, ...]]:
-        from lockgate.execution.continuous.protocol import decode_rows
-
         _, payload = self._client.call(
             {
                 "type": f"memory.GetRecords.{self.key}",
