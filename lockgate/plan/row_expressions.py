@@ -25,6 +25,7 @@ from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
 from lockgate.errors import NotSupportedYetError
+from lockgate.jvm import seq
 
 Program = tuple[Any, ...]
 """``(("filter", expr) | ("project", (expr, ...)), ...)``, applied in order."""
@@ -121,10 +122,6 @@ class UnsupportedExpression(NotSupportedYetError):
 # ======================================================================================
 # Driver side: Spark's analyzed plan -> program
 # ======================================================================================
-def _seq(jseq: Any) -> list[Any]:
-    return [jseq.apply(i) for i in range(jseq.size())]
-
-
 def _type_name(jtype: Any) -> str:
     return str(jtype.typeName())
 
@@ -142,7 +139,7 @@ def compile_plan(jplan: Any) -> tuple[Program, list[int]]:
     while True:
         name = str(node.getClass().getSimpleName())
         chain.append((name, node))
-        children = _seq(node.children())
+        children = seq(node.children())
         if not children:
             break
         if len(children) != 1:
@@ -152,16 +149,16 @@ def compile_plan(jplan: Any) -> tuple[Program, list[int]]:
     leaf_name, leaf = chain[0]
     if leaf_name not in ("LogicalRDD", "LocalRelation"):
         raise UnsupportedExpression(f"plan leaf {leaf_name}")
-    ids = [int(a.exprId().id()) for a in _seq(leaf.output())]
+    ids = [int(a.exprId().id()) for a in seq(leaf.output())]
     for name, node in chain[1:]:
         if name == "SubqueryAlias":
             continue
         if name == "Filter":
             steps.append(("filter", _expr(node.condition(), ids)))
         elif name == "Project":
-            exprs = _seq(node.projectList())
+            exprs = seq(node.projectList())
             steps.append(("project", tuple(_expr(e, ids) for e in exprs)))
-            ids = [int(a.exprId().id()) for a in _seq(node.output())]
+            ids = [int(a.exprId().id()) for a in seq(node.output())]
         else:
             raise UnsupportedExpression(f"the {name} operation")
     return tuple(steps), ids
@@ -209,7 +206,7 @@ def _expr(e: Any, ids: list[int]) -> Any:
         raise UnsupportedExpression(
             f"the expression {name} of type {e.dataType().simpleString()} ({_sql(e)})"
         )
-    children = [_expr(c, ids) for c in _seq(e.children())]
+    children = [_expr(c, ids) for c in seq(e.children())]
     if name == "Cast":
         source = children[0][1]
         if source.startswith("decimal") and children[0][0] == "lit" and dtype in _FRACTIONAL:

@@ -143,7 +143,7 @@ class _Batches:
         """The batch of ``shape`` with these ``arrays``, when a projection was captured."""
         if shape != self._shape or not self._template:
             return None
-        from lockgate.plan.template import analysed_frame, jvm_name, scala_list
+        from lockgate.jvm import analysed_frame, jvm_name, scala_list
 
         columns, child = self._template
         spark = self._spark

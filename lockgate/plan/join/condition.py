@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lockgate.errors import NotSupportedYetError
+from lockgate.jvm import scala_list
 from lockgate.plan.aggregate import _micros as _to_micros
-from lockgate.plan.template import scala_list
+from lockgate.plan.row_expressions import build_expression, compile_expression
 
 LEFT, RIGHT = 0, 1
 MICROS_PER_DAY = 86_400_000_000
@@ -116,8 +117,6 @@ class _Converter:
         (:mod:`lockgate.plan.row_expressions`, Spark's semantics for
         arithmetic, strings, dates, conditionals), or None when it cannot compile it.
         A part reading one side only is computed by the evaluator too."""
-        from lockgate.plan.row_expressions import compile_expression
-
         refs = _attributes(e, self.attrs)
         if len({self.attrs[i][0] for i in refs}) != 2 or _has_unknown_attribute(e, self.attrs):
             return None
@@ -416,8 +415,6 @@ def _compile_row_expression(program: Any, inputs: tuple[tuple[int, int, str], ..
     """A ("row", ...) expression: the continuous evaluator's function over the values it
     reads, in Spark's internal form (timestamps in microseconds, dates in days), its
     result in the task's form (dates as dates)."""
-    from lockgate.plan.row_expressions import build_expression
-
     fn = build_expression(program)
 
     def internal(side: int, index: int, kind: str) -> Callable[[Any, Any], Any]:

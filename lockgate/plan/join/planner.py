@@ -24,6 +24,7 @@ from pyspark.sql.types import (
 )
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.jvm import unresolved_column
 from lockgate.plan.cache import frame
 from lockgate.plan.join.condition import (
     LEFT,
@@ -41,7 +42,6 @@ from lockgate.plan.join.condition import (
 from lockgate.plan.join.task import JoinTask, run_join_task
 from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
 from lockgate.plan.pushdown import all_of, push_inferred_into_join
-from lockgate.plan.template import unresolved_column
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -328,8 +328,9 @@ def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str
     drops it from batch plans), so ``before`` is put under a marker the optimizer does
     not look through (:func:`~lockgate.plan.pushdown.with_marker`), where Spark's would
     be, and ``after``'s plan over it is optimized with Spark's optimizer."""
-    from lockgate.plan.pushdown import _nodes, _seq, with_marker
-    from lockgate.plan.template import scala_list
+    from lockgate.jvm import scala_list
+    from lockgate.jvm import seq as _seq
+    from lockgate.plan.pushdown import _nodes, with_marker
 
     target = before._jdf.queryExecution().analyzed()
     names = [a.name() for a in _seq(target.output())]
@@ -863,7 +864,7 @@ def _project(node: StreamJoin, df: DataFrame, ctx: StatefulContext) -> DataFrame
 def _qualified(df: DataFrame, qualifiers: tuple[tuple[str, ...], ...]) -> DataFrame:
     """``df`` (a projection of aliases) with its columns qualified as ``qualifiers``
     says: the DataFrame API cannot set a qualifier, so the projection is rebuilt."""
-    from lockgate.plan.template import analysed_frame, jvm_name, scala_list
+    from lockgate.jvm import analysed_frame, jvm_name, scala_list
 
     jvm = df._sc._jvm
     plan = df._jdf.queryExecution().analyzed()
