@@ -24,6 +24,7 @@ from lockgate.checkpoint import (
     OffsetSeqMetadata,
 )
 from lockgate.errors import CheckpointError, ConcurrentWriteError, OptionError
+from lockgate.execution.conf import pin_confs
 from lockgate.execution.faults import crash_point
 from lockgate.execution.progress import ProgressTracker, format_timestamp, rate
 from lockgate.execution.stream import StreamExecution
@@ -57,17 +58,6 @@ if TYPE_CHECKING:
     from lockgate.sinks.base import Sink
 
 logger = logging.getLogger("lockgate.execution.MicroBatchExecution")
-
-# Confs recorded in the offsets log on the first batch and restored on restart, so a
-# restarted query keeps the layout its checkpoint was written with.
-PINNED_CONFS = {
-    "spark.sql.shuffle.partitions": "200",
-    "spark.sql.streaming.multipleWatermarkPolicy": "min",
-    "spark.sql.streaming.stateStore.providerClass": "lockgate.state.ArrowDeltaStateStoreProvider",
-    "spark.sql.streaming.aggregation.stateFormatVersion": "2",
-    "spark.sql.streaming.join.stateFormatVersion": "2",
-}
-
 
 REUSE_CONF = "spark.lockgate.planReuse"
 
@@ -341,14 +331,7 @@ class MicroBatchExecution(StreamExecution):
 
     def _pin_confs(self, recorded: dict[str, str] | None) -> None:
         conf = self.spark.conf
-        pinned: dict[str, str] = {}
-        for key, default in PINNED_CONFS.items():
-            if recorded is not None and key in recorded:
-                value = recorded[key]
-                if str(conf.get(key, default)) != value:
-                    logger.info("Restoring %s=%s from the checkpoint", key, value)
-                conf.set(key, value)
-            pinned[key] = str(conf.get(key, default))
+        pinned = pin_confs(conf, recorded, logger)
         self._pinned_conf = pinned
         if self._stateful_ops:
             # State steps run in fewer tasks than state partitions on a small machine

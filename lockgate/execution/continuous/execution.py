@@ -30,6 +30,7 @@ from lockgate.errors import AnalysisError
 from lockgate.execution.continuous.coordinator import CoordinatorServer, EpochCoordinator
 from lockgate.plan.row_expressions import Program
 from lockgate.execution.continuous.task import TaskSpec, run_partition
+from lockgate.execution.conf import pin_confs
 from lockgate.execution.progress import ProgressTracker, format_timestamp, rate
 from lockgate.execution.stream import QueryState, StreamExecution
 from lockgate.options import Options
@@ -169,15 +170,7 @@ class ContinuousExecution(StreamExecution):
         return self.source.deserializeOffset(text), epoch + 1
 
     def _pin_confs(self, recorded: dict[str, str] | None) -> None:
-        from lockgate.execution.microbatch import PINNED_CONFS
-
-        conf = self.spark.conf
-        pinned = {}
-        for key, default in PINNED_CONFS.items():
-            if recorded is not None and key in recorded:
-                conf.set(key, recorded[key])
-            pinned[key] = str(conf.get(key, default))
-        self._conf = pinned
+        self._conf = pin_confs(self.spark.conf, recorded)
 
     def _run_continuous(self) -> None:
         assert self.source is not None
