@@ -125,9 +125,9 @@ class DataStreamWriter:
         return self
 
     def foreach(self, f: Any) -> DataStreamWriter:
-        from lockgate.sinks.foreach import _writer_functions
+        from lockgate.sinks.foreach import writer_functions
 
-        _writer_functions(f)
+        writer_functions(f)
         self._format = "foreach"
         self._foreach_writer = f
         return self

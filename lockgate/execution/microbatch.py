@@ -9,7 +9,6 @@ again with the same offsets, batch timestamp and watermark.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,7 @@ from lockgate.checkpoint import (
 from lockgate.errors import CheckpointError, ConcurrentWriteError, OptionError
 from lockgate.execution.conf import pin_confs
 from lockgate.execution.faults import crash_point
-from lockgate.execution.progress import ProgressTracker, format_timestamp, rate
+from lockgate.execution.progress import ProgressTracker, format_timestamp, json_or_none, rate
 from lockgate.execution.stream import StreamExecution
 from lockgate.execution.triggers import (
     AvailableNowTrigger,
@@ -732,9 +731,9 @@ class MicroBatchExecution(StreamExecution):
             sources.append(
                 {
                     "description": slot.source.description(),
-                    "startOffset": _json_or_none(batch["start_offsets"][slot.index]),
-                    "endOffset": _json_or_none(self.available[slot.index]),
-                    "latestOffset": _json_or_none(self.available[slot.index]),
+                    "startOffset": json_or_none(batch["start_offsets"][slot.index]),
+                    "endOffset": json_or_none(self.available[slot.index]),
+                    "latestOffset": json_or_none(self.available[slot.index]),
                     "numInputRows": rows,
                     "inputRowsPerSecond": rate(rows, input_secs),
                     "processedRowsPerSecond": rate(rows, process_secs),
@@ -779,9 +778,9 @@ class MicroBatchExecution(StreamExecution):
         sources = [
             {
                 "description": slot.source.description(),
-                "startOffset": _json_or_none(self.committed[slot.index]),
-                "endOffset": _json_or_none(self.available[slot.index]),
-                "latestOffset": _json_or_none(self.available[slot.index]),
+                "startOffset": json_or_none(self.committed[slot.index]),
+                "endOffset": json_or_none(self.available[slot.index]),
+                "latestOffset": json_or_none(self.available[slot.index]),
                 "numInputRows": 0,
                 "inputRowsPerSecond": 0.0,
                 "processedRowsPerSecond": 0.0,
@@ -820,12 +819,3 @@ def _json_value(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
-
-
-def _json_or_none(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text

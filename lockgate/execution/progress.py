@@ -57,6 +57,17 @@ class ProgressTracker:
         return parsed
 
 
+def json_or_none(text: str | None) -> Any:
+    """A source offset's JSON text as the value progress reports (the text itself when it
+    is not JSON; None for no offset)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def rate(rows: int, seconds: float) -> float:
     """Rows per second, rounded half-up to one decimal as Spark renders progress."""
     if seconds <= 0:

@@ -60,7 +60,7 @@ def filters_below_metrics(
     see :meth:`_Scan.applies`."""
     found: dict[str, list[tuple[str, Column]]] = {}
     plan = result._jdf.queryExecution().optimizedPlan()
-    for node in _nodes(plan):
+    for node in all_nodes(plan):
         if node.getClass().getSimpleName() != "Filter":
             continue
         child = node.child()
@@ -320,7 +320,7 @@ def _conjuncts_at_inputs(
     infer = jvm_name(jvm, optimizer + "InferFiltersFromConstraints$.MODULE$")
     plan = _fixed_point(operator, infer.apply(_fixed_point(operator, plan)))
     found: list[list[Any]] = [[] for _ in outputs]
-    for node in _nodes(plan):
+    for node in all_nodes(plan):
         if node.getClass().getSimpleName() != "Filter" or node.child().getClass().getSimpleName() != "Sample":
             continue
         seed = node.child().seed()
@@ -351,7 +351,7 @@ def all_of(conditions: list[Column]) -> Column:
     return combined
 
 
-def _nodes(plan: Any) -> list[Any]:
+def all_nodes(plan: Any) -> list[Any]:
     out, stack = [], [plan]
     while stack:
         node = stack.pop()

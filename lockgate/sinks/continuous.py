@@ -101,9 +101,9 @@ class NoopContinuousSink(ContinuousSink):
 
 class _ForeachWriter(ContinuousDataWriter):
     def __init__(self, writer: Any, schema: StructType, partition: int, epoch: int) -> None:
-        from lockgate.sinks.foreach import _writer_functions
+        from lockgate.sinks.foreach import writer_functions
 
-        self._open, self._process, self._close = _writer_functions(writer)
+        self._open, self._process, self._close = writer_functions(writer)
         self._schema = schema
         self.rows = 0
         self._skip = False

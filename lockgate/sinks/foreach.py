@@ -30,7 +30,7 @@ class ForeachBatchSink(Sink):
         return "ForeachBatchSink"
 
 
-def _writer_functions(writer: Any) -> tuple[Any, Any, Any]:
+def writer_functions(writer: Any) -> tuple[Any, Any, Any]:
     if callable(writer) and not hasattr(writer, "process"):
         return None, writer, None
     process = getattr(writer, "process", None)
@@ -47,7 +47,7 @@ def _writer_functions(writer: Any) -> tuple[Any, Any, Any]:
 class ForeachSink(Sink):
     def __init__(self, writer: Any) -> None:
         self.writer = writer
-        _writer_functions(writer)
+        writer_functions(writer)
 
     def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
         writer = self.writer
@@ -56,7 +56,7 @@ class ForeachSink(Sink):
         def run_partition(rows: Any) -> None:
             from pyspark import TaskContext
 
-            open_fn, process_fn, close_fn = _writer_functions(writer)
+            open_fn, process_fn, close_fn = writer_functions(writer)
             partition_id = TaskContext.get().partitionId()  # type: ignore[union-attr]
             should_process = True
             if open_fn is not None:

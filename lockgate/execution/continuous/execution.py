@@ -31,7 +31,7 @@ from lockgate.execution.continuous.coordinator import CoordinatorServer, EpochCo
 from lockgate.plan.row_expressions import Program
 from lockgate.execution.continuous.task import TaskSpec, run_partition
 from lockgate.execution.conf import pin_confs
-from lockgate.execution.progress import ProgressTracker, format_timestamp, rate
+from lockgate.execution.progress import ProgressTracker, format_timestamp, json_or_none, rate
 from lockgate.execution.stream import QueryState, StreamExecution
 from lockgate.options import Options
 
@@ -352,7 +352,6 @@ class ContinuousExecution(StreamExecution):
         messages: list[tuple[dict[str, Any], bytes | None]],
         commit_ms: int,
     ) -> None:
-        from lockgate.execution.microbatch import _json_or_none
         from lockgate.sinks.continuous import output_rows
 
         assert self.source is not None
@@ -362,9 +361,9 @@ class ContinuousExecution(StreamExecution):
         self._last_commit_ms = now
         source = {
             "description": self.source.description(),
-            "startOffset": _json_or_none(start),
-            "endOffset": _json_or_none(end),
-            "latestOffset": _json_or_none(end),
+            "startOffset": json_or_none(start),
+            "endOffset": json_or_none(end),
+            "latestOffset": json_or_none(end),
             "numInputRows": rows,
             "inputRowsPerSecond": rate(rows, seconds),
             "processedRowsPerSecond": rate(rows, seconds),

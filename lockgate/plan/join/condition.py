@@ -441,7 +441,7 @@ def _compile_row_expression(program: Any, inputs: tuple[tuple[int, int, str], ..
 # kinds for literals used by cmp's float detection: attr tuples end with kind, lit tuples too
 
 
-def _all_true(fns: list[Callable[[Any, Any], Any]]) -> Callable[[Any, Any], bool]:
+def all_true(fns: list[Callable[[Any, Any], Any]]) -> Callable[[Any, Any], bool]:
     if not fns:
         return lambda lr, rr: True
     return lambda lr, rr: all(f(lr, rr) is True for f in fns)

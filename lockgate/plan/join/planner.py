@@ -330,7 +330,8 @@ def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str
     be, and ``after``'s plan over it is optimized with Spark's optimizer."""
     from lockgate.jvm import scala_list
     from lockgate.jvm import seq as _seq
-    from lockgate.plan.pushdown import _nodes, with_marker
+    from lockgate.plan.pushdown import all_nodes as _nodes
+    from lockgate.plan.pushdown import with_marker
 
     target = before._jdf.queryExecution().analyzed()
     names = [a.name() for a in _seq(target.output())]

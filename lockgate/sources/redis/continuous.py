@@ -17,7 +17,7 @@ from pyspark.sql.types import StructType
 from lockgate.sources.base import ContinuousPartitionReader, ContinuousStream, SourceContext
 from lockgate.sources.redis.connection import RedisConnection, RedisConnectionConfig
 from lockgate.sources.redis.offsets import EntryId, offsets_from_json
-from lockgate.sources.redis.source import REDIS_SCHEMA, RedisSourceOptions, RedisStreamSource, _text
+from lockgate.sources.redis.source import REDIS_SCHEMA, RedisSourceOptions, RedisStreamSource, as_text
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,8 @@ class _RedisPartitionReader(ContinuousPartitionReader):
         rows: list[tuple[Any, ...]] = []
         for _key, entries in reply or []:
             for entry_id, values in entries:
-                text_id = _text(entry_id)
-                fields = {_text(k): _text(v) for k, v in values.items()}
+                text_id = as_text(entry_id)
+                fields = {as_text(k): as_text(v) for k, v in values.items()}
                 rows.append((stream, text_id, fields, EntryId.parse(text_id).ms * 1000))
         if rows:
             self.last = rows[-1][1]

@@ -381,7 +381,7 @@ def _xrange(key: str, first: str, last: str, count: int, client: redis.Redis) ->
     return client.xrange(key, first, last, count=count)
 
 
-def _text(value: bytes | str) -> str:
+def as_text(value: bytes | str) -> str:
     # Stream values are bytes; the schema says STRING, so undecodable bytes become U+FFFD.
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -389,8 +389,8 @@ def _text(value: bytes | str) -> str:
 def _to_arrow(key: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> pa.RecordBatch:
     import pyarrow as pa
 
-    ids = [_text(entry_id) for entry_id, _ in entries]
-    fields = [[(_text(k), _text(v)) for k, v in values.items()] for _, values in entries]
+    ids = [as_text(entry_id) for entry_id, _ in entries]
+    fields = [[(as_text(k), as_text(v)) for k, v in values.items()] for _, values in entries]
     micros = [EntryId.parse(i).ms * 1000 for i in ids]
     return pa.RecordBatch.from_arrays(
         [
