@@ -4,7 +4,7 @@ Each query runs on native Spark Structured Streaming (the oracle) and on lockgat
 the same JSON files, one per step; after every step both sides must agree on the sink's
 rows, the batches that ran (no-data batches included) with their input rows and
 watermark, and the session operator's ``numRowsTotal``, ``numRowsDroppedByWatermark``,
-``numRowsUpdated`` and ``numRowsRemoved`` (the harness of ``tests/test_stateful.py``).
+``numRowsUpdated`` and ``numRowsRemoved`` (the harness of ``tests/plan/test_stateful.py``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ operators' ``numRowsTotal``, ``numRowsDroppedByWatermark``, ``numRowsUpdated``,
 ``numRowsRemoved`` (and ``numDroppedDuplicateRows`` for deduplication). Many queries share one
 sequence of steps, because starting streams is what costs time.
 
-Recovery tests run lockgate in subprocesses (``tests/stateful_driver.py``) so that a
+Recovery tests run lockgate in subprocesses (``tests/plan/stateful_driver.py``) so that a
 process can be SIGKILLed mid-batch and restarted with cold state caches.
 """
 
