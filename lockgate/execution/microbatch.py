@@ -189,7 +189,7 @@ class MicroBatchExecution(StreamExecution):
         for slot in self._slots:
             try:
                 slot.source.stop()
-            except Exception:  # noqa: BLE001 - a failing stop must not hide the query's end
+            except Exception:
                 logger.warning(
                     "Failed to stop streaming source: %s. Resources may have leaked.",
                     slot.source.description(),
@@ -197,7 +197,7 @@ class MicroBatchExecution(StreamExecution):
                 )
         try:
             self.sink.stop()
-        except Exception:  # noqa: BLE001
+        except Exception:
             logger.warning("Failed to stop sink %s", self.sink.description(), exc_info=True)
 
     # -- the trigger loop --------------------------------------------------------------

@@ -74,7 +74,7 @@ def filters_below_metrics(
             event_time = [a for a in output if a.name().lower() == column]
             if len(event_time) != 1:
                 continue
-            applies = lambda c, t=event_time[0]: not c.references().contains(t)  # noqa: E731
+            applies = lambda c, t=event_time[0]: not c.references().contains(t)
         elif name in scans:
             scan = _Scan.of(scans[name])
             if scan is None:
@@ -166,9 +166,9 @@ def push_into_stateful(top: Transform | StaticJoin, before: DataFrame, after: Da
             return find(node.child)
         if isinstance(node, Union):
             return find(node.left) and find(node.right)
-        if isinstance(node, Aggregate) and node.input_plan is not None:
-            targets.append(node)
-        elif isinstance(node, StreamJoin) and node.join_plan is not None:
+        if (isinstance(node, Aggregate) and node.input_plan is not None) or (
+            isinstance(node, StreamJoin) and node.join_plan is not None
+        ):
             targets.append(node)
         return True
 

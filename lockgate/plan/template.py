@@ -29,7 +29,7 @@ other than as its own subtree (Spark's analyser copies a relation used twice).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from lockgate.jvm import analysed_frame, scala_list, seq
 
@@ -70,7 +70,7 @@ class _Path:
     metrics: _Metrics | None = None
 
 
-_Part = Union[Any, _Source, _Path]
+_Part = Any | _Source | _Path
 """A captured JVM subtree kept as is, a source to substitute, or a node to rebuild."""
 
 

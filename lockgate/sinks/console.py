@@ -18,7 +18,7 @@ class ConsoleSink(Sink):
         self.num_rows = num_rows
         self.truncate = truncate
 
-    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+    def addBatch(self, batchId: int, data: DataFrame) -> None:
         from pyspark import StorageLevel
 
         line = "-" * 43
@@ -34,7 +34,7 @@ class ConsoleSink(Sink):
         finally:
             kept.unpersist()
 
-    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]  # noqa: N802
+    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]
         from lockgate.sinks.continuous import ConsoleContinuousSink
 
         return ConsoleContinuousSink(self, schema, spark)
@@ -48,7 +48,7 @@ class ConsoleSinkProvider(SinkProvider):
     needs_checkpoint = False
     supports_continuous = True
 
-    def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
+    def createSink(self, context: SinkContext) -> Sink:
         num_rows = context.options.get_int("numRows", 20, minimum=0)
         truncate = context.options.get_bool("truncate", True)
         assert num_rows is not None

@@ -63,7 +63,7 @@ class ConsoleContinuousSink(ContinuousSink):
         self.schema = schema
         self.spark = spark
 
-    def createWriterFactory(self) -> Any:  # noqa: N802
+    def createWriterFactory(self) -> Any:
         return _CollectingFactory(self.sink.num_rows)
 
     def commit(self, epoch: int, messages: list[tuple[dict[str, Any], bytes | None]]) -> None:
@@ -80,7 +80,7 @@ class MemoryContinuousSink(ContinuousSink):
     def __init__(self, sink: MemorySink) -> None:
         self.sink = sink
 
-    def createWriterFactory(self) -> Any:  # noqa: N802
+    def createWriterFactory(self) -> Any:
         return _CollectingFactory(None)
 
     def commit(self, epoch: int, messages: list[tuple[dict[str, Any], bytes | None]]) -> None:
@@ -92,7 +92,7 @@ class MemoryContinuousSink(ContinuousSink):
 
 
 class NoopContinuousSink(ContinuousSink):
-    def createWriterFactory(self) -> Any:  # noqa: N802
+    def createWriterFactory(self) -> Any:
         return _CollectingFactory(0)
 
     def description(self) -> str:
@@ -145,7 +145,7 @@ class ForeachContinuousSink(ContinuousSink):
         self.writer = writer
         self.schema = schema
 
-    def createWriterFactory(self) -> Any:  # noqa: N802
+    def createWriterFactory(self) -> Any:
         return _ForeachFactory(self.writer, self.schema)
 
     def description(self) -> str:

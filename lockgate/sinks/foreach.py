@@ -23,7 +23,7 @@ class ForeachBatchSink(Sink):
     def __init__(self, func: Callable[[DataFrame, int], Any]) -> None:
         self.func = func
 
-    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+    def addBatch(self, batchId: int, data: DataFrame) -> None:
         self.func(data, batchId)
 
     def description(self) -> str:
@@ -49,7 +49,7 @@ class ForeachSink(Sink):
         self.writer = writer
         writer_functions(writer)
 
-    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+    def addBatch(self, batchId: int, data: DataFrame) -> None:
         writer = self.writer
         epoch_id = batchId
 
@@ -75,7 +75,7 @@ class ForeachSink(Sink):
 
         data.foreachPartition(run_partition)
 
-    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]  # noqa: N802
+    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]
         from lockgate.sinks.continuous import ForeachContinuousSink
 
         return ForeachContinuousSink(self.writer, schema)

@@ -40,7 +40,7 @@ class MemorySink(Sink):
         with self._lock:
             return [row for batch_id in sorted(self._batches) for row in self._batches[batch_id]]
 
-    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+    def addBatch(self, batchId: int, data: DataFrame) -> None:
         latest = self.latest_batch_id
         if latest is not None and batchId <= latest:
             logger.info("Skipping already committed batch %s", batchId)
@@ -56,7 +56,7 @@ class MemorySink(Sink):
         df = self._spark.createDataFrame(self.all_rows(), self.schema)
         df.createOrReplaceTempView(self.name)
 
-    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]  # noqa: N802
+    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]
         from lockgate.sinks.continuous import MemoryContinuousSink
 
         return MemoryContinuousSink(self)
@@ -77,10 +77,10 @@ class MemorySinkProvider(SinkProvider):
     name = "memory"
     needs_checkpoint = False
 
-    def recoversFromCheckpoint(self, output_mode: str) -> bool:  # noqa: N802
+    def recoversFromCheckpoint(self, output_mode: str) -> bool:
         return output_mode == "complete"
 
-    def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
+    def createSink(self, context: SinkContext) -> Sink:
         if not context.query_name:
             raise AnalysisError("queryName must be specified for memory sink")
         return MemorySink(context.spark, context.query_name, context.schema, context.output_mode)

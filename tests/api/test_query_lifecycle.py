@@ -216,7 +216,7 @@ class _BlockingMemoryStream(MemoryStream):
         self.inside = threading.Event()
         self.release = threading.Event()
 
-    def latestOffset(self, start, limit):  # noqa: N802
+    def latestOffset(self, start, limit):
         offset = super().latestOffset(start, limit)
         if self.armed:
             self.armed = False

@@ -18,7 +18,6 @@ from differential import SCHEMA, ev
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
-
 STEPS = [
     [ev(1, "a", 1.0), ev(2, "a", 1.0), ev(3, "b", 2.0)],
     [ev(4, "a", 1.0), ev(12, "b", 3.0), ev(13, "c", None)],

@@ -12,8 +12,9 @@ and rows it removes must not reach an aggregation's state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from differential import RANGE, SCHEMA, ev, lrow, rrow, run_join_steps, sides
 from pyspark.sql import SparkSession

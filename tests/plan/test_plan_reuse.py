@@ -9,14 +9,14 @@ answer batch by batch.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from differential import Bench, SCHEMA, ev, feed, spark_conf, wait_until
+from differential import SCHEMA, Bench, ev, feed, spark_conf, wait_until
 from pyspark.sql import functions as F
 
 import lockgate

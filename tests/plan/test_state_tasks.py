@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from differential import Bench, SCHEMA, ev
+from differential import SCHEMA, Bench, ev
 from pyspark.sql import functions as F
 
 from lockgate.errors import OptionError

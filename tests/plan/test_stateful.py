@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from differential import BASE, SCHEMA, Differential, ev, headline, write_json
 import stateful_driver
+from differential import BASE, SCHEMA, Differential, ev, headline, write_json
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType

@@ -27,13 +27,13 @@ from lockgate.checkpoint import (
     OffsetSeqMetadata,
 )
 from lockgate.errors import AnalysisError
-from lockgate.execution.continuous.coordinator import CoordinatorServer, EpochCoordinator
-from lockgate.plan.row_expressions import Program
-from lockgate.execution.continuous.task import TaskSpec, run_partition
 from lockgate.execution.conf import pin_confs
+from lockgate.execution.continuous.coordinator import CoordinatorServer, EpochCoordinator
+from lockgate.execution.continuous.task import TaskSpec, run_partition
 from lockgate.execution.progress import ProgressTracker, format_timestamp, json_or_none, rate
 from lockgate.execution.stream import QueryState, StreamExecution
 from lockgate.options import Options
+from lockgate.plan.row_expressions import Program
 
 if TYPE_CHECKING:
     from lockgate.plan.nodes import StreamingRelation
@@ -110,13 +110,13 @@ class ContinuousExecution(StreamExecution):
         if self.source is not None:
             try:
                 self.source.stop()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.warning(
                     "Failed to stop continuous source %s", self.source.description(), exc_info=True
                 )
         try:
             self.sink.stop()
-        except Exception:  # noqa: BLE001
+        except Exception:
             logger.warning("Failed to stop sink %s", self.sink.description(), exc_info=True)
 
     # -- the run ----------------------------------------------------------------------------
@@ -273,7 +273,7 @@ class ContinuousExecution(StreamExecution):
                 logger.warning("Continuous tasks did not stop within 10 s; cancelling their job")
                 try:
                     self.spark.sparkContext.cancelJobGroup(self.run_id)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     logger.debug("cancelJobGroup failed", exc_info=True)
                 thread.join(30.0)
         server.close()
@@ -393,8 +393,8 @@ class ContinuousExecution(StreamExecution):
         """What ``StreamingQuery.explain()`` shows: the continuous write over Spark's
         analyzed plan of the operators the tasks evaluate."""
         lines = [
-            f"WriteToContinuousDataSource {self.sink.description()}, epoch interval "
-            f"{self.interval_ms} ms, source {self.relation.source_name}"
+            (f"WriteToContinuousDataSource {self.sink.description()}, epoch interval "
+            f"{self.interval_ms} ms, source {self.relation.source_name}")
         ]
         lines += ["+- " + self.plan_text.replace("\n", "\n   ")] if self.plan_text else []
         return "\n".join(lines)

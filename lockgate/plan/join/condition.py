@@ -178,7 +178,7 @@ class _Converter:
             # a constant (CAST(1.5 AS DOUBLE)): its value, as Spark's ConstantFolding
             try:
                 value = e.eval(None)
-            except Exception:  # py4j: Spark fails to evaluate it (1 / 0 in ANSI mode)
+            except Exception:  # noqa: BLE001 - py4j: Spark fails to evaluate it (1 / 0 in ANSI mode)
                 raise self.refuse(e) from None
             return ("lit",) + _literal(e, self, (value,))
         if name == "AttributeReference":
@@ -579,7 +579,7 @@ def _spark_null_intolerant(e: Any) -> bool:
     """Spark's own answer (``Expression.nullIntolerant``, Spark 4), False before it."""
     try:
         return bool(e.nullIntolerant())
-    except Exception:  # py4j: no such method
+    except Exception:  # noqa: BLE001 - py4j: no such method
         return False
 
 

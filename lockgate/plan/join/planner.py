@@ -356,7 +356,7 @@ def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str
         return None
     try:
         optimized = spark._jsparkSession.sessionState().optimizer().execute(plan)
-    except Exception:
+    except Exception:  # noqa: BLE001 - py4j: the optimizer refuses the plan; no answer
         return None
     if not any(n.getClass().getSimpleName() == "Sample" for n in _nodes(optimized)):
         return None  # folded away (an empty relation): nothing to read
@@ -401,7 +401,7 @@ def _column_event_time(column: Any, below: dict[str, int]) -> tuple[str, int | N
     """
     try:
         node = column._jc.node()
-    except Exception:
+    except Exception:  # noqa: BLE001 - py4j: a Column without a Catalyst node
         return None
     return _expression_event_time(node, below)
 
@@ -454,7 +454,7 @@ def _sql_event_time(text: str, below: dict[str, int], alias: str | None = None) 
         return None
     try:
         expr = spark._jsparkSession.sessionState().sqlParser().parseExpression(text)
-    except Exception:
+    except Exception:  # noqa: BLE001 - py4j: not an expression Spark parses
         return None
     if expr.getClass().getSimpleName() == "Alias":
         alias = alias or str(expr.name())

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from lockgate.plan.join.condition import LEFT, RIGHT, all_true, _micros, compile_expr
+from lockgate.plan.join.condition import LEFT, RIGHT, _micros, all_true, compile_expr
 
 
 @dataclass(frozen=True)
@@ -278,10 +278,9 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
                         out.append(that)
                     else:
                         out.append(pair[0] + pair[1])
-            if semi and side == LEFT:
-                if matched:
-                    out.append(row)
-                    continue
+            if semi and side == LEFT and matched:
+                out.append(row)
+                continue
             if side == LEFT:
                 add = True
             else:

@@ -425,7 +425,7 @@ class RedisSourceProvider(SourceProvider):
 
     supports_continuous = True
 
-    def createContinuousStream(self, context: SourceContext) -> Any:  # noqa: N802
+    def createContinuousStream(self, context: SourceContext) -> Any:
         from lockgate.sources.redis.continuous import RedisContinuousStream
 
         return RedisContinuousStream(context, RedisSourceOptions.parse(context.options))

@@ -15,20 +15,20 @@ tests (``test_stream_join.py``) run such terms inside joins.
 from __future__ import annotations
 
 import math
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
 
 from lockgate.errors import NotSupportedYetError
-from lockgate.plan.row_expressions import SparkArithmeticError
 from lockgate.plan.join.condition import LEFT, RIGHT, _Converter, compile_expr
+from lockgate.plan.row_expressions import SparkArithmeticError
 
 INT_MAX = 2**31 - 1
 
 
 def _ts(second: int) -> datetime:
-    return datetime(2024, 1, 1, 0, 0, second, tzinfo=timezone.utc)
+    return datetime(2024, 1, 1, 0, 0, second, tzinfo=UTC)
 
 
 # (a's type (left side), b's type (right side), [(a, b), ...], expressions of a and b)

@@ -13,7 +13,7 @@ on the store, where the worker cache cannot hide it."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,7 @@ _VALUES = {
     "ms": pa.map_(pa.string(), pa.struct([("p", pa.int32())])),
     "matched": pa.bool_(),
 }
-_T = datetime(2024, 1, 1, tzinfo=timezone.utc)
+_T = datetime(2024, 1, 1, tzinfo=UTC)
 _KEY_ROWS = [
     {
         "key_arr": [1, None],

@@ -10,8 +10,9 @@ ids of the batches that ran (no-data batches, which emit outer rows, included).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from differential import RANGE, canonical, lrow, rrow, run_join_steps, sides
@@ -19,6 +20,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
 from lockgate import NotSupportedYetError
+
 
 def q_inner_plain(reader: Any, ldir: Path, rdir: Path) -> Any:
     left, right = sides(reader, ldir, rdir, watermarks=False)
