@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.types import MapType, StringType, StructField, StructType, TimestampType
 
 from lockgate.checkpoint.log import MetadataLog
-from lockgate.errors import AnalysisError, CheckpointError, ConcurrentWriteError
-from lockgate.sources.base import ReadLimit, Source, SourceContext, SourceProvider
+from lockgate.errors import CheckpointError, ConcurrentWriteError
+from lockgate.sources.base import ReadLimit, Source, SourceContext
 from lockgate.sources.redis.connection import RedisConnection, RedisConnectionConfig
 from lockgate.sources.redis.errors import RedisCommandError
 from lockgate.sources.redis.offsets import (
@@ -403,38 +403,9 @@ def _to_arrow(key: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> pa.R
     )
 
 
-class RedisSourceProvider(SourceProvider):
-    """``readStream.format("redis")``."""
-
-    name = "redis"
-
-    def sourceSchema(
-        self, spark: SparkSession, options: Options, user_schema: StructType | None
-    ) -> StructType:
-        if user_schema is not None and user_schema != REDIS_SCHEMA:
-            raise AnalysisError(
-                "The redis source does not support a user-specified schema: its rows are "
-                f"always {REDIS_SCHEMA.simpleString()}. Drop .schema(...) and select from "
-                "the 'fields' map instead."
-            )
-        RedisSourceOptions.parse(options)
-        return REDIS_SCHEMA
-
-    def createSource(self, context: SourceContext) -> Source:
-        return RedisStreamSource(context, RedisSourceOptions.parse(context.options))
-
-    supports_continuous = True
-
-    def createContinuousStream(self, context: SourceContext) -> Any:
-        from lockgate.sources.redis.continuous import RedisContinuousStream
-
-        return RedisContinuousStream(context, RedisSourceOptions.parse(context.options))
-
-
 __all__ = [
     "REDIS_SCHEMA",
     "RangeReader",
     "RedisSourceOptions",
-    "RedisSourceProvider",
     "RedisStreamSource",
 ]
