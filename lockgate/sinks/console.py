@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from lockgate.sinks.base import Sink, SinkContext, SinkProvider
+from lockgate.sinks.base import ContinuousSink, Sink, SinkContext, SinkProvider
+from lockgate.sinks.continuous import CollectingFactory, rows_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
 
 class ConsoleSink(Sink):
@@ -35,8 +37,6 @@ class ConsoleSink(Sink):
             kept.unpersist()
 
     def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]
-        from lockgate.sinks.continuous import ConsoleContinuousSink
-
         return ConsoleContinuousSink(self, schema, spark)
 
     def description(self) -> str:
@@ -53,3 +53,22 @@ class ConsoleSinkProvider(SinkProvider):
         truncate = context.options.get_bool("truncate", True)
         assert num_rows is not None
         return ConsoleSink(num_rows, truncate)
+
+
+class ConsoleContinuousSink(ContinuousSink):
+    def __init__(self, sink: ConsoleSink, schema: StructType, spark: Any) -> None:
+        self.sink = sink
+        self.schema = schema
+        self.spark = spark
+
+    def createWriterFactory(self) -> Any:
+        return CollectingFactory(self.sink.num_rows)
+
+    def commit(self, epoch: int, messages: list[tuple[dict[str, Any], bytes | None]]) -> None:
+        rows = [self.schema.fromInternal(r) for r in rows_of(messages)[: self.sink.num_rows]]
+        line = "-" * 43
+        print(f"{line}\nBatch: {epoch}\n{line}", flush=True)
+        self.spark.createDataFrame(rows, self.schema).show(self.sink.num_rows, self.sink.truncate)
+
+    def description(self) -> str:
+        return self.sink.description()

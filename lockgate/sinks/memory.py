@@ -12,7 +12,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from lockgate.errors import AnalysisError
-from lockgate.sinks.base import Sink, SinkContext, SinkProvider
+from lockgate.sinks.base import ContinuousSink, Sink, SinkContext, SinkProvider
+from lockgate.sinks.continuous import CollectingFactory, rows_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
@@ -57,8 +58,6 @@ class MemorySink(Sink):
         df.createOrReplaceTempView(self.name)
 
     def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]
-        from lockgate.sinks.continuous import MemoryContinuousSink
-
         return MemoryContinuousSink(self)
 
     def add_rows(self, epoch: int, rows: list[Any]) -> None:
@@ -84,3 +83,18 @@ class MemorySinkProvider(SinkProvider):
         if not context.query_name:
             raise AnalysisError("queryName must be specified for memory sink")
         return MemorySink(context.spark, context.query_name, context.schema, context.output_mode)
+
+
+class MemoryContinuousSink(ContinuousSink):
+    def __init__(self, sink: MemorySink) -> None:
+        self.sink = sink
+
+    def createWriterFactory(self) -> Any:
+        return CollectingFactory(None)
+
+    def commit(self, epoch: int, messages: list[tuple[dict[str, Any], bytes | None]]) -> None:
+        schema = self.sink.schema
+        self.sink.add_rows(epoch, [schema.fromInternal(r) for r in rows_of(messages)])
+
+    def description(self) -> str:
+        return self.sink.description()
