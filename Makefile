@@ -25,6 +25,7 @@ demo: check-java $(STAMP)
 	$(PY) -m lockgate.demo
 
 test: check-java $(STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest
 
 bench: check-java $(STAMP)

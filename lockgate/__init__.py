@@ -19,7 +19,7 @@ from lockgate.api.query import StreamingQuery
 from lockgate.api.reader import DataStreamReader
 from lockgate.api.session import StreamingSession, session
 from lockgate.api.writer import DataStreamWriter
-from lockgate.clock import ManualClock, SystemClock
+from lockgate.clock import SystemClock
 from lockgate.errors import (
     AnalysisError,
     CheckpointError,
@@ -30,7 +30,7 @@ from lockgate.errors import (
 )
 from lockgate.sinks import Sink, SinkProvider, register_sink
 from lockgate.sources import ReadLimit, Source, SourceProvider, register_source
-from lockgate.sources.memory import MemoryStream
+from lockgate.testing import ManualClock, MemoryStream
 
 __version__ = "0.1.0"
 

@@ -50,10 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     class PrintProgress(lockgate.StreamingQueryListener):
-        def onQueryStarted(self, event):  # noqa: N802
+        def onQueryStarted(self, event):
             print(f"[listener] query started: id={event.id} runId={event.runId}", flush=True)
 
-        def onQueryProgress(self, event):  # noqa: N802
+        def onQueryProgress(self, event):
             p = event.progress
             print(
                 f"[listener] batch {p.batchId}: {p.numInputRows} rows in, "
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
 
-        def onQueryTerminated(self, event):  # noqa: N802
+        def onQueryTerminated(self, event):
             print(f"[listener] query terminated: exception={event.exception}", flush=True)
 
     listener = PrintProgress()

@@ -67,6 +67,17 @@ def _stop_queries(request):
 
 
 @pytest.fixture
+def bench(spark, ls, tmp_path):
+    """A :class:`differential.Bench`: native/lockgate query pairs fed by the same steps of
+    input files, stopped at the end of the test."""
+    from differential import Bench
+
+    b = Bench(spark, ls, tmp_path)
+    yield b
+    b.stop()
+
+
+@pytest.fixture
 def no_json_filter_pushdown(spark):
     """``spark.sql.json.filterPushdown.enabled`` off for the test. Spark pushes a stream
     join's inferred ``isnotnull(key)`` into its JSON parser, which then skips rows with

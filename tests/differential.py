@@ -1,6 +1,14 @@
-"""Differential harness: run one streaming query on native Spark (the oracle) and on lockgate.
+"""The tests' shared helpers (not a test module): differential harnesses that run queries on
+native Spark (the oracle) and on lockgate, and helpers that drive a query step by step.
 
-Typical use (see tests/test_differential.py)::
+``tests/`` is on ``sys.path`` (it holds ``conftest.py``), so test modules anywhere under it
+import these as ``from differential import ...``; the ``bench`` fixture (a :class:`Bench`)
+is in ``tests/conftest.py``. Sections: :class:`Differential` (one query, below),
+step-by-step driving (``feed``, ``wait_until``, ``spark_conf`` ...), :class:`Bench`
+(stateful query pairs over JSON files written in steps), stream-stream join pairs
+(:func:`run_join_steps`).
+
+Typical use of :class:`Differential` (see tests/execution/test_differential.py)::
 
     inp = tmp_path / "in"; inp.mkdir()
     d = Differential(spark, ls, tmp_path, lambda rs: rs.schema("a LONG").json(str(inp)))
@@ -31,15 +39,21 @@ their checkpoints and waits for them to end, which is deterministic.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import itertools
 import json
+import math
 import os
+import re
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from pyspark.sql import Row
 
 TIMEOUT_S = 180
 
@@ -83,7 +97,7 @@ def write_json_together(files: dict[Path, list[dict[str, Any]]]) -> None:
     """One JSON-lines file per directory, all written first and then renamed into place
     back to back. A running query that reads several of the directories can still list
     one before its rename and another after: stop it while the files are written (see
-    ``Pair.restart_each_step`` in tests/test_stateful.py) if its batches must not split."""
+    ``Pair.restart_each_step`` below) if its batches must not split."""
     staged = [
         _stage(d, ".json", lambda p, r=rows: p.write_text(_lines(json.dumps(x) for x in r)))
         for d, rows in files.items()
@@ -288,3 +302,404 @@ def exact_batches(batches: list[tuple[int, list[Any]]]) -> list[tuple[int, list[
     """Each ``(batch id, rows)`` with the rows as sorted reprs: arrays and maps compared
     in their order, NaN and -0.0 as they print."""
     return [(batch_id, sorted(repr(r) for r in rows)) for batch_id, rows in batches]
+
+
+# -- driving a lockgate query step by step (MemoryStream, progress, conf) -------------------
+def wait_until(predicate, timeout: float = 60.0, interval: float = 0.02, message: str = "") -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    assert predicate(), message or "condition not reached in time"
+
+
+def batch_progress(query) -> list:
+    """Progress of triggers that ran a batch (idle triggers also report progress, as in
+    Spark 4, but have no addBatch duration)."""
+    return [p for p in query.recentProgress if "addBatch" in p.durationMs]
+
+
+def last_batch(query):
+    batches = batch_progress(query)
+    return batches[-1] if batches else None
+
+
+def end_offset(query, source: int = 0):
+    progress = last_batch(query)
+    if progress is None:
+        return None
+    return json.loads(progress.sources[source].endOffset)
+
+
+def feed(query, stream: Any, data) -> int:
+    """Add data to a MemoryStream and wait until the query has committed it."""
+    offset = stream.addData(data)
+
+    def done() -> bool:
+        if query.exception() is not None:
+            raise query.exception()
+        current = end_offset(query)
+        return current is not None and current >= offset
+
+    wait_until(done)
+    return offset
+
+
+def unique(prefix: str = "q") -> str:
+    """A fresh query / table name."""
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+@contextlib.contextmanager
+def spark_conf(spark, key: str, value: str) -> Iterator[None]:
+    """Set a session conf for the block, restoring the previous value afterwards."""
+    previous = spark.conf.get(key, None)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, previous)
+
+
+# -- pairs of stateful queries over JSON files written in steps (the ``bench`` fixture) -----
+SCHEMA = "ts TIMESTAMP, k STRING, v DOUBLE"
+REL_TOL = 1e-9
+BASE = datetime(2024, 1, 1)
+
+
+def ev(sec: int, k: str | None, v: float | None) -> dict[str, Any]:
+    """An input row ``sec`` seconds after 2024-01-01T00:00:00."""
+    return {"ts": (BASE + timedelta(seconds=sec)).isoformat(), "k": k, "v": v}
+
+
+# -- comparing rows -------------------------------------------------------------------
+def _flatten(value: Any, exact: list[Any], floats: list[float]) -> None:
+    """Split a row into exactly compared leaves and floats compared with a tolerance.
+    Arrays (collect_list / collect_set) are compared sorted."""
+    if isinstance(value, (Row, tuple)):
+        for item in value:
+            _flatten(item, exact, floats)
+    elif isinstance(value, list):
+        exact.append(("array", tuple(sorted(repr(x) for x in value))))
+    elif isinstance(value, float) and not math.isnan(value):
+        exact.append("<float>")
+        floats.append(value)
+    else:
+        exact.append(repr(value))
+
+
+def canon(
+    rows: list[Any], ordered: bool = False
+) -> list[tuple[tuple[Any, ...], tuple[float, ...]]]:
+    items = []
+    for row in rows:
+        exact: list[Any] = []
+        floats: list[float] = []
+        _flatten(row, exact, floats)
+        items.append((tuple(exact), tuple(floats)))
+    if not ordered:
+        items.sort(key=lambda it: (repr(it[0]), [float(f"{x:.6g}") for x in it[1]]))
+    return items
+
+
+def same_rows(a: list[Any], b: list[Any]) -> bool:
+    if len(a) != len(b):
+        return False
+    for (ea, fa), (eb, fb) in zip(a, b):
+        if ea != eb or len(fa) != len(fb):
+            return False
+        if not all(math.isclose(x, y, rel_tol=REL_TOL, abs_tol=1e-12) for x, y in zip(fa, fb)):
+            return False
+    return True
+
+
+def _show(items: list[Any]) -> str:
+    return "\n      ".join(repr(it) for it in items) or "(none)"
+
+
+# -- running several native/lockgate query pairs side by side ---------------------------
+class Side:
+    """One engine's run of a query: its sink and the progress of the batches that ran."""
+
+    def __init__(self, pair: Pair, engine: str) -> None:
+        self.pair = pair
+        self.engine = engine
+        self.table = f"st_{engine}_{pair.name}_{uuid.uuid4().hex[:8]}"
+        self.checkpoint = str(pair.root / engine / "checkpoint")
+        self.query: Any = None
+        self.batches: list[tuple[int, list[Any]]] = []
+        self.past_progress: list[Any] = []
+
+    def _collect(self, df: Any, batch_id: int) -> None:
+        self.batches.append((batch_id, df.collect()))
+
+    def start(self, reader: Any) -> None:
+        p = self.pair
+        writer = (
+            p.build(reader)
+            .writeStream.outputMode(p.mode)
+            .option("checkpointLocation", self.checkpoint)
+        )
+        if p.sink == "memory":
+            writer = writer.format("memory").queryName(self.table)
+        else:
+            writer = writer.foreachBatch(self._collect)
+        self.query = writer.start()
+
+    def stop(self) -> None:
+        if self.query is not None:
+            self.past_progress += self._executed()
+            self.query.stop()
+            self.query = None
+
+    def _executed(self) -> list[Any]:
+        # Idle triggers also report progress (on a timer): only batches that ran count.
+        return [p for p in self.query.recentProgress if "addBatch" in p.durationMs]
+
+    def progress(self) -> list[tuple[Any, ...]]:
+        result = []
+        for p in self.past_progress + self._executed():
+            ops = tuple(
+                (
+                    op.operatorName,
+                    op.numRowsTotal,
+                    op.numRowsDroppedByWatermark,
+                    op.customMetrics.get("numDroppedDuplicateRows"),
+                    op.numRowsUpdated,
+                    op.numRowsRemoved,
+                )
+                for op in p.stateOperators
+            )
+            result.append((p.batchId, p.numInputRows, (p.eventTime or {}).get("watermark"), ops))
+        return result
+
+    def rows(self) -> list[Any]:
+        if self.pair.sink == "memory":
+            return self.pair.spark.table(self.table).collect()
+        if self.pair.mode == "complete":
+            return self.batches[-1][1] if self.batches else []
+        return [row for _, rows in self.batches for row in rows]
+
+
+class Pair:
+    """The same query on native Spark and on lockgate."""
+
+    def __init__(
+        self,
+        spark: Any,
+        root: Path,
+        name: str,
+        build: Callable[[Any], Any],
+        mode: str = "append",
+        *,
+        sink: str = "memory",
+        ordered: bool = False,
+        restart_each_step: bool = False,
+    ) -> None:
+        self.spark = spark
+        self.root = root / name
+        self.name = name
+        self.build = build
+        self.mode = mode
+        self.sink = sink
+        self.ordered = ordered
+        # A query over several source directories cannot see one step's files appear at
+        # the same instant: a running trigger may list one directory before the rename
+        # and the next after it, splitting the step in two batches. Such a pair is
+        # stopped while a step's files are written and restarted from its checkpoint,
+        # whose first trigger then sees them all (foreachBatch sink only: a restarted
+        # memory sink starts empty).
+        if restart_each_step and sink != "foreachBatch":
+            raise ValueError("restart_each_step needs the foreachBatch sink")
+        self.restart_each_step = restart_each_step
+        self.native = Side(self, "native")
+        self.lockgate = Side(self, "lockgate")
+
+    def start(self, ls: Any) -> None:
+        self.native.start(self.spark.readStream)
+        self.lockgate.start(ls.readStream)
+
+    @property
+    def running(self) -> bool:
+        return self.native.query is not None
+
+    def stop(self) -> None:
+        self.native.stop()
+        self.lockgate.stop()
+
+    def process(self) -> None:
+        for side in (self.native, self.lockgate):
+            # Twice: a trigger that listed the files just before the new one appeared may
+            # end the first wait; the second waits for a trigger that started after it.
+            side.query.processAllAvailable()
+            side.query.processAllAvailable()
+
+    def differences(self, step: str) -> list[str]:
+        errors = []
+        label = f"[{self.name} / {self.mode} @ {step}]"
+        expected = canon(self.native.rows(), self.ordered)
+        got = canon(self.lockgate.rows(), self.ordered)
+        if not same_rows(expected, got):
+            errors.append(
+                f"{label} sink rows differ:\n   native:\n      {_show(expected)}\n   lockgate:\n      {_show(got)}"
+            )
+        if self.sink == "foreachBatch":
+            eb = [(b, canon(r)) for b, r in self.native.batches]
+            gb = [(b, canon(r)) for b, r in self.lockgate.batches]
+            if [b for b, _ in eb] != [b for b, _ in gb] or not all(
+                same_rows(x, y) for (_, x), (_, y) in zip(eb, gb)
+            ):
+                errors.append(f"{label} batches differ:\n   native:   {eb}\n   lockgate: {gb}")
+        pe, pg = self.native.progress(), self.lockgate.progress()
+        if pe != pg:
+            errors.append(
+                f"{label} (batchId, numInputRows, watermark, state operators) differ:\n"
+                f"   native:   {pe}\n   lockgate: {pg}"
+            )
+        return errors
+
+
+class Bench:
+    """Pairs of queries fed by the same steps of input files."""
+
+    def __init__(self, spark: Any, ls: Any, root: Path) -> None:
+        self.spark = spark
+        self.ls = ls
+        self.root = root
+        self.pairs: list[Pair] = []
+
+    def add(self, name: str, build: Callable[[Any], Any], mode: str = "append", **kw: Any) -> Pair:
+        pair = Pair(self.spark, self.root, name, build, mode, **kw)
+        self.pairs.append(pair)
+        return pair
+
+    def start(self, pairs: list[Pair] | None = None) -> None:
+        for pair in pairs if pairs is not None else self.pairs:
+            pair.start(self.ls)
+
+    def stop(self) -> None:
+        for pair in self.pairs:
+            pair.stop()
+
+    def step(self, label: str, files: dict[Path, list[dict[str, Any]]]) -> None:
+        paused = [p for p in self.pairs if p.restart_each_step and p.running]
+        for pair in paused:
+            pair.stop()
+        write_json_together(files)
+        self.start(paused)
+        for pair in self.pairs:
+            pair.process()
+        errors = [e for pair in self.pairs for e in pair.differences(label)]
+        assert not errors, "\n".join(errors)
+
+    def run_steps(self, root: Path, steps: list[tuple[str, list[dict[str, Any]]]], restart_before: int) -> None:
+        """Start every pair, then one :meth:`step` per ``(directory under root, rows)``,
+        stopping and starting them from their checkpoints before step ``restart_before``."""
+        self.start()
+        for i, (directory, rows) in enumerate(steps):
+            if i == restart_before:
+                self.stop()
+                self.start()
+            self.step(f"step {i} ({directory})", {root / directory: rows})
+
+
+def headline(exc: BaseException) -> str:
+    text = str(exc).split("\n")[0].strip()
+    text = re.sub(r"\s*SQLSTATE: \w+$", "", text)
+    return text.rstrip(";").strip()
+
+
+# -- stream-stream joins: two JSON sides, memory sinks ----------------------------------------
+LEFT_SCHEMA = "leftId LONG, leftTime TIMESTAMP, lv STRING"
+RIGHT_SCHEMA = "rightId LONG, rightTime TIMESTAMP, rv STRING"
+RANGE = "leftId = rightId AND rightTime >= leftTime AND rightTime <= leftTime + interval 30 seconds"
+
+
+def lrow(sec: int, k: int, v: str) -> dict[str, Any]:
+    return {"leftId": k, "leftTime": (BASE + timedelta(seconds=sec)).isoformat(), "lv": v}
+
+
+def rrow(sec: int, k: int, v: str) -> dict[str, Any]:
+    return {"rightId": k, "rightTime": (BASE + timedelta(seconds=sec)).isoformat(), "rv": v}
+
+
+def sides(reader: Any, ldir: Path, rdir: Path, watermarks: bool = True) -> tuple[Any, Any]:
+    left = reader.schema(LEFT_SCHEMA).json(str(ldir))
+    right = reader.schema(RIGHT_SCHEMA).json(str(rdir))
+    if watermarks:
+        left = left.withWatermark("leftTime", "10 seconds")
+        right = right.withWatermark("rightTime", "20 seconds")
+    return left, right
+
+
+class JoinPair:
+    """One query on both engines, memory sinks."""
+
+    def __init__(self, spark: Any, ls: Any, name: str, fn: Callable[..., Any], ldir: Path, rdir: Path, root: Path):
+        self.spark = spark
+        self.name = name
+        self.tables = {}
+        self.queries = {}
+        for engine, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
+            table = f"j_{name}_{engine}_{uuid.uuid4().hex[:8]}"
+            self.tables[engine] = table
+            self.queries[engine] = (
+                fn(reader, ldir, rdir)
+                .writeStream.format("memory")
+                .queryName(table)
+                .option("checkpointLocation", str(root / name / engine))
+                .start()
+            )
+
+    def process(self) -> None:
+        for q in self.queries.values():
+            q.processAllAvailable()
+
+    def rows(self, engine: str) -> list[str]:
+        return canonical(self.spark.table(self.tables[engine]).collect())
+
+    def state(self, engine: str) -> tuple[Any, ...]:
+        ran = [p for p in self.queries[engine].recentProgress if "addBatch" in p.durationMs]
+        if not ran or not ran[-1].stateOperators:
+            return ()
+        p = ran[-1]
+        s = p.stateOperators[0]
+        return (p.batchId, s.numRowsTotal, s.numRowsDroppedByWatermark)
+
+    def check(self, step: int) -> None:
+        native, mine = self.rows("native"), self.rows("lockgate")
+        assert mine == native, f"{self.name} step {step}: rows differ\nnative:   {native}\nlockgate: {mine}"
+        assert self.state("lockgate") == self.state("native"), (
+            f"{self.name} step {step}: (batchId, numRowsTotal, numRowsDroppedByWatermark) "
+            f"native {self.state('native')} lockgate {self.state('lockgate')}"
+        )
+
+
+def run_join_steps(
+    spark: Any, ls: Any, tmp_path: Path, queries: dict[str, Callable[..., Any]], steps: list[Any]
+) -> dict[str, JoinPair]:
+    """Every query on both engines through ``steps``, compared after each; the pairs."""
+    ldir, rdir = tmp_path / "left", tmp_path / "right"
+    ldir.mkdir()
+    rdir.mkdir()
+    pairs = [JoinPair(spark, ls, name, fn, ldir, rdir, tmp_path) for name, fn in queries.items()]
+    try:
+        for step, (side, rows) in enumerate(steps):
+            write_json(ldir if side == "left" else rdir, rows)
+            for pair in pairs:
+                pair.process()
+            for pair in pairs:
+                pair.check(step)
+        # something was emitted by every query, outer rows included
+        for pair in pairs:
+            assert pair.rows("native"), pair.name
+        return {pair.name: pair for pair in pairs}
+    finally:
+        for pair in pairs:
+            for q in pair.queries.values():
+                q.stop()

@@ -8,7 +8,8 @@ import time
 import pytest
 
 import lockgate
-from lockgate.clock import ManualClock, SystemClock
+from lockgate.clock import SystemClock
+from lockgate.testing import ManualClock
 
 
 def _wait_until(predicate, timeout: float = 5.0) -> bool:

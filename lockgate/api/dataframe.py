@@ -221,14 +221,14 @@ class StreamingDataFrame:
         return self._template.dtypes
 
     @property
-    def isStreaming(self) -> bool:  # noqa: N802
+    def isStreaming(self) -> bool:
         return True
 
     @property
-    def sparkSession(self) -> Any:  # noqa: N802
+    def sparkSession(self) -> Any:
         return self._session.spark
 
-    def printSchema(self, level: int | None = None) -> None:  # noqa: N802
+    def printSchema(self, level: int | None = None) -> None:
         self._template.printSchema(level)
 
     def __getitem__(self, item: Any) -> Any:
@@ -277,7 +277,7 @@ class StreamingDataFrame:
         return f"StreamingDataFrame[{cols}]"
 
     # -- operations with their own nodes -------------------------------------------------
-    def toDF(self, *cols: str) -> StreamingDataFrame:  # noqa: N802
+    def toDF(self, *cols: str) -> StreamingDataFrame:
         self._template.toDF(*cols)  # Spark's errors (a wrong number of names)
         if len(set(self.columns)) != len(self.columns):
             return self._transform("toDF", *cols)
@@ -303,10 +303,10 @@ class StreamingDataFrame:
         template = self._template.union(other_template)
         return self._derive(Union(self._plan, other._plan), template)
 
-    unionAll = union  # noqa: N815
+    unionAll = union
 
-    def unionByName(  # noqa: N802
-        self, other: StreamingDataFrame, allowMissingColumns: bool = False  # noqa: N803
+    def unionByName(
+        self, other: StreamingDataFrame, allowMissingColumns: bool = False
     ) -> StreamingDataFrame:
         other_template = self._check_union_side(other)
         template = self._template.unionByName(other_template, allowMissingColumns)
@@ -363,10 +363,10 @@ class StreamingDataFrame:
         node = push_into_stateful(node, base._template, template) or node
         return self._derive(node, template)
 
-    def crossJoin(self, other: Any) -> StreamingDataFrame:  # noqa: N802
+    def crossJoin(self, other: Any) -> StreamingDataFrame:
         return self.join(other, how="cross")
 
-    def withWatermark(self, eventTime: str, delayThreshold: str) -> StreamingDataFrame:  # noqa: N802,N803
+    def withWatermark(self, eventTime: str, delayThreshold: str) -> StreamingDataFrame:
         if not isinstance(eventTime, str) or not eventTime:
             raise TypeError("eventTime should be provided as a non-empty string")
         if not isinstance(delayThreshold, str) or not delayThreshold.strip():
@@ -412,7 +412,7 @@ class StreamingDataFrame:
         return self._derive(Observed(base._plan, "observe", (observation, *exprs)), template)
 
     # -- stateful operations ------------------------------------------------------------
-    def groupBy(self, *cols: Any) -> Any:  # noqa: N802
+    def groupBy(self, *cols: Any) -> Any:
         from lockgate.api.grouped import StreamingGroupedData
 
         if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
@@ -429,7 +429,7 @@ class StreamingDataFrame:
     def cube(self, *cols: Any) -> Any:
         return self._grouping_sets("cube", cols)
 
-    def groupingSets(self, groupingSets: Any, *cols: Any) -> Any:  # noqa: N802
+    def groupingSets(self, groupingSets: Any, *cols: Any) -> Any:
         sets = tuple(tuple(s) for s in groupingSets)
         return self._grouping_sets("groupingSets", cols, sets)
 
@@ -442,7 +442,7 @@ class StreamingDataFrame:
             _reject_nested_stream(c)
         return StreamingGroupedData(self._bound(cols, sets or ()), tuple(cols), sets=kind, grouping_sets=sets)
 
-    def dropDuplicates(self, subset: list[str] | None = None) -> StreamingDataFrame:  # noqa: N802
+    def dropDuplicates(self, subset: list[str] | None = None) -> StreamingDataFrame:
         return self._dedup(subset, within_watermark=False)
 
     drop_duplicates = dropDuplicates
@@ -456,7 +456,7 @@ class StreamingDataFrame:
     def distinct(self) -> StreamingDataFrame:
         return self._dedup(None, within_watermark=False)
 
-    def dropDuplicatesWithinWatermark(self, subset: list[str] | None = None) -> StreamingDataFrame:  # noqa: N802
+    def dropDuplicatesWithinWatermark(self, subset: list[str] | None = None) -> StreamingDataFrame:
         return self._dedup(subset, within_watermark=True)
 
     def _dedup(self, subset: Any, within_watermark: bool) -> StreamingDataFrame:
@@ -508,7 +508,7 @@ class StreamingDataFrame:
         return "\n".join(lines)
 
     @property
-    def writeStream(self) -> DataStreamWriter:  # noqa: N802
+    def writeStream(self) -> DataStreamWriter:
         from lockgate.api.writer import DataStreamWriter
 
         return DataStreamWriter(self)

@@ -356,10 +356,10 @@ class StreamingGroupedData:
         template = self._template_grouped.pivot(pivot_col, values)
         return StreamingPivotedData(self, pivot_col, list(values), template)
 
-    def applyInPandas(self, func: Any, schema: Any) -> StreamingDataFrame:  # noqa: N802
+    def applyInPandas(self, func: Any, schema: Any) -> StreamingDataFrame:
         return self._grouped_map("applyInPandas", func, schema)
 
-    def applyInArrow(self, func: Any, schema: Any) -> StreamingDataFrame:  # noqa: N802
+    def applyInArrow(self, func: Any, schema: Any) -> StreamingDataFrame:
         return self._grouped_map("applyInArrow", func, schema)
 
     def _grouped_map(self, method: str, func: Any, schema: Any) -> StreamingDataFrame:

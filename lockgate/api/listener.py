@@ -98,7 +98,7 @@ class ListenerBus:
                     on_idle(event)
             elif isinstance(event, QueryTerminatedEvent):
                 listener.onQueryTerminated(event)
-        except Exception:  # noqa: BLE001 - listeners must never affect queries
+        except Exception:
             logger.exception("Listener %s threw an exception", type(listener).__name__)
 
 

@@ -43,11 +43,11 @@ class StreamingQueryManager:
         with self._lock:
             return list(self._active.values())
 
-    def get(self, id: str) -> StreamingQuery | None:  # noqa: A002 - pyspark's name
+    def get(self, id: str) -> StreamingQuery | None:
         with self._lock:
             return self._active.get(str(id))
 
-    def awaitAnyTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
+    def awaitAnyTermination(self, timeout: float | None = None) -> bool | None:
         """Wait until any query ends (since the last :meth:`resetTerminated`)."""
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"timeout must be a positive integer or float. Got {timeout}")
@@ -58,14 +58,14 @@ class StreamingQueryManager:
             raise last.exception()  # type: ignore[misc]
         return ended if timeout is not None else None
 
-    def resetTerminated(self) -> None:  # noqa: N802
+    def resetTerminated(self) -> None:
         with self._lock:
             self._last_terminated = None
 
-    def addListener(self, listener: StreamingQueryListener) -> None:  # noqa: N802
+    def addListener(self, listener: StreamingQueryListener) -> None:
         self.listener_bus.add(listener)
 
-    def removeListener(self, listener: StreamingQueryListener) -> None:  # noqa: N802
+    def removeListener(self, listener: StreamingQueryListener) -> None:
         self.listener_bus.remove(listener)
 
     # -- engine side -------------------------------------------------------------------

@@ -23,7 +23,7 @@ class StreamingQuery:
         return self._execution.id
 
     @property
-    def runId(self) -> str:  # noqa: N802
+    def runId(self) -> str:
         """Unique to this run of the query."""
         return self._execution.run_id
 
@@ -32,7 +32,7 @@ class StreamingQuery:
         return self._execution.name
 
     @property
-    def isActive(self) -> bool:  # noqa: N802
+    def isActive(self) -> bool:
         return self._execution.is_active
 
     @property
@@ -40,14 +40,14 @@ class StreamingQuery:
         return self._execution.status
 
     @property
-    def lastProgress(self) -> StreamingQueryProgress | None:  # noqa: N802
+    def lastProgress(self) -> StreamingQueryProgress | None:
         return self._execution.last_progress()
 
     @property
-    def recentProgress(self) -> list[StreamingQueryProgress]:  # noqa: N802
+    def recentProgress(self) -> list[StreamingQueryProgress]:
         return self._execution.recent_progress()
 
-    def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:
         """Wait for the query to end; re-raise its failure.
 
         With ``timeout`` (seconds) returns whether it ended in time.
@@ -59,7 +59,7 @@ class StreamingQuery:
         self._execution.await_termination(None)
         return None
 
-    def processAllAvailable(self) -> None:  # noqa: N802
+    def processAllAvailable(self) -> None:
         """Block until every source's available data is processed (for tests)."""
         self._execution.process_all_available()
 

@@ -16,10 +16,10 @@ class LockgateReader:
 
     def state(
         self,
-        checkpointLocation: str,  # noqa: N803
-        operatorId: int = 0,  # noqa: N803
-        batchId: int | None = None,  # noqa: N803
-        joinSide: str | None = None,  # noqa: N803
+        checkpointLocation: str,
+        operatorId: int = 0,
+        batchId: int | None = None,
+        joinSide: str | None = None,
     ) -> DataFrame:
         """The keys and values of stateful operator ``operatorId`` after batch ``batchId``
         (default: the last committed batch), as columns ``key``, ``value``,

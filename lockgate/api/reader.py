@@ -57,7 +57,7 @@ class DataStreamReader:
     def load(
         self,
         path: str | None = None,
-        format: str | None = None,  # noqa: A002 - pyspark's name
+        format: str | None = None,
         schema: StructType | str | None = None,
         **options: Any,
     ) -> StreamingDataFrame:
@@ -110,14 +110,14 @@ class DataStreamReader:
     def orc(self, path: str, **options: Any) -> StreamingDataFrame:
         return self._file("orc", path, options.pop("schema", None), options)
 
-    def text(self, path: str, wholetext: bool = False, lineSep: str | None = None, **options: Any) -> StreamingDataFrame:  # noqa: N803
+    def text(self, path: str, wholetext: bool = False, lineSep: str | None = None, **options: Any) -> StreamingDataFrame:
         if wholetext:
             options["wholetext"] = True
         if lineSep is not None:
             options["lineSep"] = lineSep
         return self._file("text", path, None, options)
 
-    def table(self, tableName: str) -> StreamingDataFrame:  # noqa: N803
+    def table(self, tableName: str) -> StreamingDataFrame:
         """A catalog table stored as files, streamed as Spark streams it: the file source
         over the table's location, in its format, with its schema (partition columns
         last) and storage options; options set on this reader take precedence."""

@@ -51,7 +51,7 @@ class StreamingSession:
         return self._spark
 
     @property
-    def readStream(self) -> DataStreamReader:  # noqa: N802
+    def readStream(self) -> DataStreamReader:
         from lockgate.api.reader import DataStreamReader
 
         return DataStreamReader(self)

@@ -49,7 +49,7 @@ class DataStreamWriter:
         self._clock: Clock | None = None
 
     # -- builder -----------------------------------------------------------------------
-    def outputMode(self, outputMode: str) -> DataStreamWriter:  # noqa: N802,N803
+    def outputMode(self, outputMode: str) -> DataStreamWriter:
         if not isinstance(outputMode, str) or outputMode.strip().lower() not in OUTPUT_MODES:
             raise OptionError(
                 f"Unknown output mode {outputMode}. Accepted output modes are 'append', "
@@ -73,14 +73,14 @@ class DataStreamWriter:
                 self.option(key, value)
         return self
 
-    def partitionBy(self, *cols: str | list[str]) -> DataStreamWriter:  # noqa: N802
+    def partitionBy(self, *cols: str | list[str]) -> DataStreamWriter:
         flat: list[str] = []
         for col in cols:
             flat.extend(col if isinstance(col, (list, tuple)) else [col])
         self._partition_by = tuple(flat)
         return self
 
-    def queryName(self, queryName: str) -> DataStreamWriter:  # noqa: N802,N803
+    def queryName(self, queryName: str) -> DataStreamWriter:
         if not isinstance(queryName, str) or not queryName.strip():
             raise ValueError(f"The queryName must be a non-empty string. Got: {queryName!r}")
         self._query_name = queryName
@@ -89,10 +89,10 @@ class DataStreamWriter:
     def trigger(
         self,
         *,
-        processingTime: str | None = None,  # noqa: N803
+        processingTime: str | None = None,
         once: bool | None = None,
         continuous: str | None = None,
-        availableNow: bool | None = None,  # noqa: N803
+        availableNow: bool | None = None,
     ) -> DataStreamWriter:
         given = [x for x in (processingTime, once, continuous, availableNow) if x is not None]
         if len(given) > 1:
@@ -117,7 +117,7 @@ class DataStreamWriter:
             self._trigger = ContinuousTrigger(parse_duration_ms(continuous, what="continuous"))
         return self
 
-    def foreachBatch(self, func: Callable[[DataFrame, int], Any]) -> DataStreamWriter:  # noqa: N802
+    def foreachBatch(self, func: Callable[[DataFrame, int], Any]) -> DataStreamWriter:
         if not callable(func):
             raise TypeError(f"foreachBatch takes a function (DataFrame, batch_id), got {func!r}")
         self._format = "foreachBatch"
@@ -125,14 +125,14 @@ class DataStreamWriter:
         return self
 
     def foreach(self, f: Any) -> DataStreamWriter:
-        from lockgate.sinks.foreach import _writer_functions
+        from lockgate.sinks.foreach import writer_functions
 
-        _writer_functions(f)
+        writer_functions(f)
         self._format = "foreach"
         self._foreach_writer = f
         return self
 
-    def withClock(self, clock: Clock) -> DataStreamWriter:  # noqa: N802
+    def withClock(self, clock: Clock) -> DataStreamWriter:
         """lockgate extension: run the query on ``clock`` (e.g. a :class:`ManualClock`)."""
         self._clock = clock
         return self
@@ -141,10 +141,10 @@ class DataStreamWriter:
     def start(
         self,
         path: str | None = None,
-        format: str | None = None,  # noqa: A002
-        outputMode: str | None = None,  # noqa: N803
-        partitionBy: str | list[str] | None = None,  # noqa: N803
-        queryName: str | None = None,  # noqa: N803
+        format: str | None = None,
+        outputMode: str | None = None,
+        partitionBy: str | list[str] | None = None,
+        queryName: str | None = None,
         **options: Any,
     ) -> StreamingQuery:
         if format is not None:
@@ -160,13 +160,13 @@ class DataStreamWriter:
             self._options["path"] = path
         return self._start()
 
-    def toTable(  # noqa: N802
+    def toTable(
         self,
-        tableName: str,  # noqa: N803
-        format: str | None = None,  # noqa: A002
-        outputMode: str | None = None,  # noqa: N803
-        partitionBy: str | list[str] | None = None,  # noqa: N803
-        queryName: str | None = None,  # noqa: N803
+        tableName: str,
+        format: str | None = None,
+        outputMode: str | None = None,
+        partitionBy: str | list[str] | None = None,
+        queryName: str | None = None,
         **options: Any,
     ) -> StreamingQuery:
         from lockgate.sinks.table import prepare_table
@@ -266,8 +266,8 @@ class DataStreamWriter:
     def _check_continuous(self) -> tuple[Any, Any, str]:
         """Spark's checks for continuous processing; the source and the row program."""
         from lockgate.execution.continuous.checks import check_for_continuous
-        from lockgate.execution.continuous.expressions import compile_plan
         from lockgate.plan.nodes import source_relations
+        from lockgate.plan.row_expressions import compile_plan
 
         analyzed = check_for_continuous(self._df)
         relations = source_relations(self._df._plan)
@@ -371,7 +371,7 @@ class _ForeachProvider(SinkProvider):
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
+    def createSink(self, context: SinkContext) -> Sink:
         raise AssertionError("foreach sinks are created by the writer")
 
 

@@ -9,7 +9,6 @@ again with the same offsets, batch timestamp and watermark.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,8 +23,9 @@ from lockgate.checkpoint import (
     OffsetSeqMetadata,
 )
 from lockgate.errors import CheckpointError, ConcurrentWriteError, OptionError
+from lockgate.execution.conf import pin_confs
 from lockgate.execution.faults import crash_point
-from lockgate.execution.progress import ProgressTracker, format_timestamp, rate
+from lockgate.execution.progress import ProgressTracker, format_timestamp, json_or_none, rate
 from lockgate.execution.stream import StreamExecution
 from lockgate.execution.triggers import (
     AvailableNowTrigger,
@@ -57,17 +57,6 @@ if TYPE_CHECKING:
     from lockgate.sinks.base import Sink
 
 logger = logging.getLogger("lockgate.execution.MicroBatchExecution")
-
-# Confs recorded in the offsets log on the first batch and restored on restart, so a
-# restarted query keeps the layout its checkpoint was written with.
-PINNED_CONFS = {
-    "spark.sql.shuffle.partitions": "200",
-    "spark.sql.streaming.multipleWatermarkPolicy": "min",
-    "spark.sql.streaming.stateStore.providerClass": "lockgate.state.ArrowDeltaStateStoreProvider",
-    "spark.sql.streaming.aggregation.stateFormatVersion": "2",
-    "spark.sql.streaming.join.stateFormatVersion": "2",
-}
-
 
 REUSE_CONF = "spark.lockgate.planReuse"
 
@@ -200,7 +189,7 @@ class MicroBatchExecution(StreamExecution):
         for slot in self._slots:
             try:
                 slot.source.stop()
-            except Exception:  # noqa: BLE001 - a failing stop must not hide the query's end
+            except Exception:
                 logger.warning(
                     "Failed to stop streaming source: %s. Resources may have leaked.",
                     slot.source.description(),
@@ -208,7 +197,7 @@ class MicroBatchExecution(StreamExecution):
                 )
         try:
             self.sink.stop()
-        except Exception:  # noqa: BLE001
+        except Exception:
             logger.warning("Failed to stop sink %s", self.sink.description(), exc_info=True)
 
     # -- the trigger loop --------------------------------------------------------------
@@ -341,14 +330,7 @@ class MicroBatchExecution(StreamExecution):
 
     def _pin_confs(self, recorded: dict[str, str] | None) -> None:
         conf = self.spark.conf
-        pinned: dict[str, str] = {}
-        for key, default in PINNED_CONFS.items():
-            if recorded is not None and key in recorded:
-                value = recorded[key]
-                if str(conf.get(key, default)) != value:
-                    logger.info("Restoring %s=%s from the checkpoint", key, value)
-                conf.set(key, value)
-            pinned[key] = str(conf.get(key, default))
+        pinned = pin_confs(conf, recorded, logger)
         self._pinned_conf = pinned
         if self._stateful_ops:
             # State steps run in fewer tasks than state partitions on a small machine
@@ -749,9 +731,9 @@ class MicroBatchExecution(StreamExecution):
             sources.append(
                 {
                     "description": slot.source.description(),
-                    "startOffset": _json_or_none(batch["start_offsets"][slot.index]),
-                    "endOffset": _json_or_none(self.available[slot.index]),
-                    "latestOffset": _json_or_none(self.available[slot.index]),
+                    "startOffset": json_or_none(batch["start_offsets"][slot.index]),
+                    "endOffset": json_or_none(self.available[slot.index]),
+                    "latestOffset": json_or_none(self.available[slot.index]),
                     "numInputRows": rows,
                     "inputRowsPerSecond": rate(rows, input_secs),
                     "processedRowsPerSecond": rate(rows, process_secs),
@@ -796,9 +778,9 @@ class MicroBatchExecution(StreamExecution):
         sources = [
             {
                 "description": slot.source.description(),
-                "startOffset": _json_or_none(self.committed[slot.index]),
-                "endOffset": _json_or_none(self.available[slot.index]),
-                "latestOffset": _json_or_none(self.available[slot.index]),
+                "startOffset": json_or_none(self.committed[slot.index]),
+                "endOffset": json_or_none(self.available[slot.index]),
+                "latestOffset": json_or_none(self.available[slot.index]),
                 "numInputRows": 0,
                 "inputRowsPerSecond": 0.0,
                 "processedRowsPerSecond": 0.0,
@@ -837,12 +819,3 @@ def _json_value(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
-
-
-def _json_or_none(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text

@@ -6,9 +6,10 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
-from typing import Any, Iterator
+from datetime import UTC, datetime
+from typing import Any
 
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
@@ -17,7 +18,7 @@ logger = logging.getLogger("lockgate.execution.MicroBatchExecution")
 
 def format_timestamp(ms: int) -> str:
     """Spark's progress timestamp format: ``2017-08-14T20:30:00.004Z``."""
-    dt = datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc)
+    dt = datetime.fromtimestamp(ms / 1000.0, tz=UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
@@ -55,6 +56,17 @@ class ProgressTracker:
         if logger.isEnabledFor(logging.INFO):
             logger.info("Streaming query made progress: %s", json.dumps(progress, indent=2))
         return parsed
+
+
+def json_or_none(text: str | None) -> Any:
+    """A source offset's JSON text as the value progress reports (the text itself when it
+    is not JSON; None for no offset)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def rate(rows: int, seconds: float) -> float:

@@ -204,7 +204,7 @@ class StreamExecution:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             try:
                 self.spark.sparkContext.cancelJobGroup(self.run_id)
-            except Exception:  # noqa: BLE001 - the context may already be stopped
+            except Exception:
                 logger.debug("cancelJobGroup failed for %s", self.run_id, exc_info=True)
             self._thread.join()
         elif not self._thread.is_alive() and not self._termination_latch.is_set():
@@ -256,7 +256,7 @@ def _describe(exc: BaseException, limit: int = 4000) -> str:
             while current is not None and len(parts) < 5:
                 parts.append(str(current.toString()))
                 current = current.getCause()
-        except Exception:  # noqa: BLE001 - the JVM may be gone
+        except Exception:  # noqa: BLE001, S110 - the JVM may be gone
             pass
         text = " Caused by: ".join(parts) or str(exc)
         name = "Py4JJavaError"

@@ -125,7 +125,7 @@ class AggregateTask:
     operator_id: int
 
 
-_EPOCH_UTC = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_EPOCH_UTC = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 _EPOCH_NAIVE = _dt.datetime(1970, 1, 1)
 _MICROSECOND = _dt.timedelta(microseconds=1)
 

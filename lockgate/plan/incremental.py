@@ -91,7 +91,7 @@ def observation_value(observation: Observation) -> dict[str, Any] | None:
     try:
         if not jo.future().isCompleted():
             return None
-    except Exception:  # pragma: no cover - older pyspark without future()
+    except Exception:  # noqa: BLE001  # pragma: no cover - older pyspark without future()
         return None
     return observation.get
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from lockgate.plan.template import jvm_name, scala_list, unresolved_column
+from lockgate.jvm import jvm_name, scala_list, seq, unresolved_column
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -60,21 +60,21 @@ def filters_below_metrics(
     see :meth:`_Scan.applies`."""
     found: dict[str, list[tuple[str, Column]]] = {}
     plan = result._jdf.queryExecution().optimizedPlan()
-    for node in _nodes(plan):
+    for node in all_nodes(plan):
         if node.getClass().getSimpleName() != "Filter":
             continue
         child = node.child()
         if child.getClass().getSimpleName() != "CollectMetrics":
             continue
         name = child.name()
-        output = _seq(child.output())
+        output = seq(child.output())
         names = [a.name().lower() for a in output]
         if name in event_times:
             column = event_times[name].lower()
             event_time = [a for a in output if a.name().lower() == column]
             if len(event_time) != 1:
                 continue
-            applies = lambda c, t=event_time[0]: not c.references().contains(t)  # noqa: E731
+            applies = lambda c, t=event_time[0]: not c.references().contains(t)
         elif name in scans:
             scan = _Scan.of(scans[name])
             if scan is None:
@@ -85,7 +85,7 @@ def filters_below_metrics(
         for conjunct in _conjuncts(node.condition()):
             if not conjunct.deterministic() or _has_subquery(conjunct) or not applies(conjunct):
                 continue
-            reads = [a.name().lower() for a in _seq(conjunct.references().toSeq())]
+            reads = [a.name().lower() for a in seq(conjunct.references().toSeq())]
             if any(names.count(n) != 1 for n in reads):
                 continue  # not expressible by column name over the observed frame
             found.setdefault(name, []).append((str(conjunct.sql()), unresolved_column(conjunct, result.sparkSession)))
@@ -118,7 +118,7 @@ class _Scan:
         return cls(frame.sparkSession, relation)
 
     def applies(self, conjunct: Any) -> bool:
-        reads = {a.name().lower() for a in _seq(conjunct.references().toSeq())}
+        reads = {a.name().lower() for a in seq(conjunct.references().toSeq())}
         if reads and reads <= self._partitions:
             return True  # a partition filter: the files it rules out are not read
         if not self._reader_filters or reads & self._partitions:
@@ -166,9 +166,9 @@ def push_into_stateful(top: Transform | StaticJoin, before: DataFrame, after: Da
             return find(node.child)
         if isinstance(node, Union):
             return find(node.left) and find(node.right)
-        if isinstance(node, Aggregate) and node.input_plan is not None:
-            targets.append(node)
-        elif isinstance(node, StreamJoin) and node.join_plan is not None:
+        if (isinstance(node, Aggregate) and node.input_plan is not None) or (
+            isinstance(node, StreamJoin) and node.join_plan is not None
+        ):
             targets.append(node)
         return True
 
@@ -259,7 +259,7 @@ def _pushed_to_inputs(
         names = [a.name().lower() for a in output]
         columns = []
         for conjunct in found:
-            refs = _seq(conjunct.references().toSeq())
+            refs = seq(conjunct.references().toSeq())
             if str(conjunct.sql()) in seen or not refs or not conjunct.deterministic() or _has_subquery(conjunct):
                 continue
             if all(int(a.exprId().id()) in ids and names.count(a.name().lower()) == 1 for a in refs):
@@ -290,7 +290,7 @@ def _conjuncts_at_inputs(
     outputs: list[list[Any]] = []
 
     def marked(subtree: Any) -> Any:
-        outputs.append(_seq(subtree.output()))
+        outputs.append(seq(subtree.output()))
         return with_marker(spark, subtree, _MARKER_SEED - len(outputs) + 1)
 
     def mark(plan: Any) -> Any:
@@ -299,7 +299,7 @@ def _conjuncts_at_inputs(
             if len(inputs) == 1 and plan.fastEquals(inputs[0]):
                 return marked(plan)  # the node is the input
             return plan.withNewChildren(scala_list(jvm, [marked(i) for i in inputs]))
-        children = _seq(plan.children())
+        children = seq(plan.children())
         if not children:
             return plan
         rebuilt = [mark(c) for c in children]
@@ -320,7 +320,7 @@ def _conjuncts_at_inputs(
     infer = jvm_name(jvm, optimizer + "InferFiltersFromConstraints$.MODULE$")
     plan = _fixed_point(operator, infer.apply(_fixed_point(operator, plan)))
     found: list[list[Any]] = [[] for _ in outputs]
-    for node in _nodes(plan):
+    for node in all_nodes(plan):
         if node.getClass().getSimpleName() != "Filter" or node.child().getClass().getSimpleName() != "Sample":
             continue
         seed = node.child().seed()
@@ -351,12 +351,12 @@ def all_of(conditions: list[Column]) -> Column:
     return combined
 
 
-def _nodes(plan: Any) -> list[Any]:
+def all_nodes(plan: Any) -> list[Any]:
     out, stack = [], [plan]
     while stack:
         node = stack.pop()
         out.append(node)
-        stack.extend(_seq(node.children()))
+        stack.extend(seq(node.children()))
     return out
 
 
@@ -369,8 +369,5 @@ def _conjuncts(condition: Any) -> list[Any]:
 def _has_subquery(expression: Any) -> bool:
     if "Subquery" in expression.getClass().getSimpleName():
         return True
-    return any(_has_subquery(c) for c in _seq(expression.children()))
+    return any(_has_subquery(c) for c in seq(expression.children()))
 
-
-def _seq(seq: Any) -> list[Any]:
-    return [seq.apply(i) for i in range(seq.size())]

@@ -28,12 +28,13 @@ other than as its own subtree (Spark's analyser copies a relation used twice).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
+
+from lockgate.jvm import analysed_frame, scala_list, seq
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from lockgate.plan.incremental import ObservationRole
 
@@ -69,7 +70,7 @@ class _Path:
     metrics: _Metrics | None = None
 
 
-_Part = Union[Any, _Source, _Path]
+_Part = Any | _Source | _Path
 """A captured JVM subtree kept as is, a source to substitute, or a node to rebuild."""
 
 
@@ -119,9 +120,9 @@ class PlanTemplate:
         def visit(node: Any) -> _Part:
             for relation_id, plan in wanted.get(identity(node), ()):
                 if node.equals(plan):
-                    found_sources.append(_Source(relation_id, _seq(node.output())))
+                    found_sources.append(_Source(relation_id, seq(node.output())))
                     return found_sources[-1]
-            children = [visit(child) for child in _seq(node.children())]
+            children = [visit(child) for child in seq(node.children())]
             if not children:
                 other_leaves.append(node)
             metrics = None
@@ -177,7 +178,7 @@ class PlanTemplate:
     def _rewire(self, df: DataFrame, output: list[Any]) -> Any:
         """``df``'s analysed plan with its columns renamed to the ids in ``output``."""
         plan = df._jdf.queryExecution().analyzed()
-        columns = _seq(plan.output())
+        columns = seq(plan.output())
         if len(columns) != len(output):
             raise NotReusable("a source's batch has other columns than the captured one")
         aliases = [
@@ -190,73 +191,8 @@ class PlanTemplate:
         return scala_list(self._jvm, items)
 
 
-_JVM_NAMES: dict[tuple[int, str], Any] = {}
-
-
-def jvm_name(jvm: Any, name: str) -> Any:
-    """The JVM class or Scala object ``name`` (``Nil$.MODULE$`` style for objects),
-    looked up once per gateway: each lookup costs a py4j call per part of the name."""
-    key = (id(jvm), name)
-    found = _JVM_NAMES.get(key)
-    if found is None:
-        found = jvm
-        for part in name.split("."):
-            found = getattr(found, part)
-        _JVM_NAMES[key] = found
-    return found
-
-
-def scala_list(jvm: Any, items: list[Any]) -> Any:
-    """A Scala ``List`` of ``items`` (JVM objects or strings): one py4j call per item."""
-    result = jvm_name(jvm, "scala.collection.immutable.Nil$.MODULE$")
-    for item in reversed(items):
-        result = getattr(result, "$colon$colon")(item)
-    return result
-
-
-def analysed_frame(spark: SparkSession, plan: Any) -> DataFrame:
-    """A DataFrame of ``plan``, a plan built from analysed parts with the same outputs:
-    marked analysed, so Spark does not analyse it again."""
-    from pyspark.sql import DataFrame as PySparkDataFrame
-
-    plan.setAnalyzed()
-    dataset = jvm_name(spark.sparkContext._jvm, "org.apache.spark.sql.classic.Dataset")
-    return PySparkDataFrame(dataset.ofRows(spark._jsparkSession, plan), spark)
-
-
-def unresolved_column(
-    expression: Any, spark: SparkSession | None = None, name_of: Callable[[Any], str] | None = None
-) -> Column:
-    """A Column computing ``expression``, a resolved Catalyst expression, with its
-    attribute references made references by name again: it resolves against any frame
-    with columns of those names (and types), or of the names ``name_of`` gives each
-    attribute. ``spark`` defaults to the active session."""
-    from pyspark.sql import SparkSession
-    from pyspark.sql.classic.column import Column as ClassicColumn
-
-    spark = spark or SparkSession.getActiveSession()
-    assert spark is not None
-    jvm = spark.sparkContext._jvm
-    unresolved = jvm_name(jvm, "org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute")
-
-    def rebuild(e: Any) -> Any:
-        if e.getClass().getSimpleName() == "AttributeReference":
-            return unresolved.quoted(e.name() if name_of is None else name_of(e))
-        children = e.children()
-        if children.size() == 0:
-            return e
-        return e.withNewChildren(scala_list(jvm, [rebuild(children.apply(i)) for i in range(children.size())]))
-
-    column = jvm_name(jvm, "org.apache.spark.sql.classic.ExpressionUtils").column(rebuild(expression))
-    return ClassicColumn(column)
-
-
-def _seq(seq: Any) -> list[Any]:
-    return [seq.apply(i) for i in range(seq.size())]
-
-
 def _leaves(plan: Any) -> list[Any]:
-    children = _seq(plan.children())
+    children = seq(plan.children())
     if not children:
         return [plan]
     return [leaf for child in children for leaf in _leaves(child)]

@@ -41,7 +41,7 @@ class Sink(ABC):
     """A streaming sink for micro-batch execution (Spark's ``Sink``)."""
 
     @abstractmethod
-    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803 - Spark's names
+    def addBatch(self, batchId: int, data: DataFrame) -> None:
         """Write batch ``batchId``; a batch id already written must not be written again."""
 
     def description(self) -> str:
@@ -51,7 +51,7 @@ class Sink(ABC):
     def stop(self) -> None:
         """Called once when the query stops."""
 
-    def forContinuous(self, schema: StructType, spark: SparkSession) -> ContinuousSink | None:  # noqa: N802
+    def forContinuous(self, schema: StructType, spark: SparkSession) -> ContinuousSink | None:
         """This sink's continuous half for result rows of ``schema``, or None when it has
         none (the default): ``trigger(continuous=...)`` is then refused at start."""
         return None
@@ -69,19 +69,19 @@ class SinkProvider(ABC):
     may run with a temporary checkpoint, as in Spark."""
     supports_continuous: bool = False
 
-    def recoversFromCheckpoint(self, output_mode: str) -> bool:  # noqa: N802
+    def recoversFromCheckpoint(self, output_mode: str) -> bool:
         """Whether a query may restart from an existing checkpoint (memory sinks in
         append/update mode cannot: their data is gone with the process)."""
         return True
 
     @abstractmethod
-    def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
+    def createSink(self, context: SinkContext) -> Sink:
         ...
 
     def validate(self, spark: SparkSession, options: Options, path: str | None) -> None:
         """Check options at ``start()``, before any checkpoint is touched."""
 
-    def supportedOutputModes(self) -> tuple[str, ...]:  # noqa: N802
+    def supportedOutputModes(self) -> tuple[str, ...]:
         return OUTPUT_MODES
 
 
@@ -111,7 +111,7 @@ class ContinuousSink(ABC):
     """
 
     @abstractmethod
-    def createWriterFactory(self) -> Any:  # noqa: N802
+    def createWriterFactory(self) -> Any:
         """A picklable callable ``(partition, epoch) -> ContinuousDataWriter``."""
 
     def commit(self, epoch: int, messages: list[tuple[dict[str, Any], bytes | None]]) -> None:

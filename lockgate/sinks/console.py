@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from lockgate.sinks.base import Sink, SinkContext, SinkProvider
+from lockgate.sinks.base import ContinuousSink, Sink, SinkContext, SinkProvider
+from lockgate.sinks.continuous import CollectingFactory, rows_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
 
 class ConsoleSink(Sink):
@@ -18,7 +20,7 @@ class ConsoleSink(Sink):
         self.num_rows = num_rows
         self.truncate = truncate
 
-    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+    def addBatch(self, batchId: int, data: DataFrame) -> None:
         from pyspark import StorageLevel
 
         line = "-" * 43
@@ -34,9 +36,7 @@ class ConsoleSink(Sink):
         finally:
             kept.unpersist()
 
-    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]  # noqa: N802
-        from lockgate.sinks.continuous import ConsoleContinuousSink
-
+    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]
         return ConsoleContinuousSink(self, schema, spark)
 
     def description(self) -> str:
@@ -48,8 +48,27 @@ class ConsoleSinkProvider(SinkProvider):
     needs_checkpoint = False
     supports_continuous = True
 
-    def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
+    def createSink(self, context: SinkContext) -> Sink:
         num_rows = context.options.get_int("numRows", 20, minimum=0)
         truncate = context.options.get_bool("truncate", True)
         assert num_rows is not None
         return ConsoleSink(num_rows, truncate)
+
+
+class ConsoleContinuousSink(ContinuousSink):
+    def __init__(self, sink: ConsoleSink, schema: StructType, spark: Any) -> None:
+        self.sink = sink
+        self.schema = schema
+        self.spark = spark
+
+    def createWriterFactory(self) -> Any:
+        return CollectingFactory(self.sink.num_rows)
+
+    def commit(self, epoch: int, messages: list[tuple[dict[str, Any], bytes | None]]) -> None:
+        rows = [self.schema.fromInternal(r) for r in rows_of(messages)[: self.sink.num_rows]]
+        line = "-" * 43
+        print(f"{line}\nBatch: {epoch}\n{line}", flush=True)
+        self.spark.createDataFrame(rows, self.schema).show(self.sink.num_rows, self.sink.truncate)
+
+    def description(self) -> str:
+        return self.sink.description()

@@ -88,10 +88,10 @@ class SinkFileStatus:
 
     path: str
     size: int
-    isDir: bool  # noqa: N815 - Spark's JSON field names
-    modificationTime: int  # noqa: N815
-    blockReplication: int = 1  # noqa: N815
-    blockSize: int = 33554432  # noqa: N815
+    isDir: bool
+    modificationTime: int
+    blockReplication: int = 1
+    blockSize: int = 33554432
     action: str = "add"
 
     def to_json(self) -> str:
@@ -298,7 +298,7 @@ class FileStreamSink(Sink):
         self._fs.mkdirs(self._base)
         self.log = FileStreamSinkLog(self._fs, self._fs.join(self._base, METADATA_DIR), interval)
 
-    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+    def addBatch(self, batchId: int, data: DataFrame) -> None:
         latest = self.log.get_latest_batch_id()
         if latest is not None and batchId <= latest:
             logger.info("Skipping already committed batch %d", batchId)
@@ -322,7 +322,7 @@ class FileStreamSink(Sink):
 
     def _write(self, batch_id: int, data: DataFrame, staging: str) -> int | None:
         from pyspark.sql import Observation
-        from pyspark.sql import functions as F  # noqa: N812
+        from pyspark.sql import functions as F
 
         # Count rows on the way out, so an empty result leaves no empty file behind;
         # observing costs no extra pass over the data.
@@ -334,7 +334,7 @@ class FileStreamSink(Sink):
         writer.save(self._backend.to_spark(staging))
         # Never block on the metrics: if they are not there (yet), keep the files.
         try:
-            if not observation._jo.future().isCompleted():  # noqa: SLF001 - no public API
+            if not observation._jo.future().isCompleted():
                 return None
             value = observation.get
         except Exception:
@@ -452,10 +452,10 @@ class FileSinkProvider(SinkProvider):
             raise OptionError("'path' is not specified", option="path")
         DataLocation.parse(resolved, allow_glob=False)
 
-    def supportedOutputModes(self) -> tuple[str, ...]:  # noqa: N802
+    def supportedOutputModes(self) -> tuple[str, ...]:
         return ("append",)
 
-    def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
+    def createSink(self, context: SinkContext) -> Sink:
         path = context.path or context.options.get_str("path")
         if not path:
             raise OptionError("'path' is not specified", option="path")

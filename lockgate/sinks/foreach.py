@@ -13,24 +13,25 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lockgate.errors import OptionError
-from lockgate.sinks.base import Sink
+from lockgate.sinks.base import ContinuousDataWriter, ContinuousSink, Sink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
 
 class ForeachBatchSink(Sink):
     def __init__(self, func: Callable[[DataFrame, int], Any]) -> None:
         self.func = func
 
-    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+    def addBatch(self, batchId: int, data: DataFrame) -> None:
         self.func(data, batchId)
 
     def description(self) -> str:
         return "ForeachBatchSink"
 
 
-def _writer_functions(writer: Any) -> tuple[Any, Any, Any]:
+def writer_functions(writer: Any) -> tuple[Any, Any, Any]:
     if callable(writer) and not hasattr(writer, "process"):
         return None, writer, None
     process = getattr(writer, "process", None)
@@ -47,16 +48,16 @@ def _writer_functions(writer: Any) -> tuple[Any, Any, Any]:
 class ForeachSink(Sink):
     def __init__(self, writer: Any) -> None:
         self.writer = writer
-        _writer_functions(writer)
+        writer_functions(writer)
 
-    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+    def addBatch(self, batchId: int, data: DataFrame) -> None:
         writer = self.writer
         epoch_id = batchId
 
         def run_partition(rows: Any) -> None:
             from pyspark import TaskContext
 
-            open_fn, process_fn, close_fn = _writer_functions(writer)
+            open_fn, process_fn, close_fn = writer_functions(writer)
             partition_id = TaskContext.get().partitionId()  # type: ignore[union-attr]
             should_process = True
             if open_fn is not None:
@@ -75,10 +76,59 @@ class ForeachSink(Sink):
 
         data.foreachPartition(run_partition)
 
-    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]  # noqa: N802
-        from lockgate.sinks.continuous import ForeachContinuousSink
-
+    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]
         return ForeachContinuousSink(self.writer, schema)
+
+    def description(self) -> str:
+        return "ForeachSink"
+
+
+class _ForeachWriter(ContinuousDataWriter):
+    def __init__(self, writer: Any, schema: StructType, partition: int, epoch: int) -> None:
+        self._open, self._process, self._close = writer_functions(writer)
+        self._schema = schema
+        self.rows = 0
+        self._skip = False
+        if self._open is not None:
+            self._skip = self._open(partition, epoch) is False
+
+    def write(self, row: tuple[Any, ...]) -> None:
+        self.rows += 1
+        if not self._skip:
+            try:
+                self._process(self._schema.fromInternal(row))
+            except BaseException as exc:
+                if self._close is not None:
+                    self._close(exc)
+                    self._close = None
+                raise
+
+    def commit(self) -> tuple[dict[str, Any], bytes | None]:
+        if self._close is not None:
+            self._close(None)
+        return {"rows": self.rows}, None
+
+    def abort(self) -> None:
+        if self._close is not None:
+            self._close(None)
+
+
+class _ForeachFactory:
+    def __init__(self, writer: Any, schema: StructType) -> None:
+        self.writer = writer
+        self.schema = schema
+
+    def __call__(self, partition: int, epoch: int) -> ContinuousDataWriter:
+        return _ForeachWriter(self.writer, self.schema, partition, epoch)
+
+
+class ForeachContinuousSink(ContinuousSink):
+    def __init__(self, writer: Any, schema: StructType) -> None:
+        self.writer = writer
+        self.schema = schema
+
+    def createWriterFactory(self) -> Any:
+        return _ForeachFactory(self.writer, self.schema)
 
     def description(self) -> str:
         return "ForeachSink"

@@ -12,7 +12,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from lockgate.errors import AnalysisError
-from lockgate.sinks.base import Sink, SinkContext, SinkProvider
+from lockgate.sinks.base import ContinuousSink, Sink, SinkContext, SinkProvider
+from lockgate.sinks.continuous import CollectingFactory, rows_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
@@ -40,7 +41,7 @@ class MemorySink(Sink):
         with self._lock:
             return [row for batch_id in sorted(self._batches) for row in self._batches[batch_id]]
 
-    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+    def addBatch(self, batchId: int, data: DataFrame) -> None:
         latest = self.latest_batch_id
         if latest is not None and batchId <= latest:
             logger.info("Skipping already committed batch %s", batchId)
@@ -56,9 +57,7 @@ class MemorySink(Sink):
         df = self._spark.createDataFrame(self.all_rows(), self.schema)
         df.createOrReplaceTempView(self.name)
 
-    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]  # noqa: N802
-        from lockgate.sinks.continuous import MemoryContinuousSink
-
+    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]
         return MemoryContinuousSink(self)
 
     def add_rows(self, epoch: int, rows: list[Any]) -> None:
@@ -77,10 +76,25 @@ class MemorySinkProvider(SinkProvider):
     name = "memory"
     needs_checkpoint = False
 
-    def recoversFromCheckpoint(self, output_mode: str) -> bool:  # noqa: N802
+    def recoversFromCheckpoint(self, output_mode: str) -> bool:
         return output_mode == "complete"
 
-    def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
+    def createSink(self, context: SinkContext) -> Sink:
         if not context.query_name:
             raise AnalysisError("queryName must be specified for memory sink")
         return MemorySink(context.spark, context.query_name, context.schema, context.output_mode)
+
+
+class MemoryContinuousSink(ContinuousSink):
+    def __init__(self, sink: MemorySink) -> None:
+        self.sink = sink
+
+    def createWriterFactory(self) -> Any:
+        return CollectingFactory(None)
+
+    def commit(self, epoch: int, messages: list[tuple[dict[str, Any], bytes | None]]) -> None:
+        schema = self.sink.schema
+        self.sink.add_rows(epoch, [schema.fromInternal(r) for r in rows_of(messages)])
+
+    def description(self) -> str:
+        return self.sink.description()

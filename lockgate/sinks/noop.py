@@ -11,10 +11,10 @@ if TYPE_CHECKING:
 
 
 class NoopSink(Sink):
-    def addBatch(self, batchId: int, data: DataFrame) -> None:  # noqa: N802,N803
+    def addBatch(self, batchId: int, data: DataFrame) -> None:
         data.write.format("noop").mode("append").save()
 
-    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]  # noqa: N802
+    def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]
         from lockgate.sinks.continuous import NoopContinuousSink
 
         return NoopContinuousSink()
@@ -28,5 +28,5 @@ class NoopSinkProvider(SinkProvider):
     needs_checkpoint = False
     supports_continuous = True
 
-    def createSink(self, context: SinkContext) -> Sink:  # noqa: N802
+    def createSink(self, context: SinkContext) -> Sink:
         return NoopSink()

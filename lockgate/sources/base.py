@@ -74,19 +74,19 @@ class Source(ABC):
     def schema(self) -> StructType:
         """Schema of the rows this source produces."""
 
-    def initialOffset(self) -> Offset | None:  # noqa: N802 - Spark's name
+    def initialOffset(self) -> Offset | None:
         """The offset before any data; ``None`` means the stream starts empty."""
         return None
 
     @abstractmethod
-    def latestOffset(self, start: Offset | None, limit: ReadLimit) -> Offset | None:  # noqa: N802
+    def latestOffset(self, start: Offset | None, limit: ReadLimit) -> Offset | None:
         """The end offset of the next batch starting at ``start``, within ``limit``.
 
         Returning ``start`` (or ``None`` with nothing read yet) means no new data.
         """
 
     @abstractmethod
-    def getBatch(self, start: Offset | None, end: Offset) -> DataFrame:  # noqa: N802
+    def getBatch(self, start: Offset | None, end: Offset) -> DataFrame:
         """A lazy DataFrame of the rows in ``(start, end]``; the same range gives the same rows."""
 
     def commit(self, end: Offset) -> None:
@@ -95,7 +95,7 @@ class Source(ABC):
     def stop(self) -> None:
         """Release resources; called once when the query stops."""
 
-    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+    def getDefaultReadLimit(self) -> ReadLimit:
         return READ_ALL_AVAILABLE
 
     # -- Trigger.AvailableNow ------------------------------------------------------------
@@ -104,17 +104,17 @@ class Source(ABC):
     :meth:`prepareForTriggerAvailableNow`, respecting its read limits. Others are read
     in one batch up to the offset seen when the query started, as in Spark."""
 
-    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+    def prepareForTriggerAvailableNow(self) -> None:
         """Remember the latest offset now; never read past it afterwards."""
 
     # -- offsets as text ----------------------------------------------------------------
-    def serializeOffset(self, offset: Offset) -> str:  # noqa: N802
+    def serializeOffset(self, offset: Offset) -> str:
         return json.dumps(offset, separators=(",", ":"), sort_keys=False)
 
-    def deserializeOffset(self, text: str) -> Offset:  # noqa: N802
+    def deserializeOffset(self, text: str) -> Offset:
         return json.loads(text)
 
-    def numRowsBetween(self, start: Offset | None, end: Offset) -> int | None:  # noqa: N802
+    def numRowsBetween(self, start: Offset | None, end: Offset) -> int | None:
         """The exact row count of ``(start, end]`` when the offsets tell it, else ``None``."""
         return None
 
@@ -132,18 +132,18 @@ class SourceProvider(ABC):
     name: str = ""
 
     @abstractmethod
-    def sourceSchema(  # noqa: N802
+    def sourceSchema(
         self, spark: SparkSession, options: Options, user_schema: StructType | None
     ) -> StructType:
         """The schema, known at definition time; validate options here."""
 
     @abstractmethod
-    def createSource(self, context: SourceContext) -> Source:  # noqa: N802
+    def createSource(self, context: SourceContext) -> Source:
         """The source for one query run."""
 
     supports_continuous: bool = False
 
-    def createContinuousStream(self, context: SourceContext) -> ContinuousStream:  # noqa: N802
+    def createContinuousStream(self, context: SourceContext) -> ContinuousStream:
         """The continuous half, for ``trigger(continuous=...)``; see :class:`ContinuousStream`."""
         raise NotImplementedError(self.name)
 
@@ -183,27 +183,27 @@ class ContinuousStream(ABC):
     def schema(self) -> StructType: ...
 
     @abstractmethod
-    def initialOffset(self) -> Offset:  # noqa: N802 - Spark's name
+    def initialOffset(self) -> Offset:
         """Where a new query starts."""
 
     @abstractmethod
-    def planInputPartitions(self, start: Offset) -> list[Any]:  # noqa: N802
+    def planInputPartitions(self, start: Offset) -> list[Any]:
         """One picklable description per task, starting at ``start``."""
 
     @abstractmethod
-    def createReaderFactory(self) -> Any:  # noqa: N802
+    def createReaderFactory(self) -> Any:
         """A picklable callable ``(partition, client) -> ContinuousPartitionReader``;
         ``client`` is the task's connection to the epoch coordinator."""
 
     @abstractmethod
-    def mergeOffsets(self, partitionOffsets: list[Any]) -> Offset:  # noqa: N802,N803
+    def mergeOffsets(self, partitionOffsets: list[Any]) -> Offset:
         """The global offset of the partition offsets (one per partition, in order)."""
 
-    def needsReconfiguration(self) -> bool:  # noqa: N802
+    def needsReconfiguration(self) -> bool:
         """True when the partitioning changed: the engine restarts the tasks (RECONFIGURING)."""
         return False
 
-    def coordinatorHandlers(self) -> dict[str, Any]:  # noqa: N802
+    def coordinatorHandlers(self) -> dict[str, Any]:
         """Extra coordinator message types, for sources whose data lives on the driver."""
         return {}
 
@@ -213,10 +213,10 @@ class ContinuousStream(ABC):
     def stop(self) -> None:
         """Release resources; called once when the query stops."""
 
-    def serializeOffset(self, offset: Offset) -> str:  # noqa: N802
+    def serializeOffset(self, offset: Offset) -> str:
         return json.dumps(offset, separators=(",", ":"), sort_keys=False)
 
-    def deserializeOffset(self, text: str) -> Offset:  # noqa: N802
+    def deserializeOffset(self, text: str) -> Offset:
         return json.loads(text)
 
     def description(self) -> str:

@@ -133,7 +133,7 @@ class _Batches:
                 return
             found: set[str] = set()
             columns = [_array_slots(plan.projectList().apply(i), found) for i in range(plan.projectList().size())]
-        except Exception:  # noqa: BLE001 - an unexpected plan shape: plan from SQL text
+        except Exception:
             logger.debug("rate source batches are planned from SQL text", exc_info=True)
             return
         if found == set(arrays):
@@ -143,7 +143,7 @@ class _Batches:
         """The batch of ``shape`` with these ``arrays``, when a projection was captured."""
         if shape != self._shape or not self._template:
             return None
-        from lockgate.plan.template import analysed_frame, jvm_name, scala_list
+        from lockgate.jvm import analysed_frame, jvm_name, scala_list
 
         columns, child = self._template
         spark = self._spark
@@ -252,17 +252,17 @@ class RateSource(Source):
     def schema(self) -> StructType:
         return RATE_SCHEMA
 
-    def initialOffset(self) -> int:  # noqa: N802
+    def initialOffset(self) -> int:
         return 0
 
-    def latestOffset(self, start: Any, limit: ReadLimit) -> int:  # noqa: N802
+    def latestOffset(self, start: Any, limit: ReadLimit) -> int:
         now = self._clock.get_time_millis()
         self._last_time_ms = max(self._last_time_ms, now)
         latest = (self._last_time_ms - self.creation_time_ms) // 1000
         # A restart on a clock behind the last batch must not move offsets backwards.
         return max(latest, int(start) if start is not None else 0)
 
-    def getBatch(self, start: int | None, end: int) -> DataFrame:  # noqa: N802
+    def getBatch(self, start: int | None, end: int) -> DataFrame:
         start_s = 0 if start is None else int(start)
         end_s = int(end)
         self._last_time_ms = max(self._last_time_ms, self.creation_time_ms + end_s * 1000)
@@ -285,7 +285,7 @@ class RateSource(Source):
             local_start_ms=int(local_start_ms),
         )
 
-    def numRowsBetween(self, start: int | None, end: int) -> int:  # noqa: N802
+    def numRowsBetween(self, start: int | None, end: int) -> int:
         s = value_at_second(0 if start is None else int(start), self.rows_per_second, self.ramp_up_seconds)
         return value_at_second(int(end), self.rows_per_second, self.ramp_up_seconds) - s
 
@@ -299,7 +299,7 @@ class RateSource(Source):
 class RateSourceProvider(SourceProvider):
     name = "rate"
 
-    def sourceSchema(self, spark, options, user_schema):  # type: ignore[no-untyped-def]  # noqa: N802
+    def sourceSchema(self, spark, options, user_schema):  # type: ignore[no-untyped-def]
         _reject_user_schema("rate", user_schema)
         self._parse(spark, options)
         return RATE_SCHEMA
@@ -322,13 +322,13 @@ class RateSourceProvider(SourceProvider):
             )
         return rows, ramp_ms // 1000, _num_partitions(spark, options)
 
-    def createSource(self, context: SourceContext) -> Source:  # noqa: N802
+    def createSource(self, context: SourceContext) -> Source:
         rows, ramp, parts = self._parse(context.spark, context.options)
         return RateSource(context, rows, ramp, parts)
 
     supports_continuous = True
 
-    def createContinuousStream(self, context: SourceContext) -> ContinuousStream:  # noqa: N802
+    def createContinuousStream(self, context: SourceContext) -> ContinuousStream:
         rows, ramp, parts = self._parse(context.spark, context.options)
         if ramp:
             from lockgate.errors import AnalysisError
@@ -364,16 +364,16 @@ class RatePerMicroBatchSource(Source):
     def schema(self) -> StructType:
         return RATE_SCHEMA
 
-    def initialOffset(self) -> dict[str, int]:  # noqa: N802
+    def initialOffset(self) -> dict[str, int]:
         return {"offset": 0, "timestamp": self.start_timestamp}
 
-    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+    def getDefaultReadLimit(self) -> ReadLimit:
         return ReadLimit(max_rows=self.rows_per_batch)
 
-    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+    def prepareForTriggerAvailableNow(self) -> None:
         self._available_now = True
 
-    def latestOffset(self, start: Any, limit: ReadLimit) -> dict[str, int]:  # noqa: N802
+    def latestOffset(self, start: Any, limit: ReadLimit) -> dict[str, int]:
         start = start if start is not None else self.initialOffset()
         nxt = {
             "offset": int(start["offset"]) + self.rows_per_batch,
@@ -386,7 +386,7 @@ class RatePerMicroBatchSource(Source):
             return self._available_now_end
         return nxt
 
-    def getBatch(self, start: Any, end: Any) -> DataFrame:  # noqa: N802
+    def getBatch(self, start: Any, end: Any) -> DataFrame:
         start = start if start is not None else self.initialOffset()
         s, e = int(start["offset"]), int(end["offset"])
         if s == e:
@@ -394,7 +394,7 @@ class RatePerMicroBatchSource(Source):
         ts = "timestamp_millis({batch_ms})"
         return _generate(self._spark, self._batches, s, e, self.num_partitions, ts, batch_ms=int(start["timestamp"]))
 
-    def numRowsBetween(self, start: Any, end: Any) -> int:  # noqa: N802
+    def numRowsBetween(self, start: Any, end: Any) -> int:
         s = 0 if start is None else int(start["offset"])
         return int(end["offset"]) - s
 
@@ -440,12 +440,12 @@ class RatePerMicroBatchSourceProvider(SourceProvider):
             )
         return rows, _num_partitions(spark, options), start_ts, advance
 
-    def sourceSchema(self, spark, options, user_schema):  # type: ignore[no-untyped-def]  # noqa: N802
+    def sourceSchema(self, spark, options, user_schema):  # type: ignore[no-untyped-def]
         _reject_user_schema("rate-micro-batch", user_schema)
         self._parse(spark, options)
         return RATE_SCHEMA
 
-    def createSource(self, context: SourceContext) -> Source:  # noqa: N802
+    def createSource(self, context: SourceContext) -> Source:
         rows, parts, start_ts, advance = self._parse(context.spark, context.options)
         return RatePerMicroBatchSource(context.spark, rows, parts, start_ts, advance)
 
@@ -471,12 +471,12 @@ class RateContinuousStream(ContinuousStream):
     def schema(self) -> StructType:
         return RATE_SCHEMA
 
-    def initialOffset(self) -> dict[str, Any]:  # noqa: N802
+    def initialOffset(self) -> dict[str, Any]:
         now = self._clock.get_time_millis()
         n = self.num_partitions
         return {str(p): {"value": p - n, "runTimeMs": now} for p in range(n)}
 
-    def planInputPartitions(self, start: dict[str, Any]) -> list[Any]:  # noqa: N802
+    def planInputPartitions(self, start: dict[str, Any]) -> list[Any]:
         if len(start) != self.num_partitions:
             raise OptionError(
                 f"The checkpoint's rate offset has {len(start)} partitions but numPartitions is "
@@ -489,10 +489,10 @@ class RateContinuousStream(ContinuousStream):
             for p in range(self.num_partitions)
         ]
 
-    def createReaderFactory(self) -> Any:  # noqa: N802
+    def createReaderFactory(self) -> Any:
         return _RatePartitionReader
 
-    def mergeOffsets(self, partitionOffsets: list[Any]) -> dict[str, Any]:  # noqa: N802,N803
+    def mergeOffsets(self, partitionOffsets: list[Any]) -> dict[str, Any]:
         return {str(o["partition"]): {"value": o["value"], "runTimeMs": o["runTimeMs"]} for o in partitionOffsets}
 
     def description(self) -> str:

@@ -11,7 +11,7 @@ class DictSumParam(AccumulatorParam):
     def zero(self, value: dict[str, int]) -> dict[str, int]:
         return {}
 
-    def addInPlace(self, value1: dict[str, int], value2: dict[str, int]) -> dict[str, int]:  # noqa: N802
+    def addInPlace(self, value1: dict[str, int], value2: dict[str, int]) -> dict[str, int]:
         for key, number in value2.items():
             value1[key] = value1.get(key, 0) + number
         return value1

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute used below
+import pyarrow.compute
 
 from lockgate.checkpoint.fs import CheckpointFileSystem, resolve_filesystem
 
@@ -213,7 +213,7 @@ def column_values(column: pa.ChunkedArray | pa.Array, micros: bool = False) -> l
     if pa.types.is_floating(t):
         values = column.to_numpy(zero_copy_only=False).tolist() if column.null_count == 0 else column.to_pylist()
         if len(column) and pa.compute.any(pa.compute.is_nan(column)).as_py():
-            return [NAN if v != v else v for v in values]
+            return [NAN if v != v else v for v in values]  # noqa: PLR0124 - NaN test
         return values  # type: ignore[no-any-return]
     if column.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_boolean(t)):
         return column.to_numpy(zero_copy_only=False).tolist()
@@ -305,7 +305,7 @@ def _hashable(value: Any) -> Any:
     """The store's hashable form of a nested value: lists (arrays) become tuples,
     structs tuples of (field, value) pairs, maps (lists of (key, value) tuples from
     Arrow) tuples of such pairs; :func:`arrow_values` is the inverse, by type."""
-    if isinstance(value, float) and value != value:
+    if isinstance(value, float) and value != value:  # noqa: PLR0124 - NaN test
         return NAN
     if isinstance(value, (list, tuple)):
         return tuple(_hashable(v) for v in value)

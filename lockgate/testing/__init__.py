@@ -1,6 +1,7 @@
-"""Test doubles for lockgate users: a memory source and a manual clock."""
+"""Test doubles for lockgate users: a memory source and a manual clock (also exported as
+``lockgate.MemoryStream`` and ``lockgate.ManualClock``)."""
 
-from lockgate.clock import ManualClock
-from lockgate.sources.memory import MemoryStream
+from lockgate.testing.clock import ManualClock
+from lockgate.testing.memory import MemoryStream
 
 __all__ = ["ManualClock", "MemoryStream"]

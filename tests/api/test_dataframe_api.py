@@ -346,8 +346,8 @@ def test_bound_columns_run_in_a_query(ls, spark):
 @pytest.mark.parametrize(
     ("how", "message"),
     [
-        ("right", "RightOuter join with a streaming DataFrame/Dataset on the left and a static "
-                  "DataFrame/DataSet on the right not supported"),
+        ("right", ("RightOuter join with a streaming DataFrame/Dataset on the left and a static "
+                  "DataFrame/DataSet on the right not supported")),
         ("rightouter", "RightOuter join"),
         ("right_outer", "RightOuter join"),
         ("outer", "FullOuter joins with streaming DataFrames/Datasets on the left and a static"),

@@ -9,12 +9,12 @@ import logging
 import os
 import re
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
+from differential import batch_progress, feed, last_batch, unique, wait_until
 from pyspark.sql.streaming import StreamingQueryListener as PySparkStreamingQueryListener
 from pyspark.sql.streaming.listener import StreamingQueryProgress
-from streaming_helpers import batch_progress, feed, last_batch, unique, wait_until
 
 import lockgate
 from lockgate import ManualClock, MemoryStream
@@ -48,7 +48,7 @@ def spark_conf(spark, key: str, value: str):
 
 
 def utc(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, tz=timezone.utc)
+    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
 class Recorder(lockgate.StreamingQueryListener):
@@ -64,16 +64,16 @@ class Recorder(lockgate.StreamingQueryListener):
             self.events.append(event)
             self.threads.add(threading.current_thread().name)
 
-    def onQueryStarted(self, event):  # noqa: N802
+    def onQueryStarted(self, event):
         self._add(event)
 
-    def onQueryProgress(self, event):  # noqa: N802
+    def onQueryProgress(self, event):
         self._add(event)
 
-    def onQueryIdle(self, event):  # noqa: N802
+    def onQueryIdle(self, event):
         self._add(event)
 
-    def onQueryTerminated(self, event):  # noqa: N802
+    def onQueryTerminated(self, event):
         self._add(event)
 
     def of(self, kind, query=None) -> list:
@@ -173,12 +173,12 @@ def test_progress_timestamps_use_spark_format(ls):
     stream = MemoryStream(ls, "value INT")
     q = stream.toDF().writeStream.format("noop").start()
     try:
-        before = datetime.now(timezone.utc)
+        before = datetime.now(UTC)
         feed(q, stream, [1])
-        after = datetime.now(timezone.utc)
+        after = datetime.now(UTC)
         ts = last_batch(q).timestamp
         assert TIMESTAMP_RE.match(ts), ts
-        parsed = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+        parsed = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
         assert before.timestamp() - 2 <= parsed.timestamp() <= after.timestamp() + 1
     finally:
         q.stop()
@@ -225,7 +225,7 @@ class _CountingMemoryStream(MemoryStream):
         super().__init__(*args, **kwargs)
         self.calls = 0
 
-    def latestOffset(self, start, limit):  # noqa: N802
+    def latestOffset(self, start, limit):
         self.calls += 1
         return super().latestOffset(start, limit)
 
@@ -547,16 +547,16 @@ def test_time_confs_accept_spark_time_strings(ls, spark):
 
 def test_failing_listener_affects_neither_query_nor_other_listeners(ls, caplog):
     class Broken(lockgate.StreamingQueryListener):
-        def onQueryStarted(self, event):  # noqa: N802
+        def onQueryStarted(self, event):
             raise RuntimeError("listener broke on start")
 
-        def onQueryProgress(self, event):  # noqa: N802
+        def onQueryProgress(self, event):
             raise RuntimeError("listener broke on progress")
 
-        def onQueryIdle(self, event):  # noqa: N802
+        def onQueryIdle(self, event):
             raise RuntimeError("listener broke on idle")
 
-        def onQueryTerminated(self, event):  # noqa: N802
+        def onQueryTerminated(self, event):
             raise RuntimeError("listener broke on terminated")
 
     recorder = Recorder()

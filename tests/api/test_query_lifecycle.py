@@ -11,9 +11,7 @@ import time
 import uuid
 
 import pytest
-from pyspark.errors import AnalysisException
-from pyspark.errors import StreamingQueryException as PySparkStreamingQueryException
-from streaming_helpers import (
+from differential import (
     batch_progress,
     end_offset,
     feed,
@@ -22,6 +20,8 @@ from streaming_helpers import (
     unique,
     wait_until,
 )
+from pyspark.errors import AnalysisException
+from pyspark.errors import StreamingQueryException as PySparkStreamingQueryException
 
 import lockgate
 from lockgate import ManualClock, MemoryStream
@@ -216,7 +216,7 @@ class _BlockingMemoryStream(MemoryStream):
         self.inside = threading.Event()
         self.release = threading.Event()
 
-    def latestOffset(self, start, limit):  # noqa: N802
+    def latestOffset(self, start, limit):
         offset = super().latestOffset(start, limit)
         if self.armed:
             self.armed = False

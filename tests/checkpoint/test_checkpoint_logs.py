@@ -304,14 +304,14 @@ def test_concurrent_writers_of_one_batch_exactly_one_wins(tmp_path):
         lock = threading.Lock()
 
         def writer(value: int) -> None:
-            barrier.wait()
+            barrier.wait()  # noqa: B023 - barrier, lock, outcomes: fixed per round, joined in it
             try:
                 log.add(batch_id, value)  # noqa: B023 - batch_id is fixed per round
                 result: object = value
             except ConcurrentWriteError:
                 result = "refused"
-            with lock:
-                outcomes.append(result)
+            with lock:  # noqa: B023
+                outcomes.append(result)  # noqa: B023
 
         threads = [threading.Thread(target=writer, args=(v,)) for v in range(n_threads)]
         for t in threads:

@@ -10,13 +10,12 @@ import threading
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
+from test_expressions import CASES, ROWS, SCHEMA
 
 from lockgate.errors import AnalysisError, NotSupportedYetError, StreamingQueryException
 from lockgate.execution.continuous.coordinator import CoordinatorServer, EpochCoordinator
 from lockgate.execution.continuous.protocol import CoordinatorClient, ProtocolError
 from lockgate.testing import MemoryStream
-
-from test_expressions import CASES, ROWS, SCHEMA
 
 INTERVAL = "100 milliseconds"
 
@@ -56,16 +55,16 @@ def test_epochs_checkpoint_progress_and_status(spark, ls, tmp_path):
     events = []
 
     class Listener(StreamingQueryListener):
-        def onQueryStarted(self, event):  # noqa: N802
+        def onQueryStarted(self, event):
             events.append(("started", event.id))
 
-        def onQueryProgress(self, event):  # noqa: N802
+        def onQueryProgress(self, event):
             events.append(("progress", event.progress.batchId, event.progress.numInputRows))
 
-        def onQueryIdle(self, event):  # noqa: N802
+        def onQueryIdle(self, event):
             pass
 
-        def onQueryTerminated(self, event):  # noqa: N802
+        def onQueryTerminated(self, event):
             events.append(("terminated", event.id))
 
     listener = Listener()
@@ -328,7 +327,7 @@ def test_task_retry_is_refused(monkeypatch):
     from lockgate.execution.continuous import task
 
     class Retried:
-        def attemptNumber(self):  # noqa: N802
+        def attemptNumber(self):
             return 1
 
     monkeypatch.setattr(TaskContext, "get", staticmethod(lambda: Retried()))
@@ -437,26 +436,24 @@ def _counting_source():
         def schema(self):
             return schema
 
-        def initialOffset(self):  # noqa: N802
+        def initialOffset(self):
             return {"0": 0}
 
-        def planInputPartitions(self, start):  # noqa: N802
+        def planInputPartitions(self, start):
             self.owner.plans.append(start)
             return [int(start["0"])]
 
-        def createReaderFactory(self):  # noqa: N802
+        def createReaderFactory(self):
             return Reader
 
-        def mergeOffsets(self, partitionOffsets):  # noqa: N802,N803
+        def mergeOffsets(self, partitionOffsets):
             return {"0": partitionOffsets[0]}
 
         def commit(self, end):
             self.owner.committed.append(end)
 
-        def needsReconfiguration(self):  # noqa: N802
-            if len(self.owner.plans) == 1 and len(self.owner.committed) >= 2:
-                return True
-            return False
+        def needsReconfiguration(self):
+            return bool(len(self.owner.plans) == 1 and len(self.owner.committed) >= 2)
 
     class Provider(SourceProvider):
         name = "counting-test"
@@ -466,13 +463,13 @@ def _counting_source():
             self.plans = []
             self.committed = []
 
-        def sourceSchema(self, spark, options, user_schema):  # noqa: N802
+        def sourceSchema(self, spark, options, user_schema):
             return schema
 
-        def createSource(self, context):  # noqa: N802
+        def createSource(self, context):
             raise AssertionError("continuous only")
 
-        def createContinuousStream(self, context):  # noqa: N802
+        def createContinuousStream(self, context):
             return Stream(self)
 
     return Provider()

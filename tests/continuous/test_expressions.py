@@ -23,7 +23,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from lockgate.execution.continuous.expressions import (
+from lockgate.plan.row_expressions import (
     SparkArithmeticError,
     UnsupportedExpression,
     build_row_function,

@@ -6,10 +6,11 @@ import json
 import os
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
+from differential import feed, last_batch
 from pyspark.errors import AnalysisException
-from streaming_helpers import feed, last_batch
 
 import lockgate
 from lockgate import MemoryStream
@@ -279,7 +280,7 @@ def test_foreach_with_writer_object(ls, tmp_path):
     epochs = set()
     rows = []
     for lines in files:
-        kind, partition, epoch = lines[0].split()
+        kind, _partition, epoch = lines[0].split()
         assert kind == "open"
         epochs.add(int(epoch))
         assert lines[-1] == "close ok"  # open/process/close, once per partition
@@ -339,7 +340,7 @@ def test_foreach_with_a_function(ls, tmp_path):
         feed(q, stream, [(3, "c")])
     finally:
         q.stop()
-    written = sorted(open(os.path.join(out, n)).read() for n in os.listdir(out))
+    written = sorted(Path(out, n).read_text() for n in os.listdir(out))
     assert written == ["1,a", "2,b", "3,c"]
 
 

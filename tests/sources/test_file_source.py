@@ -35,8 +35,7 @@ def write_json(directory, name, ids, mtime_ms=None):
     path = os.path.join(str(directory), name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        for i in ids:
-            f.write(json.dumps({"id": i, "name": f"n{i}"}) + "\n")
+        f.writelines(json.dumps({"id": i, "name": f"n{i}"}) + "\n" for i in ids)
     if mtime_ms is not None:
         os.utime(path, ns=(mtime_ms * 1_000_000, mtime_ms * 1_000_000))
     return path
@@ -155,7 +154,7 @@ def test_max_files_per_trigger_must_be_positive(spark, tmp_path, src_dir, bad):
 
 
 def test_max_bytes_per_trigger(spark, tmp_path, src_dir):
-    big = write_json(src_dir, "big.json", range(0, 40), NOW_MS)  # bigger than the limit
+    big = write_json(src_dir, "big.json", range(40), NOW_MS)  # bigger than the limit
     write_json(src_dir, "s1.json", [100], NOW_MS + 1000)
     write_json(src_dir, "s2.json", [101], NOW_MS + 2000)
     write_json(src_dir, "s3.json", [102], NOW_MS + 3000)

@@ -9,8 +9,8 @@ import time
 import uuid
 
 import pytest
+from differential import batch_progress, last_batch, wait_until
 from pyspark.errors import AnalysisException
-from streaming_helpers import batch_progress, last_batch, wait_until
 
 import lockgate
 from lockgate import ManualClock

@@ -24,7 +24,7 @@ _ALLOWED = {"Project", "Filter", "SubqueryAlias", "LogicalRDD", "LocalRelation"}
 
 def _node_name(jnode: Any) -> str:
     name = str(jnode.getClass().getSimpleName())
-    return name[:-4] if name.endswith("Exec") else name
+    return name.removesuffix("Exec")
 
 
 def _bottom_up(jnode: Any) -> list[Any]:

@@ -199,10 +199,8 @@ class CoordinatorServer:
                     return
                 try:
                     reply, data = self.coordinator.handle(message, payload)
-                except Exception as exc:  # noqa: BLE001 - the engine fails; the task is told
-                    logger.error(
-                        "Epoch coordinator failed on %s", message.get("type"), exc_info=True
-                    )
+                except Exception as exc:
+                    logger.exception("Epoch coordinator failed on %s", message.get("type"))
                     if self.coordinator.failure is None:
                         self.coordinator.failure = exc
                     send_frame(sock, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})

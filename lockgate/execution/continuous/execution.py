@@ -27,12 +27,13 @@ from lockgate.checkpoint import (
     OffsetSeqMetadata,
 )
 from lockgate.errors import AnalysisError
+from lockgate.execution.conf import pin_confs
 from lockgate.execution.continuous.coordinator import CoordinatorServer, EpochCoordinator
-from lockgate.execution.continuous.expressions import Program
 from lockgate.execution.continuous.task import TaskSpec, run_partition
-from lockgate.execution.progress import ProgressTracker, format_timestamp, rate
+from lockgate.execution.progress import ProgressTracker, format_timestamp, json_or_none, rate
 from lockgate.execution.stream import QueryState, StreamExecution
 from lockgate.options import Options
+from lockgate.plan.row_expressions import Program
 
 if TYPE_CHECKING:
     from lockgate.plan.nodes import StreamingRelation
@@ -109,13 +110,13 @@ class ContinuousExecution(StreamExecution):
         if self.source is not None:
             try:
                 self.source.stop()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.warning(
                     "Failed to stop continuous source %s", self.source.description(), exc_info=True
                 )
         try:
             self.sink.stop()
-        except Exception:  # noqa: BLE001
+        except Exception:
             logger.warning("Failed to stop sink %s", self.sink.description(), exc_info=True)
 
     # -- the run ----------------------------------------------------------------------------
@@ -169,15 +170,7 @@ class ContinuousExecution(StreamExecution):
         return self.source.deserializeOffset(text), epoch + 1
 
     def _pin_confs(self, recorded: dict[str, str] | None) -> None:
-        from lockgate.execution.microbatch import PINNED_CONFS
-
-        conf = self.spark.conf
-        pinned = {}
-        for key, default in PINNED_CONFS.items():
-            if recorded is not None and key in recorded:
-                conf.set(key, recorded[key])
-            pinned[key] = str(conf.get(key, default))
-        self._conf = pinned
+        self._conf = pin_confs(self.spark.conf, recorded)
 
     def _run_continuous(self) -> None:
         assert self.source is not None
@@ -280,7 +273,7 @@ class ContinuousExecution(StreamExecution):
                 logger.warning("Continuous tasks did not stop within 10 s; cancelling their job")
                 try:
                     self.spark.sparkContext.cancelJobGroup(self.run_id)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     logger.debug("cancelJobGroup failed", exc_info=True)
                 thread.join(30.0)
         server.close()
@@ -359,7 +352,6 @@ class ContinuousExecution(StreamExecution):
         messages: list[tuple[dict[str, Any], bytes | None]],
         commit_ms: int,
     ) -> None:
-        from lockgate.execution.microbatch import _json_or_none
         from lockgate.sinks.continuous import output_rows
 
         assert self.source is not None
@@ -369,9 +361,9 @@ class ContinuousExecution(StreamExecution):
         self._last_commit_ms = now
         source = {
             "description": self.source.description(),
-            "startOffset": _json_or_none(start),
-            "endOffset": _json_or_none(end),
-            "latestOffset": _json_or_none(end),
+            "startOffset": json_or_none(start),
+            "endOffset": json_or_none(end),
+            "latestOffset": json_or_none(end),
             "numInputRows": rows,
             "inputRowsPerSecond": rate(rows, seconds),
             "processedRowsPerSecond": rate(rows, seconds),
@@ -401,8 +393,8 @@ class ContinuousExecution(StreamExecution):
         """What ``StreamingQuery.explain()`` shows: the continuous write over Spark's
         analyzed plan of the operators the tasks evaluate."""
         lines = [
-            f"WriteToContinuousDataSource {self.sink.description()}, epoch interval "
-            f"{self.interval_ms} ms, source {self.relation.source_name}"
+            (f"WriteToContinuousDataSource {self.sink.description()}, epoch interval "
+            f"{self.interval_ms} ms, source {self.relation.source_name}")
         ]
         lines += ["+- " + self.plan_text.replace("\n", "\n   ")] if self.plan_text else []
         return "\n".join(lines)

@@ -2,19 +2,15 @@
 
 A frame is a 4-byte big-endian header length, a JSON header, then ``payload`` bytes
 when the header's ``"payload"`` gives their length. Payloads carry rows (a sink's
-commit message, a driver-fed source's records) as a restricted pickle of plain values:
-tuples, lists, numbers, strings, bytes, ``None`` and ``Decimal``; unpickling anything
-else (a class, a function) is refused. Nothing in this format is persisted.
+commit message, a driver-fed source's records) in the row codec of
+:mod:`lockgate.row_codec`. Nothing in this format is persisted.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import pickle
 import socket
 import struct
-from decimal import Decimal
 from typing import Any
 
 _HEADER = struct.Struct(">I")
@@ -23,23 +19,6 @@ MAX_FRAME = 256 * 1024 * 1024
 
 class ProtocolError(ConnectionError):
     pass
-
-
-def encode_rows(rows: Any) -> bytes:
-    return pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "decimal" and name == "Decimal":
-            return Decimal
-        raise pickle.UnpicklingError(
-            f"continuous payloads carry plain values only, not {module}.{name}"
-        )
-
-
-def decode_rows(data: bytes) -> Any:
-    return _PlainUnpickler(io.BytesIO(data)).load()
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes:

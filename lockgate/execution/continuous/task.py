@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from lockgate.execution.continuous.expressions import Program, build_row_function
 from lockgate.execution.continuous.protocol import CoordinatorClient
+from lockgate.plan.row_expressions import Program, build_row_function
 
 RETRY_MESSAGE = "Continuous execution does not support task retry"
 

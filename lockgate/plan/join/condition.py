@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lockgate.errors import NotSupportedYetError
+from lockgate.jvm import scala_list
 from lockgate.plan.aggregate import _micros as _to_micros
-from lockgate.plan.template import scala_list
+from lockgate.plan.row_expressions import build_expression, compile_expression
 
 LEFT, RIGHT = 0, 1
 MICROS_PER_DAY = 86_400_000_000
@@ -113,11 +114,9 @@ class _Converter:
 
     def _row_expression(self, e: Any) -> tuple[Any, ...] | None:
         """``e``, reading both sides, as a program of the continuous tasks' row evaluator
-        (:mod:`lockgate.execution.continuous.expressions`, Spark's semantics for
+        (:mod:`lockgate.plan.row_expressions`, Spark's semantics for
         arithmetic, strings, dates, conditionals), or None when it cannot compile it.
         A part reading one side only is computed by the evaluator too."""
-        from lockgate.execution.continuous.expressions import compile_expression
-
         refs = _attributes(e, self.attrs)
         if len({self.attrs[i][0] for i in refs}) != 2 or _has_unknown_attribute(e, self.attrs):
             return None
@@ -179,7 +178,7 @@ class _Converter:
             # a constant (CAST(1.5 AS DOUBLE)): its value, as Spark's ConstantFolding
             try:
                 value = e.eval(None)
-            except Exception:  # py4j: Spark fails to evaluate it (1 / 0 in ANSI mode)
+            except Exception:  # noqa: BLE001 - py4j: Spark fails to evaluate it (1 / 0 in ANSI mode)
                 raise self.refuse(e) from None
             return ("lit",) + _literal(e, self, (value,))
         if name == "AttributeReference":
@@ -416,8 +415,6 @@ def _compile_row_expression(program: Any, inputs: tuple[tuple[int, int, str], ..
     """A ("row", ...) expression: the continuous evaluator's function over the values it
     reads, in Spark's internal form (timestamps in microseconds, dates in days), its
     result in the task's form (dates as dates)."""
-    from lockgate.execution.continuous.expressions import build_expression
-
     fn = build_expression(program)
 
     def internal(side: int, index: int, kind: str) -> Callable[[Any, Any], Any]:
@@ -444,7 +441,7 @@ def _compile_row_expression(program: Any, inputs: tuple[tuple[int, int, str], ..
 # kinds for literals used by cmp's float detection: attr tuples end with kind, lit tuples too
 
 
-def _all_true(fns: list[Callable[[Any, Any], Any]]) -> Callable[[Any, Any], bool]:
+def all_true(fns: list[Callable[[Any, Any], Any]]) -> Callable[[Any, Any], bool]:
     if not fns:
         return lambda lr, rr: True
     return lambda lr, rr: all(f(lr, rr) is True for f in fns)
@@ -582,7 +579,7 @@ def _spark_null_intolerant(e: Any) -> bool:
     """Spark's own answer (``Expression.nullIntolerant``, Spark 4), False before it."""
     try:
         return bool(e.nullIntolerant())
-    except Exception:  # py4j: no such method
+    except Exception:  # noqa: BLE001 - py4j: no such method
         return False
 
 

@@ -24,6 +24,7 @@ from pyspark.sql.types import (
 )
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.jvm import unresolved_column
 from lockgate.plan.cache import frame
 from lockgate.plan.join.condition import (
     LEFT,
@@ -41,7 +42,6 @@ from lockgate.plan.join.condition import (
 from lockgate.plan.join.task import JoinTask, run_join_task
 from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
 from lockgate.plan.pushdown import all_of, push_inferred_into_join
-from lockgate.plan.template import unresolved_column
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -328,8 +328,10 @@ def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str
     drops it from batch plans), so ``before`` is put under a marker the optimizer does
     not look through (:func:`~lockgate.plan.pushdown.with_marker`), where Spark's would
     be, and ``after``'s plan over it is optimized with Spark's optimizer."""
-    from lockgate.plan.pushdown import _nodes, _seq, with_marker
-    from lockgate.plan.template import scala_list
+    from lockgate.jvm import scala_list
+    from lockgate.jvm import seq as _seq
+    from lockgate.plan.pushdown import all_nodes as _nodes
+    from lockgate.plan.pushdown import with_marker
 
     target = before._jdf.queryExecution().analyzed()
     names = [a.name() for a in _seq(target.output())]
@@ -354,7 +356,7 @@ def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str
         return None
     try:
         optimized = spark._jsparkSession.sessionState().optimizer().execute(plan)
-    except Exception:
+    except Exception:  # noqa: BLE001 - py4j: the optimizer refuses the plan; no answer
         return None
     if not any(n.getClass().getSimpleName() == "Sample" for n in _nodes(optimized)):
         return None  # folded away (an empty relation): nothing to read
@@ -399,7 +401,7 @@ def _column_event_time(column: Any, below: dict[str, int]) -> tuple[str, int | N
     """
     try:
         node = column._jc.node()
-    except Exception:
+    except Exception:  # noqa: BLE001 - py4j: a Column without a Catalyst node
         return None
     return _expression_event_time(node, below)
 
@@ -452,7 +454,7 @@ def _sql_event_time(text: str, below: dict[str, int], alias: str | None = None) 
         return None
     try:
         expr = spark._jsparkSession.sessionState().sqlParser().parseExpression(text)
-    except Exception:
+    except Exception:  # noqa: BLE001 - py4j: not an expression Spark parses
         return None
     if expr.getClass().getSimpleName() == "Alias":
         alias = alias or str(expr.name())
@@ -863,7 +865,7 @@ def _project(node: StreamJoin, df: DataFrame, ctx: StatefulContext) -> DataFrame
 def _qualified(df: DataFrame, qualifiers: tuple[tuple[str, ...], ...]) -> DataFrame:
     """``df`` (a projection of aliases) with its columns qualified as ``qualifiers``
     says: the DataFrame API cannot set a qualifier, so the projection is rebuilt."""
-    from lockgate.plan.template import analysed_frame, jvm_name, scala_list
+    from lockgate.jvm import analysed_frame, jvm_name, scala_list
 
     jvm = df._sc._jvm
     plan = df._jdf.queryExecution().analyzed()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from lockgate.plan.join.condition import LEFT, RIGHT, _all_true, _micros, compile_expr
+from lockgate.plan.join.condition import LEFT, RIGHT, _micros, all_true, compile_expr
 
 
 @dataclass(frozen=True)
@@ -223,8 +223,8 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
                 inputs[RIGHT].append((keys[j], [c[j] for c in rcols], ok))
     jt = task.join_type
     semi = jt == "left_semi"
-    pre = [_all_true([compile_expr(e) for e in task.pre_join[s]]) for s in (LEFT, RIGHT)]
-    post = _all_true([compile_expr(e) for e in task.post_join])
+    pre = [all_true([compile_expr(e) for e in task.pre_join[s]]) for s in (LEFT, RIGHT)]
+    post = all_true([compile_expr(e) for e in task.post_join])
     late_us = task.late_watermark_ms * 1000
     null_rows = ([None] * task.left_width, [None] * task.right_width)
 
@@ -278,10 +278,9 @@ def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
                         out.append(that)
                     else:
                         out.append(pair[0] + pair[1])
-            if semi and side == LEFT:
-                if matched:
-                    out.append(row)
-                    continue
+            if semi and side == LEFT and matched:
+                out.append(row)
+                continue
             if side == LEFT:
                 add = True
             else:

@@ -16,7 +16,7 @@ class FileEntry:
 
     path: str
     timestamp: int
-    batchId: int  # noqa: N815 - Spark's JSON field name
+    batchId: int
 
     def to_json(self) -> str:
         return json.dumps(

@@ -38,7 +38,7 @@ def is_hidden_path_name(name: str) -> bool:
         or name.startswith(".")
         or name.endswith("._COPYING_")
     )
-    include = name.startswith("_common_metadata") or name.startswith("_metadata")
+    include = name.startswith(("_common_metadata", "_metadata"))
     return exclude and not include
 
 

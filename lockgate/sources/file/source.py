@@ -295,13 +295,13 @@ class FileStreamSource(Source):
     def schema(self) -> StructType:
         return self._schema
 
-    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+    def getDefaultReadLimit(self) -> ReadLimit:
         return ReadLimit(
             max_files=self._opts.max_files_per_trigger,
             max_bytes=self._opts.max_bytes_per_trigger,
         )
 
-    def latestOffset(self, start: Any, limit: ReadLimit) -> Any:  # noqa: N802
+    def latestOffset(self, start: Any, limit: ReadLimit) -> Any:
         with self._lock:
             if start is not None and log_offset(start) > self._current:
                 raise CheckpointError(
@@ -330,7 +330,7 @@ class FileStreamSource(Source):
             # before writing its offsets is read by the next batch, not lost.
             return None if self._current < 0 else {"logOffset": self._current}
 
-    def getBatch(self, start: Any, end: Any) -> DataFrame:  # noqa: N802
+    def getBatch(self, start: Any, end: Any) -> DataFrame:
         first = -1 if start is None else log_offset(start)
         last = log_offset(end)
         if first > last:
@@ -388,7 +388,7 @@ class FileStreamSource(Source):
                     self._cleaner.clean(entry)
         self._last_cleaned = max(last, self._last_cleaned if self._last_cleaned is not None else -1)
 
-    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+    def prepareForTriggerAvailableNow(self) -> None:
         with self._lock:
             self._available_now = self.fetch_all_files()
 
@@ -554,7 +554,7 @@ class FileSourceProvider(SourceProvider):
         _SourceCleaner.create(location, opts)  # checks sourceArchiveDir
         return location, opts
 
-    def sourceSchema(  # noqa: N802
+    def sourceSchema(
         self, spark: SparkSession, options: Options, user_schema: StructType | None
     ) -> StructType:
         from pyspark.sql.types import StringType, StructField, StructType
@@ -603,7 +603,7 @@ class FileSourceProvider(SourceProvider):
         force = spark.conf.get("spark.sql.streaming.fileSource.schema.forceNullable", "true")
         return _as_nullable(schema) if (force or "true").lower() == "true" else schema
 
-    def createSource(self, context: SourceContext) -> Source:  # noqa: N802
+    def createSource(self, context: SourceContext) -> Source:
         location, opts = self._validate(context.options)
         return FileStreamSource(context, self.name, location, opts, reader_options(context.options))
 

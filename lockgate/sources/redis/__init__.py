@@ -17,12 +17,8 @@ from lockgate.sources.redis.errors import (
     RedisUnavailableError,
 )
 from lockgate.sources.redis.offsets import EntryId
-from lockgate.sources.redis.source import (
-    REDIS_SCHEMA,
-    RedisSourceOptions,
-    RedisSourceProvider,
-    RedisStreamSource,
-)
+from lockgate.sources.redis.provider import RedisSourceProvider
+from lockgate.sources.redis.source import REDIS_SCHEMA, RedisSourceOptions, RedisStreamSource
 
 __all__ = [
     "REDIS_SCHEMA",

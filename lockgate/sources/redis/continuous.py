@@ -17,7 +17,12 @@ from pyspark.sql.types import StructType
 from lockgate.sources.base import ContinuousPartitionReader, ContinuousStream, SourceContext
 from lockgate.sources.redis.connection import RedisConnection, RedisConnectionConfig
 from lockgate.sources.redis.offsets import EntryId, offsets_from_json
-from lockgate.sources.redis.source import REDIS_SCHEMA, RedisSourceOptions, RedisStreamSource, _text
+from lockgate.sources.redis.source import (
+    REDIS_SCHEMA,
+    RedisSourceOptions,
+    RedisStreamSource,
+    as_text,
+)
 
 
 @dataclass(frozen=True)
@@ -38,10 +43,10 @@ class RedisContinuousStream(ContinuousStream):
     def schema(self) -> StructType:
         return REDIS_SCHEMA
 
-    def initialOffset(self) -> dict[str, str]:  # noqa: N802
+    def initialOffset(self) -> dict[str, str]:
         return self._micro.initialOffset()
 
-    def planInputPartitions(self, start: dict[str, str]) -> list[Any]:  # noqa: N802
+    def planInputPartitions(self, start: dict[str, str]) -> list[Any]:
         known = offsets_from_json(start)
         return [
             _Partition(
@@ -53,13 +58,13 @@ class RedisContinuousStream(ContinuousStream):
             for stream in self.options.streams
         ]
 
-    def createReaderFactory(self) -> Any:  # noqa: N802
+    def createReaderFactory(self) -> Any:
         return _RedisPartitionReader
 
-    def mergeOffsets(self, partitionOffsets: list[Any]) -> dict[str, str]:  # noqa: N802,N803
+    def mergeOffsets(self, partitionOffsets: list[Any]) -> dict[str, str]:
         return {stream: last for stream, last in partitionOffsets}
 
-    def deserializeOffset(self, text: str) -> dict[str, str]:  # noqa: N802
+    def deserializeOffset(self, text: str) -> dict[str, str]:
         return self._micro.deserializeOffset(text)
 
     def stop(self) -> None:
@@ -86,8 +91,8 @@ class _RedisPartitionReader(ContinuousPartitionReader):
         rows: list[tuple[Any, ...]] = []
         for _key, entries in reply or []:
             for entry_id, values in entries:
-                text_id = _text(entry_id)
-                fields = {_text(k): _text(v) for k, v in values.items()}
+                text_id = as_text(entry_id)
+                fields = {as_text(k): as_text(v) for k, v in values.items()}
                 rows.append((stream, text_id, fields, EntryId.parse(text_id).ms * 1000))
         if rows:
             self.last = rows[-1][1]

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.types import MapType, StringType, StructField, StructType, TimestampType
 
 from lockgate.checkpoint.log import MetadataLog
-from lockgate.errors import AnalysisError, CheckpointError, ConcurrentWriteError
-from lockgate.sources.base import ReadLimit, Source, SourceContext, SourceProvider
+from lockgate.errors import CheckpointError, ConcurrentWriteError
+from lockgate.sources.base import ReadLimit, Source, SourceContext
 from lockgate.sources.redis.connection import RedisConnection, RedisConnectionConfig
 from lockgate.sources.redis.errors import RedisCommandError
 from lockgate.sources.redis.offsets import (
@@ -381,7 +381,7 @@ def _xrange(key: str, first: str, last: str, count: int, client: redis.Redis) ->
     return client.xrange(key, first, last, count=count)
 
 
-def _text(value: bytes | str) -> str:
+def as_text(value: bytes | str) -> str:
     # Stream values are bytes; the schema says STRING, so undecodable bytes become U+FFFD.
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -389,8 +389,8 @@ def _text(value: bytes | str) -> str:
 def _to_arrow(key: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> pa.RecordBatch:
     import pyarrow as pa
 
-    ids = [_text(entry_id) for entry_id, _ in entries]
-    fields = [[(_text(k), _text(v)) for k, v in values.items()] for _, values in entries]
+    ids = [as_text(entry_id) for entry_id, _ in entries]
+    fields = [[(as_text(k), as_text(v)) for k, v in values.items()] for _, values in entries]
     micros = [EntryId.parse(i).ms * 1000 for i in ids]
     return pa.RecordBatch.from_arrays(
         [
@@ -403,38 +403,9 @@ def _to_arrow(key: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> pa.R
     )
 
 
-class RedisSourceProvider(SourceProvider):
-    """``readStream.format("redis")``."""
-
-    name = "redis"
-
-    def sourceSchema(
-        self, spark: SparkSession, options: Options, user_schema: StructType | None
-    ) -> StructType:
-        if user_schema is not None and user_schema != REDIS_SCHEMA:
-            raise AnalysisError(
-                "The redis source does not support a user-specified schema: its rows are "
-                f"always {REDIS_SCHEMA.simpleString()}. Drop .schema(...) and select from "
-                "the 'fields' map instead."
-            )
-        RedisSourceOptions.parse(options)
-        return REDIS_SCHEMA
-
-    def createSource(self, context: SourceContext) -> Source:
-        return RedisStreamSource(context, RedisSourceOptions.parse(context.options))
-
-    supports_continuous = True
-
-    def createContinuousStream(self, context: SourceContext) -> Any:  # noqa: N802
-        from lockgate.sources.redis.continuous import RedisContinuousStream
-
-        return RedisContinuousStream(context, RedisSourceOptions.parse(context.options))
-
-
 __all__ = [
     "REDIS_SCHEMA",
     "RangeReader",
     "RedisSourceOptions",
-    "RedisSourceProvider",
     "RedisStreamSource",
 ]

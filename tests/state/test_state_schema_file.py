@@ -9,7 +9,12 @@ import pyarrow as pa
 import pytest
 
 from lockgate.errors import CheckpointError
-from lockgate.state.arrow_types import field_from_json, field_to_json, parse_arrow_type, without_time_zones
+from lockgate.state.arrow_types import (
+    field_from_json,
+    field_to_json,
+    parse_arrow_type,
+    without_time_zones,
+)
 from lockgate.state.schema import OperatorStateSchema
 
 TYPES = [

@@ -4,7 +4,7 @@ lockgate's join task.
 An outer or semi join's task decides which pairs match, so it evaluates the terms that
 read both sides itself: the comparisons and range glue in its own form, and any other
 expression over both sides with the continuous tasks' row evaluator
-(``lockgate/execution/continuous/expressions.py``, whose semantics
+(``lockgate/plan/row_expressions.py``, whose semantics
 ``tests/continuous/test_expressions.py`` checks in depth). These tests check the join's
 use of it against Spark batch on the same values: each side's columns reach the right
 inputs, timestamps and dates cross in Spark's internal form, ANSI errors and nulls come
@@ -15,20 +15,20 @@ tests (``test_stream_join.py``) run such terms inside joins.
 from __future__ import annotations
 
 import math
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
 
 from lockgate.errors import NotSupportedYetError
-from lockgate.execution.continuous.expressions import SparkArithmeticError
 from lockgate.plan.join.condition import LEFT, RIGHT, _Converter, compile_expr
+from lockgate.plan.row_expressions import SparkArithmeticError
 
 INT_MAX = 2**31 - 1
 
 
 def _ts(second: int) -> datetime:
-    return datetime(2024, 1, 1, 0, 0, second, tzinfo=timezone.utc)
+    return datetime(2024, 1, 1, 0, 0, second, tzinfo=UTC)
 
 
 # (a's type (left side), b's type (right side), [(a, b), ...], expressions of a and b)

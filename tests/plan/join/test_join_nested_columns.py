@@ -13,16 +13,15 @@ on the store, where the worker cache cannot hide it."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from differential import exact_batches
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
-from differential import exact_batches
-from test_stateful import Bench
 
 from lockgate.state.store import StateStore, StateStoreConf, _cache_put, clear_cache, column_values
 
@@ -138,10 +137,9 @@ RESTART_BEFORE_STEP = 4
 
 
 @pytest.fixture
-def bench(spark, ls, tmp_path, no_json_filter_pushdown):
-    b = Bench(spark, ls, tmp_path)
-    yield b
-    b.stop()
+def bench(no_json_filter_pushdown, bench):
+    """The shared ``bench`` (tests/conftest.py), with the JSON filter pushdown off first."""
+    return bench
 
 
 def test_nested_columns_in_stream_joins_match_native(bench, tmp_path):
@@ -185,7 +183,7 @@ _VALUES = {
     "ms": pa.map_(pa.string(), pa.struct([("p", pa.int32())])),
     "matched": pa.bool_(),
 }
-_T = datetime(2024, 1, 1, tzinfo=timezone.utc)
+_T = datetime(2024, 1, 1, tzinfo=UTC)
 _KEY_ROWS = [
     {
         "key_arr": [1, None],

@@ -10,38 +10,16 @@ ids of the batches that ran (no-data batches, which emit outer rows, included).
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-from differential import canonical, write_json
+from differential import RANGE, canonical, lrow, rrow, run_join_steps, sides
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
 from lockgate import NotSupportedYetError
-
-LEFT_SCHEMA = "leftId LONG, leftTime TIMESTAMP, lv STRING"
-RIGHT_SCHEMA = "rightId LONG, rightTime TIMESTAMP, rv STRING"
-BASE = datetime(2024, 1, 1)
-RANGE = "leftId = rightId AND rightTime >= leftTime AND rightTime <= leftTime + interval 30 seconds"
-
-
-def lrow(sec: int, k: int, v: str) -> dict[str, Any]:
-    return {"leftId": k, "leftTime": (BASE + timedelta(seconds=sec)).isoformat(), "lv": v}
-
-
-def rrow(sec: int, k: int, v: str) -> dict[str, Any]:
-    return {"rightId": k, "rightTime": (BASE + timedelta(seconds=sec)).isoformat(), "rv": v}
-
-
-def sides(reader: Any, ldir: Path, rdir: Path, watermarks: bool = True) -> tuple[Any, Any]:
-    left = reader.schema(LEFT_SCHEMA).json(str(ldir))
-    right = reader.schema(RIGHT_SCHEMA).json(str(rdir))
-    if watermarks:
-        left = left.withWatermark("leftTime", "10 seconds")
-        right = right.withWatermark("rightTime", "20 seconds")
-    return left, right
 
 
 def q_inner_plain(reader: Any, ldir: Path, rdir: Path) -> Any:
@@ -172,76 +150,8 @@ STEPS: list[tuple[str, list[dict[str, Any]]]] = [
 ]
 
 
-class Pair:
-    """One query on both engines, memory sinks."""
-
-    def __init__(self, spark: Any, ls: Any, name: str, fn: Callable[..., Any], ldir: Path, rdir: Path, root: Path):
-        self.spark = spark
-        self.name = name
-        self.tables = {}
-        self.queries = {}
-        for engine, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
-            table = f"j_{name}_{engine}_{uuid.uuid4().hex[:8]}"
-            self.tables[engine] = table
-            self.queries[engine] = (
-                fn(reader, ldir, rdir)
-                .writeStream.format("memory")
-                .queryName(table)
-                .option("checkpointLocation", str(root / name / engine))
-                .start()
-            )
-
-    def process(self) -> None:
-        for q in self.queries.values():
-            q.processAllAvailable()
-
-    def rows(self, engine: str) -> list[str]:
-        return canonical(self.spark.table(self.tables[engine]).collect())
-
-    def state(self, engine: str) -> tuple[Any, ...]:
-        ran = [p for p in self.queries[engine].recentProgress if "addBatch" in p.durationMs]
-        if not ran or not ran[-1].stateOperators:
-            return ()
-        p = ran[-1]
-        s = p.stateOperators[0]
-        return (p.batchId, s.numRowsTotal, s.numRowsDroppedByWatermark)
-
-    def check(self, step: int) -> None:
-        native, mine = self.rows("native"), self.rows("lockgate")
-        assert mine == native, f"{self.name} step {step}: rows differ\nnative:   {native}\nlockgate: {mine}"
-        assert self.state("lockgate") == self.state("native"), (
-            f"{self.name} step {step}: (batchId, numRowsTotal, numRowsDroppedByWatermark) "
-            f"native {self.state('native')} lockgate {self.state('lockgate')}"
-        )
-
-
-def _run_steps(
-    spark: Any, ls: Any, tmp_path: Path, queries: dict[str, Callable[..., Any]], steps: list[Any]
-) -> dict[str, Pair]:
-    """Every query on both engines through ``steps``, compared after each; the pairs."""
-    ldir, rdir = tmp_path / "left", tmp_path / "right"
-    ldir.mkdir()
-    rdir.mkdir()
-    pairs = [Pair(spark, ls, name, fn, ldir, rdir, tmp_path) for name, fn in queries.items()]
-    try:
-        for step, (side, rows) in enumerate(steps):
-            write_json(ldir if side == "left" else rdir, rows)
-            for pair in pairs:
-                pair.process()
-            for pair in pairs:
-                pair.check(step)
-        # something was emitted by every query, outer rows included
-        for pair in pairs:
-            assert pair.rows("native"), pair.name
-        return {pair.name: pair for pair in pairs}
-    finally:
-        for pair in pairs:
-            for q in pair.queries.values():
-                q.stop()
-
-
 def test_stream_joins_match_native(spark: Any, ls: Any, tmp_path: Path) -> None:
-    _run_steps(spark, ls, tmp_path, QUERIES, STEPS)
+    run_join_steps(spark, ls, tmp_path, QUERIES, STEPS)
     # each side's buffered rows at the end, as Spark's state data source reads them
     for name in ("inner_plain", "right_outer"):
         for side in ("left", "right"):
@@ -270,7 +180,7 @@ def test_null_safe_keys_match_native(spark: Any, ls: Any, tmp_path: Path) -> Non
         ("right", [rrow(200, 3, "w")]),
     ]
     how = ("inner", "left_outer", "full_outer", "left_semi")
-    pairs = _run_steps(spark, ls, tmp_path, {h: q_null_safe(h) for h in how}, steps)
+    pairs = run_join_steps(spark, ls, tmp_path, {h: q_null_safe(h) for h in how}, steps)
     inner = pairs["inner"].rows("native")
     assert any("'a'" in row and "'x'" in row for row in inner), inner  # null joined null
 

@@ -19,17 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from differential import write_json
+from differential import SCHEMA, ev, write_json
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
-from test_stateful import SCHEMA, Bench, ev
-
-
-@pytest.fixture
-def bench(spark, ls, tmp_path):
-    b = Bench(spark, ls, tmp_path)
-    yield b
-    b.stop()
 
 
 def _src(reader: Any, inp: Path, suffix: str = "", delay: str = "10 seconds") -> Any:

@@ -1,4 +1,4 @@
-"""Driver process for tests/test_crash_recovery.py (not a test module).
+"""Driver process for tests/execution/test_crash_recovery.py (not a test module).
 
 Runs one or more lockgate queries, each reading a directory of JSON files
 (``maxFilesPerTrigger=1``, so input file ``k`` is batch ``k``) with

@@ -1,7 +1,7 @@
 """The aggregate functions' buffers, merges and final expressions, without a stream.
 
 The differential tests (``test_aggregation_and_dedup_match_native`` in
-``tests/test_stateful.py``, ``test_session_window_matches_native``) run every function
+``tests/plan/test_stateful.py``, ``test_session_window_matches_native``) run every function
 against native Spark Structured Streaming. These check, fast, what their input does not
 reach: NaN in min/max and in max_by's ordering, structs held as the state holds them,
 and ``spark.sql.legacy.statisticalAggregate`` (NaN instead of null on a zero divisor).

@@ -21,10 +21,11 @@ import math
 import re
 import struct
 from collections.abc import Callable
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from lockgate.errors import NotSupportedYetError
+from lockgate.jvm import seq
 
 Program = tuple[Any, ...]
 """``(("filter", expr) | ("project", (expr, ...)), ...)``, applied in order."""
@@ -121,10 +122,6 @@ class UnsupportedExpression(NotSupportedYetError):
 # ======================================================================================
 # Driver side: Spark's analyzed plan -> program
 # ======================================================================================
-def _seq(jseq: Any) -> list[Any]:
-    return [jseq.apply(i) for i in range(jseq.size())]
-
-
 def _type_name(jtype: Any) -> str:
     return str(jtype.typeName())
 
@@ -142,7 +139,7 @@ def compile_plan(jplan: Any) -> tuple[Program, list[int]]:
     while True:
         name = str(node.getClass().getSimpleName())
         chain.append((name, node))
-        children = _seq(node.children())
+        children = seq(node.children())
         if not children:
             break
         if len(children) != 1:
@@ -152,16 +149,16 @@ def compile_plan(jplan: Any) -> tuple[Program, list[int]]:
     leaf_name, leaf = chain[0]
     if leaf_name not in ("LogicalRDD", "LocalRelation"):
         raise UnsupportedExpression(f"plan leaf {leaf_name}")
-    ids = [int(a.exprId().id()) for a in _seq(leaf.output())]
+    ids = [int(a.exprId().id()) for a in seq(leaf.output())]
     for name, node in chain[1:]:
         if name == "SubqueryAlias":
             continue
         if name == "Filter":
             steps.append(("filter", _expr(node.condition(), ids)))
         elif name == "Project":
-            exprs = _seq(node.projectList())
+            exprs = seq(node.projectList())
             steps.append(("project", tuple(_expr(e, ids) for e in exprs)))
-            ids = [int(a.exprId().id()) for a in _seq(node.output())]
+            ids = [int(a.exprId().id()) for a in seq(node.output())]
         else:
             raise UnsupportedExpression(f"the {name} operation")
     return tuple(steps), ids
@@ -201,7 +198,7 @@ def _expr(e: Any, ids: list[int]) -> Any:
         # Constant subtrees (e.g. CAST('2000-01-01' AS DATE)) are evaluated by Spark itself.
         try:
             value = e.eval(None)
-        except Exception:  # noqa: BLE001 - fails at run time too; evaluate it per row
+        except Exception:  # noqa: BLE001, S110 - fails at run time too; evaluate it per row
             pass
         else:
             return ("lit", dtype, _literal(value, e, dtype))
@@ -209,7 +206,7 @@ def _expr(e: Any, ids: list[int]) -> Any:
         raise UnsupportedExpression(
             f"the expression {name} of type {e.dataType().simpleString()} ({_sql(e)})"
         )
-    children = [_expr(c, ids) for c in _seq(e.children())]
+    children = [_expr(c, ids) for c in seq(e.children())]
     if name == "Cast":
         source = children[0][1]
         if source.startswith("decimal") and children[0][0] == "lit" and dtype in _FRACTIONAL:
@@ -461,11 +458,11 @@ def _arith(dtype: str, meta: Any, args: list[Fn], arg_types: list[str], op: str)
     integral = dtype in _INTEGRAL
     fix = _f32 if dtype == "float" else (lambda v: v)
     if op == "Add":
-        raw: Callable[[Any, Any], Any] = lambda x, y: x + y  # noqa: E731
+        raw: Callable[[Any, Any], Any] = lambda x, y: x + y
     elif op == "Subtract":
-        raw = lambda x, y: x - y  # noqa: E731
+        raw = lambda x, y: x - y
     else:
-        raw = lambda x, y: x * y  # noqa: E731
+        raw = lambda x, y: x * y
     what = {"Add": "Add", "Subtract": "Subtract", "Multiply": "Multiply"}[op]
     if integral:
         return _strict(lambda x, y: _overflow(dtype, mode, raw(x, y), what), args)
@@ -698,7 +695,7 @@ def _is_nan(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
 
 
 # -- casts -----------------------------------------------------------------------------------
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 _INT_TEXT = re.compile(r"^[+-]?\d+$")
 _FRACTION_TEXT = re.compile(r"^([+-]?\d*)\.(\d*)$")
@@ -711,7 +708,7 @@ def _zone(tz: str | None) -> Any:
     from zoneinfo import ZoneInfo
 
     if tz is None or tz in ("UTC", "Etc/UTC", "Z"):
-        return timezone.utc
+        return UTC
     return ZoneInfo(tz)
 
 
@@ -780,7 +777,7 @@ def _cast_function(source: str, target: str, mode: str, zone: Any) -> Callable[[
                     if math.isnan(v):
                         return 0
                     return hi if v > 0 else lo
-                return int(math.trunc(v))
+                return math.trunc(v)
 
             return from_fractional
         if source == "string":
@@ -1078,14 +1075,14 @@ _FACTORIES: dict[str, Callable[..., Fn]] = {
     "UnaryMinus": _unary_minus,
     "UnaryPositive": lambda d, m, a, t: a[0],
     "Abs": _abs,
-    **{op: (lambda o: lambda d, m, a, t: _comparison(d, m, a, t, o))(op) for op in _COMPARISONS},
+    **{op: (lambda o: lambda d, m, a, t: _comparison(d, m, a, t, o))(op) for op in _COMPARISONS},  # noqa: PLC3002 - binds the value now, not the variable
     "And": _short_circuit(False),
     "Or": _short_circuit(True),
     "Not": _binary(lambda x: not x),
     "In": _in,
     "InSet": _in_set,
-    "IsNull": lambda d, m, a, t: (lambda f: lambda row: f(row) is None)(a[0]),
-    "IsNotNull": lambda d, m, a, t: (lambda f: lambda row: f(row) is not None)(a[0]),
+    "IsNull": lambda d, m, a, t: (lambda f: lambda row: f(row) is None)(a[0]),  # noqa: PLC3002 - binds the value now, not the variable
+    "IsNotNull": lambda d, m, a, t: (lambda f: lambda row: f(row) is not None)(a[0]),  # noqa: PLC3002 - binds the value now, not the variable
     "IsNaN": _is_nan,
     "Coalesce": _coalesce,
     "If": _if,

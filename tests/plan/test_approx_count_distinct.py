@@ -10,15 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from differential import SCHEMA, ev
 from pyspark.sql import functions as F
-from test_stateful import SCHEMA, Bench, ev
-
-
-@pytest.fixture
-def bench(spark, ls, tmp_path):
-    b = Bench(spark, ls, tmp_path)
-    yield b
-    b.stop()
 
 
 def _steps() -> list[list[dict[str, Any]]]:

@@ -14,10 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from differential import SCHEMA, ev
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
-from test_stateful import SCHEMA, Bench, ev
-
 
 STEPS = [
     [ev(1, "a", 1.0), ev(2, "a", 1.0), ev(3, "b", 2.0)],
@@ -25,13 +24,6 @@ STEPS = [
     [ev(25, "c", None), ev(5, "a", 9.0), ev(26, "b", 2.0)],  # 5: late once the watermark passes it
     [ev(41, "a", 1.0), ev(42, "a", 1.0)],
 ]
-
-
-@pytest.fixture
-def bench(spark, ls, tmp_path):
-    b = Bench(spark, ls, tmp_path)
-    yield b
-    b.stop()
 
 
 def test_nested_and_window_keys_match_native(bench, tmp_path):

@@ -4,7 +4,7 @@ Each query runs on native Spark Structured Streaming (the oracle) and on lockgat
 the same JSON files, one per step; after every step both sides must agree on the sink's
 rows, the batches that ran (no-data batches included) with their input rows and
 watermark, and the session operator's ``numRowsTotal``, ``numRowsDroppedByWatermark``,
-``numRowsUpdated`` and ``numRowsRemoved`` (the harness of ``tests/test_stateful.py``).
+``numRowsUpdated`` and ``numRowsRemoved`` (the harness of ``tests/plan/test_stateful.py``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from differential import write_json
+from differential import BASE, SCHEMA, ev, headline, write_json
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
-from test_stateful import BASE, SCHEMA, Bench, _headline, ev
 
 GAP = "5 seconds"
 
@@ -79,13 +78,6 @@ def aggregates() -> list[Any]:
 def source(reader: Any, inp: str, watermark: bool = True) -> Any:
     df = reader.schema(SCHEMA).json(inp)
     return df.withWatermark("ts", "10 seconds") if watermark else df
-
-
-@pytest.fixture
-def bench(spark, ls, tmp_path):
-    b = Bench(spark, ls, tmp_path)
-    yield b
-    b.stop()
 
 
 def test_session_window_matches_native(spark, bench, tmp_path):
@@ -205,7 +197,7 @@ def test_unsupported_session_window_queries_rejected_like_spark(spark, ls, tmp_p
             start(build(spark.readStream), mode, "native")
         with pytest.raises(AnalysisException) as lockgate:
             start(build(ls.readStream), mode, "lockgate")
-        assert _headline(native.value) in str(lockgate.value)
+        assert headline(native.value) in str(lockgate.value)
 
     def global_session(reader: Any) -> Any:
         return source(reader, inp).groupBy(F.session_window("ts", GAP)).count()

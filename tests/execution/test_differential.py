@@ -370,16 +370,16 @@ class _EventLog(StreamingQueryListener):
     def __init__(self):
         self.events = []
 
-    def onQueryStarted(self, event):  # noqa: N802
+    def onQueryStarted(self, event):
         self.events.append("started")
 
-    def onQueryProgress(self, event):  # noqa: N802
+    def onQueryProgress(self, event):
         self.events.append(f"progress {event.progress.batchId}")
 
-    def onQueryIdle(self, event):  # noqa: N802
+    def onQueryIdle(self, event):
         self.events.append("idle")
 
-    def onQueryTerminated(self, event):  # noqa: N802
+    def onQueryTerminated(self, event):
         self.events.append("terminated")
 
 

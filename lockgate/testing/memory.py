@@ -1,4 +1,5 @@
 """``MemoryStream``: a source fed from Python, for tests and notebooks (Spark's MemoryStream).
+A test double: it sits above the API (``toDF`` makes a ``StreamingDataFrame``).
 
 Each ``addData`` call becomes one small DataFrame held by Spark; offsets count the
 calls (the first ``addData`` returns offset 0), so a batch covers whole calls.
@@ -13,6 +14,10 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import DataFrame, Row
 from pyspark.sql.types import DataType, StructField, StructType
 
+from lockgate.api.dataframe import StreamingDataFrame
+from lockgate.api.session import StreamingSession
+from lockgate.plan.nodes import StreamingRelation
+from lockgate.row_codec import decode_rows, encode_rows
 from lockgate.sources.base import (
     ContinuousPartitionReader,
     ContinuousStream,
@@ -24,8 +29,6 @@ from lockgate.sources.base import (
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-    from lockgate.api.dataframe import StreamingDataFrame
 
 
 def _parse_schema(spark: SparkSession, schema: StructType | DataType | str) -> StructType:
@@ -56,7 +59,7 @@ class MemoryStream(Source):
     """
 
     def __init__(
-        self, session: Any, schema: StructType | DataType | str, numPartitions: int | None = None  # noqa: N803
+        self, session: Any, schema: StructType | DataType | str, numPartitions: int | None = None
     ) -> None:
         self._session = session
         self._spark: SparkSession = getattr(session, "spark", session)
@@ -87,7 +90,7 @@ class MemoryStream(Source):
                 )
         return rows
 
-    def addData(self, data: Iterable[Any] | Any = (), *more: Any) -> int:  # noqa: N802
+    def addData(self, data: Iterable[Any] | Any = (), *more: Any) -> int:
         """Add rows as one new offset; returns that offset.
 
         ``addData([1, 2, 3])``, ``addData(1, 2, 3)`` and ``addData([(1, "a")])`` all work.
@@ -103,28 +106,23 @@ class MemoryStream(Source):
             self._arrived.notify_all()
             return len(self._batches) - 1
 
-    def toDF(self) -> StreamingDataFrame:  # noqa: N802
+    def toDF(self) -> StreamingDataFrame:
         """The streaming DataFrame reading this stream."""
-        from lockgate.api.dataframe import StreamingDataFrame
-        from lockgate.plan.nodes import StreamingRelation
-
         relation = StreamingRelation(
             provider=_ThisSource(self), source_name="memory", options=(), schema=self._schema
         )
         return StreamingDataFrame._from_plan(self._session_obj(), relation)
 
     def _session_obj(self) -> Any:
-        from lockgate.api.session import StreamingSession
-
         if isinstance(self._session, StreamingSession):
             return self._session
         return StreamingSession.for_spark(self._spark)
 
-    def latestOffset(self, start: Any, limit: ReadLimit) -> int | None:  # noqa: N802
+    def latestOffset(self, start: Any, limit: ReadLimit) -> int | None:
         with self._lock:
             return len(self._batches) - 1 if self._batches else None
 
-    def getBatch(self, start: int | None, end: int) -> DataFrame:  # noqa: N802
+    def getBatch(self, start: int | None, end: int) -> DataFrame:
         first = -1 if start is None else int(start)
         with self._lock:
             parts = self._batches[first + 1 : int(end) + 1]
@@ -168,22 +166,20 @@ class MemoryContinuousStream(ContinuousStream):
     def schema(self) -> StructType:
         return self.stream.schema
 
-    def initialOffset(self) -> dict[str, int]:  # noqa: N802
+    def initialOffset(self) -> dict[str, int]:
         return {str(p): 0 for p in range(self.num_partitions)}
 
-    def planInputPartitions(self, start: dict[str, int]) -> list[Any]:  # noqa: N802
+    def planInputPartitions(self, start: dict[str, int]) -> list[Any]:
         return [(self.key, p, int(start.get(str(p), 0)), self.num_partitions) for p in range(self.num_partitions)]
 
-    def createReaderFactory(self) -> Any:  # noqa: N802
+    def createReaderFactory(self) -> Any:
         return _MemoryPartitionReader
 
-    def mergeOffsets(self, partitionOffsets: list[Any]) -> dict[str, int]:  # noqa: N802,N803
+    def mergeOffsets(self, partitionOffsets: list[Any]) -> dict[str, int]:
         return {str(p): int(o) for p, o in enumerate(partitionOffsets)}
 
-    def coordinatorHandlers(self) -> dict[str, Any]:  # noqa: N802
+    def coordinatorHandlers(self) -> dict[str, Any]:
         def get_records(message: dict[str, Any], payload: bytes | None) -> tuple[dict[str, Any], bytes]:
-            from lockgate.execution.continuous.protocol import encode_rows
-
             records = self.stream._records_for(
                 int(message["partition"]),
                 int(message["offset"]),
@@ -204,8 +200,6 @@ class _MemoryPartitionReader(ContinuousPartitionReader):
         self._client = client
 
     def read(self, timeout_s: float) -> list[tuple[Any, ...]]:
-        from lockgate.execution.continuous.protocol import decode_rows
-
         _, payload = self._client.call(
             {
                 "type": f"memory.GetRecords.{self.key}",
@@ -231,13 +225,13 @@ class _ThisSource(SourceProvider):
     def __init__(self, source: MemoryStream) -> None:
         self.source = source
 
-    def sourceSchema(self, spark, options, user_schema):  # type: ignore[no-untyped-def]  # noqa: N802
+    def sourceSchema(self, spark, options, user_schema):  # type: ignore[no-untyped-def]
         return self.source.schema
 
-    def createSource(self, context: SourceContext) -> Source:  # noqa: N802
+    def createSource(self, context: SourceContext) -> Source:
         return self.source
 
     supports_continuous = True
 
-    def createContinuousStream(self, context: SourceContext) -> ContinuousStream:  # noqa: N802
+    def createContinuousStream(self, context: SourceContext) -> ContinuousStream:
         return MemoryContinuousStream(self.source)

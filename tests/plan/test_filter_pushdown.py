@@ -12,14 +12,13 @@ and rows it removes must not reach an aggregation's state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import pytest
+from differential import RANGE, SCHEMA, ev, lrow, rrow, run_join_steps, sides
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from test_stateful import SCHEMA, Bench, ev
-from test_stream_join import RANGE, _run_steps, lrow, rrow, sides
 
 
 def q(how: str, extra: str = "", after: str | None = None) -> Callable[[Any, Path, Path], Any]:
@@ -89,14 +88,7 @@ def test_pushed_filters_run_below_the_watermark(spark: Any, ls: Any, tmp_path: P
         "left_outer_made_inner": q("left_outer", after="lv <> 'skip' AND rv <> 'skip'"),
         "inner_projected": projected,
     }
-    _run_steps(spark, ls, tmp_path, queries, STEPS)
-
-
-@pytest.fixture
-def bench(spark, ls, tmp_path):
-    b = Bench(spark, ls, tmp_path)
-    yield b
-    b.stop()
+    run_join_steps(spark, ls, tmp_path, queries, STEPS)
 
 
 def test_filters_run_below_the_watermark_and_the_aggregation(spark, bench, tmp_path, no_json_filter_pushdown):

@@ -1,4 +1,4 @@
-"""Driver process for tests/test_stateful.py (not a test module).
+"""Driver process for tests/plan/test_stateful.py (not a test module).
 
 Runs lockgate windowed aggregations over directories of JSON files in a fresh Spark
 application, so that a test can kill it (``LOCKGATE_TEST_KILL_AT``), run it on another

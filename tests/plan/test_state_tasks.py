@@ -15,8 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from differential import SCHEMA, Bench, ev
 from pyspark.sql import functions as F
-from test_stateful import SCHEMA, Bench, ev
 
 from lockgate.errors import OptionError
 from lockgate.plan.state_udf import TASKS_CONF, run_state_partitions, state_task_count

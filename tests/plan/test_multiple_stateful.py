@@ -15,20 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from differential import write_json
+from differential import SCHEMA, ev, headline, write_json
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
-from test_stateful import SCHEMA, Bench, _headline, ev
 
 import lockgate
 from lockgate.plan.checks import REDEFINED_WATERMARK_ERROR
-
-
-@pytest.fixture
-def bench(spark, ls, tmp_path):
-    b = Bench(spark, ls, tmp_path)
-    yield b
-    b.stop()
 
 
 def _src(reader: Any, inp: Path | str, delay: str | None = "10 seconds") -> Any:
@@ -231,7 +223,7 @@ def test_refused_like_spark(spark, ls, tmp_path, build, mode):
         build(spark.readStream, inp).writeStream.format("memory").queryName(
             f"refused_{uuid.uuid4().hex[:8]}"
         ).outputMode(mode).option("checkpointLocation", str(tmp_path / "native")).start()
-    expected = _headline(native.value)
+    expected = headline(native.value)
     with pytest.raises(AnalysisException) as lg:
         build(ls.readStream, inp).writeStream.format("memory").queryName("refused_lg").outputMode(
             mode

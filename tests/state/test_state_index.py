@@ -28,7 +28,7 @@ class _Recorder:
         self.changes.append((sorted(zip(upserts, previous)), sorted(removed)))
 
 
-def _conf(tmp_path: Any, value_type: pa.DataType = pa.int64()) -> StateStoreConf:
+def _conf(tmp_path: Any, value_type: pa.DataType = pa.int64()) -> StateStoreConf:  # noqa: B008 - immutable
     return StateStoreConf(
         root=str(tmp_path / "state"),
         operator_id=0,
@@ -94,11 +94,11 @@ def test_catch_up_drops_an_index_that_cannot_follow(tmp_path):
 
 
 def _t(seconds: int) -> dt.datetime:
-    return dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=seconds)
+    return dt.datetime(2024, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=seconds)
 
 
 def _micros(seconds: int) -> int:
-    return (_t(seconds) - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(microseconds=1)
+    return (_t(seconds) - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
 
 
 def test_join_side_eviction_after_catch_up_matches_a_scan(tmp_path):
@@ -114,7 +114,7 @@ def test_join_side_eviction_after_catch_up_matches_a_scan(tmp_path):
     )
 
     def time_of(skey: Any, value: Any) -> int:
-        return (value[0] - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(microseconds=1)
+        return (value[0] - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
 
     side = _Side(StateStore(conf, 0, 0), time_of)
     for k, s in (("a", 5), ("a", 20), ("b", 8), ("c", 30)):

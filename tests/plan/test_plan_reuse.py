@@ -9,16 +9,15 @@ answer batch by batch.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from differential import SCHEMA, Bench, ev, feed, spark_conf, wait_until
 from pyspark.sql import functions as F
-from streaming_helpers import feed, spark_conf, wait_until
-from test_stateful import SCHEMA, Bench, ev
 
 import lockgate
 from lockgate.errors import OptionError

@@ -8,16 +8,14 @@ operators' ``numRowsTotal``, ``numRowsDroppedByWatermark``, ``numRowsUpdated``,
 ``numRowsRemoved`` (and ``numDroppedDuplicateRows`` for deduplication). Many queries share one
 sequence of steps, because starting streams is what costs time.
 
-Recovery tests run lockgate in subprocesses (``tests/stateful_driver.py``) so that a
+Recovery tests run lockgate in subprocesses (``tests/plan/stateful_driver.py``) so that a
 process can be SIGKILLed mid-batch and restarted with cold state caches.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -30,262 +28,15 @@ from typing import Any
 
 import pytest
 import stateful_driver
-from differential import Differential, write_json, write_json_together
+from differential import BASE, SCHEMA, Differential, ev, headline, write_json
 from pyspark.errors import AnalysisException
-from pyspark.sql import Row
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 import lockgate
 
-SCHEMA = "ts TIMESTAMP, k STRING, v DOUBLE"
 DRIVER = Path(__file__).with_name("stateful_driver.py")
 PROCESS_TIMEOUT_S = 420
-REL_TOL = 1e-9
-BASE = datetime(2024, 1, 1)
-
-
-def ev(sec: int, k: str | None, v: float | None) -> dict[str, Any]:
-    """An input row ``sec`` seconds after 2024-01-01T00:00:00."""
-    return {"ts": (BASE + timedelta(seconds=sec)).isoformat(), "k": k, "v": v}
-
-
-# -- comparing rows -------------------------------------------------------------------
-def _flatten(value: Any, exact: list[Any], floats: list[float]) -> None:
-    """Split a row into exactly compared leaves and floats compared with a tolerance.
-    Arrays (collect_list / collect_set) are compared sorted."""
-    if isinstance(value, (Row, tuple)):
-        for item in value:
-            _flatten(item, exact, floats)
-    elif isinstance(value, list):
-        exact.append(("array", tuple(sorted(repr(x) for x in value))))
-    elif isinstance(value, float) and not math.isnan(value):
-        exact.append("<float>")
-        floats.append(value)
-    else:
-        exact.append(repr(value))
-
-
-def canon(
-    rows: list[Any], ordered: bool = False
-) -> list[tuple[tuple[Any, ...], tuple[float, ...]]]:
-    items = []
-    for row in rows:
-        exact: list[Any] = []
-        floats: list[float] = []
-        _flatten(row, exact, floats)
-        items.append((tuple(exact), tuple(floats)))
-    if not ordered:
-        items.sort(key=lambda it: (repr(it[0]), [float(f"{x:.6g}") for x in it[1]]))
-    return items
-
-
-def same_rows(a: list[Any], b: list[Any]) -> bool:
-    if len(a) != len(b):
-        return False
-    for (ea, fa), (eb, fb) in zip(a, b):
-        if ea != eb or len(fa) != len(fb):
-            return False
-        if not all(math.isclose(x, y, rel_tol=REL_TOL, abs_tol=1e-12) for x, y in zip(fa, fb)):
-            return False
-    return True
-
-
-def _show(items: list[Any]) -> str:
-    return "\n      ".join(repr(it) for it in items) or "(none)"
-
-
-# -- running several native/lockgate query pairs side by side ---------------------------
-class Side:
-    """One engine's run of a query: its sink and the progress of the batches that ran."""
-
-    def __init__(self, pair: Pair, engine: str) -> None:
-        self.pair = pair
-        self.engine = engine
-        self.table = f"st_{engine}_{pair.name}_{uuid.uuid4().hex[:8]}"
-        self.checkpoint = str(pair.root / engine / "checkpoint")
-        self.query: Any = None
-        self.batches: list[tuple[int, list[Any]]] = []
-        self.past_progress: list[Any] = []
-
-    def _collect(self, df: Any, batch_id: int) -> None:
-        self.batches.append((batch_id, df.collect()))
-
-    def start(self, reader: Any) -> None:
-        p = self.pair
-        writer = (
-            p.build(reader)
-            .writeStream.outputMode(p.mode)
-            .option("checkpointLocation", self.checkpoint)
-        )
-        if p.sink == "memory":
-            writer = writer.format("memory").queryName(self.table)
-        else:
-            writer = writer.foreachBatch(self._collect)
-        self.query = writer.start()
-
-    def stop(self) -> None:
-        if self.query is not None:
-            self.past_progress += self._executed()
-            self.query.stop()
-            self.query = None
-
-    def _executed(self) -> list[Any]:
-        # Idle triggers also report progress (on a timer): only batches that ran count.
-        return [p for p in self.query.recentProgress if "addBatch" in p.durationMs]
-
-    def progress(self) -> list[tuple[Any, ...]]:
-        result = []
-        for p in self.past_progress + self._executed():
-            ops = tuple(
-                (
-                    op.operatorName,
-                    op.numRowsTotal,
-                    op.numRowsDroppedByWatermark,
-                    op.customMetrics.get("numDroppedDuplicateRows"),
-                    op.numRowsUpdated,
-                    op.numRowsRemoved,
-                )
-                for op in p.stateOperators
-            )
-            result.append((p.batchId, p.numInputRows, (p.eventTime or {}).get("watermark"), ops))
-        return result
-
-    def rows(self) -> list[Any]:
-        if self.pair.sink == "memory":
-            return self.pair.spark.table(self.table).collect()
-        if self.pair.mode == "complete":
-            return self.batches[-1][1] if self.batches else []
-        return [row for _, rows in self.batches for row in rows]
-
-
-class Pair:
-    """The same query on native Spark and on lockgate."""
-
-    def __init__(
-        self,
-        spark: Any,
-        root: Path,
-        name: str,
-        build: Callable[[Any], Any],
-        mode: str = "append",
-        *,
-        sink: str = "memory",
-        ordered: bool = False,
-        restart_each_step: bool = False,
-    ) -> None:
-        self.spark = spark
-        self.root = root / name
-        self.name = name
-        self.build = build
-        self.mode = mode
-        self.sink = sink
-        self.ordered = ordered
-        # A query over several source directories cannot see one step's files appear at
-        # the same instant: a running trigger may list one directory before the rename
-        # and the next after it, splitting the step in two batches. Such a pair is
-        # stopped while a step's files are written and restarted from its checkpoint,
-        # whose first trigger then sees them all (foreachBatch sink only: a restarted
-        # memory sink starts empty).
-        if restart_each_step and sink != "foreachBatch":
-            raise ValueError("restart_each_step needs the foreachBatch sink")
-        self.restart_each_step = restart_each_step
-        self.native = Side(self, "native")
-        self.lockgate = Side(self, "lockgate")
-
-    def start(self, ls: Any) -> None:
-        self.native.start(self.spark.readStream)
-        self.lockgate.start(ls.readStream)
-
-    @property
-    def running(self) -> bool:
-        return self.native.query is not None
-
-    def stop(self) -> None:
-        self.native.stop()
-        self.lockgate.stop()
-
-    def process(self) -> None:
-        for side in (self.native, self.lockgate):
-            # Twice: a trigger that listed the files just before the new one appeared may
-            # end the first wait; the second waits for a trigger that started after it.
-            side.query.processAllAvailable()
-            side.query.processAllAvailable()
-
-    def differences(self, step: str) -> list[str]:
-        errors = []
-        label = f"[{self.name} / {self.mode} @ {step}]"
-        expected = canon(self.native.rows(), self.ordered)
-        got = canon(self.lockgate.rows(), self.ordered)
-        if not same_rows(expected, got):
-            errors.append(
-                f"{label} sink rows differ:\n   native:\n      {_show(expected)}\n   lockgate:\n      {_show(got)}"
-            )
-        if self.sink == "foreachBatch":
-            eb = [(b, canon(r)) for b, r in self.native.batches]
-            gb = [(b, canon(r)) for b, r in self.lockgate.batches]
-            if [b for b, _ in eb] != [b for b, _ in gb] or not all(
-                same_rows(x, y) for (_, x), (_, y) in zip(eb, gb)
-            ):
-                errors.append(f"{label} batches differ:\n   native:   {eb}\n   lockgate: {gb}")
-        pe, pg = self.native.progress(), self.lockgate.progress()
-        if pe != pg:
-            errors.append(
-                f"{label} (batchId, numInputRows, watermark, state operators) differ:\n"
-                f"   native:   {pe}\n   lockgate: {pg}"
-            )
-        return errors
-
-
-class Bench:
-    """Pairs of queries fed by the same steps of input files."""
-
-    def __init__(self, spark: Any, ls: Any, root: Path) -> None:
-        self.spark = spark
-        self.ls = ls
-        self.root = root
-        self.pairs: list[Pair] = []
-
-    def add(self, name: str, build: Callable[[Any], Any], mode: str = "append", **kw: Any) -> Pair:
-        pair = Pair(self.spark, self.root, name, build, mode, **kw)
-        self.pairs.append(pair)
-        return pair
-
-    def start(self, pairs: list[Pair] | None = None) -> None:
-        for pair in pairs if pairs is not None else self.pairs:
-            pair.start(self.ls)
-
-    def stop(self) -> None:
-        for pair in self.pairs:
-            pair.stop()
-
-    def step(self, label: str, files: dict[Path, list[dict[str, Any]]]) -> None:
-        paused = [p for p in self.pairs if p.restart_each_step and p.running]
-        for pair in paused:
-            pair.stop()
-        write_json_together(files)
-        self.start(paused)
-        for pair in self.pairs:
-            pair.process()
-        errors = [e for pair in self.pairs for e in pair.differences(label)]
-        assert not errors, "\n".join(errors)
-
-    def run_steps(self, root: Path, steps: list[tuple[str, list[dict[str, Any]]]], restart_before: int) -> None:
-        """Start every pair, then one :meth:`step` per ``(directory under root, rows)``,
-        stopping and starting them from their checkpoints before step ``restart_before``."""
-        self.start()
-        for i, (directory, rows) in enumerate(steps):
-            if i == restart_before:
-                self.stop()
-                self.start()
-            self.step(f"step {i} ({directory})", {root / directory: rows})
-
-
-@pytest.fixture
-def bench(spark, ls, tmp_path):
-    b = Bench(spark, ls, tmp_path)
-    yield b
-    b.stop()
 
 
 # -- 1. differential: aggregation × output mode × grouping, deduplication -----------------
@@ -630,12 +381,6 @@ def test_num_input_rows_with_filter_on_file_source(spark, ls, tmp_path):
 
 
 # -- 2. unsupported operations -----------------------------------------------------------
-def _headline(exc: BaseException) -> str:
-    text = str(exc).split("\n")[0].strip()
-    text = re.sub(r"\s*SQLSTATE: \w+$", "", text)
-    return text.rstrip(";").strip()
-
-
 def _src(reader: Any, inp: str) -> Any:
     return reader.schema(SCHEMA).json(inp)
 
@@ -748,7 +493,7 @@ def test_unsupported_operation_rejected_like_spark(spark, ls, tmp_path, build, m
         build(spark.readStream, inp).writeStream.format("memory").queryName(
             f"unsupported_{uuid.uuid4().hex[:8]}"
         ).outputMode(mode).option("checkpointLocation", str(tmp_path / "native")).start()
-    expected = _headline(native.value)
+    expected = headline(native.value)
     with pytest.raises(AnalysisException) as lg:
         df = build(ls.readStream, inp)
         if when != "start":

@@ -1,6 +1,6 @@
 """Crash recovery end to end: SIGKILL a query's process at each phase of a batch, restart.
 
-Each case runs ``tests/crash_driver.py`` in a subprocess: a JSON file source
+Each case runs ``tests/execution/crash_driver.py`` in a subprocess: a JSON file source
 (``maxFilesPerTrigger=1``: input file ``k`` is batch ``k``) into a parquet file sink, or
 into a ``foreachBatch`` function writing a parquet "table" keyed by batch id. The first
 run is killed with SIGKILL in batch 1

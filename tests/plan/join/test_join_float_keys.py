@@ -14,9 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from differential import Bench, exact_batches
 from pyspark.sql import functions as F
-from differential import exact_batches
-from test_stateful import Bench
 
 from lockgate.state.store import NAN, StateStore, StateStoreConf, clear_cache, column_values
 
