@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import NumericType, StructType
+from pyspark.sql.types import NumericType, StructField, StructType
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate, _as_column, _function_parts, decompose
+from lockgate.plan.aggregate_functions import is_plain_aggregate, map_aggregates
 from lockgate.plan.nodes import EventTimeWatermark, GroupedMap, PlanNode, Transform
 from lockgate.plan.session_window import session_key_index, session_window_aggregate
 
@@ -218,14 +219,24 @@ def _quoted(name: str) -> str:
 
 
 def _aggregated_columns(df: StreamingDataFrame, columns: list[Column]) -> set[str]:
-    """Names of the input columns the aggregations read (Spark's analysed plan)."""
+    """Names of the input columns the aggregate functions read (Spark's analysed plan;
+    not a grouping key an expression over them reads)."""
     plan = df._template.agg(*columns)._jdf.queryExecution().analyzed()
     found: set[str] = set()
+
+    def visit(expr: Any) -> None:
+        if expr.getClass().getSimpleName() == "AggregateExpression":
+            refs = expr.references().toSeq()
+            for j in range(refs.size()):
+                found.add(str(refs.apply(j).name()))
+            return
+        children = expr.children()
+        for j in range(children.size()):
+            visit(children.apply(j))
+
     expressions = plan.aggregateExpressions()
     for i in range(expressions.size()):
-        refs = expressions.apply(i).references().toSeq()
-        for j in range(refs.size()):
-            found.add(str(refs.apply(j).name()))
+        visit(expressions.apply(i))
     return found
 
 
@@ -273,8 +284,10 @@ class StreamingGroupedData:
                 self._df, self._grouping, self._sets, self._grouping_sets, columns, template
             )
         spark = self._df._session.spark
-        specs = tuple(decompose(spark, c) for c in columns)
         key_count = len(template.columns) - len(columns)
+        split = self._result_expressions(columns, template, key_count)
+        aggregates = columns if split is None else split[0]
+        specs = tuple(decompose(spark, c) for c in aggregates)
         key_names = tuple(template.columns[:key_count])
         event_time_key = self._event_time_key(template.schema, key_count)
         session_key = session_key_index(template.schema, key_count)
@@ -291,7 +304,7 @@ class StreamingGroupedData:
                 spark,
                 child=self._df._plan,
                 grouping=self._grouping,
-                aggregations=tuple(columns),
+                aggregations=tuple(aggregates),
                 specs=specs,
                 output_schema=template.schema,
                 key_names=key_names,
@@ -304,7 +317,7 @@ class StreamingGroupedData:
             node = Aggregate(
                 child=self._df._plan,
                 grouping=self._grouping,
-                aggregations=tuple(columns),
+                aggregations=tuple(aggregates),
                 specs=specs,
                 output_schema=template.schema,
                 key_names=key_names,
@@ -312,7 +325,92 @@ class StreamingGroupedData:
                 input_plan=input_plan,
                 event_time_key_is_attribute=_groups_by_column(template, event_time_key),
             )
+        if split is not None:
+            node = replace(node, results=split[1], aggregate_schema=split[2])
         return self._df._derive(node, template)
+
+    def _result_expressions(
+        self, columns: list[Column], template: Any, key_count: int
+    ) -> tuple[list[Column], tuple[Column, ...], StructType] | None:
+        """Spark's split of an aggregation whose columns are expressions over aggregate
+        functions (``round(avg(v), 2)``, ``sum(a) / count(b)``, ``k + sum(v)``, a
+        literal): the aggregate functions, each once (they are what the state keeps),
+        each column's result expression over them and the grouping keys, and Spark's
+        fields of the functions; None where every column is one aggregate function.
+
+        The functions are the calls Spark's catalog lists as aggregate functions, found
+        in the expressions as Spark parsed them; a sub-expression equal to a grouping
+        expression reads that key. Spark has already analysed ``template`` (a nested
+        aggregate or a column that is not grouped fails there with Spark's error), and
+        the result expressions are checked to give Spark's columns over the keys and
+        the functions."""
+        spark = self._df._session.spark
+        if all(is_plain_aggregate(spark, c) for c in columns):
+            return None
+        js = spark._jsparkSession
+        aggregates: list[Column] = []
+        seen: list[Any] = []
+
+        def leaf(call: Column) -> Column:
+            expr = js.expression(call._jc)
+            index = next((i for i, e in enumerate(seen) if e.equals(expr)), len(seen))
+            if index == len(seen):
+                seen.append(expr)
+                aggregates.append(call)
+            # not a bare column: an unaliased struct field is named as Spark names one
+            # of an aggregate (col1, ...), not after the column
+            return F.coalesce(F.col(f"__lockgate_agg_{index}"))
+
+        key_exprs: list[tuple[Any, str]] = []
+        if len(self._grouping) == key_count and all(isinstance(g, (str, Column)) for g in self._grouping):
+            for item, name in zip(self._grouping, template.columns[:key_count]):
+                expr = js.expression(F.col(item)._jc if isinstance(item, str) else item._jc)
+                while expr.getClass().getSimpleName() == "Alias":
+                    expr = expr.child()
+                key_exprs.append((expr, name))
+
+        def key(expr: Any) -> Column | None:
+            name = next((n for e, n in key_exprs if e.equals(expr)), None)
+            if name is None:
+                return None
+            if expr.getClass().getSimpleName() == "UnresolvedAttribute":  # keeps its name
+                parts = expr.nameParts()
+                own = str(parts.apply(parts.size() - 1))
+                if own != name:
+                    return F.col(_quoted(name)).alias(own)
+            return F.col(_quoted(name))
+
+        results = tuple(map_aggregates(spark, c, leaf, key) for c in columns)
+        if not aggregates:  # only keys and literals: the state keeps the groups
+            aggregates.append(F.count(F.lit(1)))
+        fields = self._template_grouped.agg(*aggregates).schema.fields[key_count:]
+        schema = StructType(fields)
+        probe_schema = StructType(
+            [
+                *template.schema.fields[:key_count],
+                *[StructField(f"__lockgate_agg_{i}", f.dataType, True) for i, f in enumerate(fields)],
+            ]
+        )
+        wanted = template.schema.fields[key_count:]
+        try:
+            probe = spark.createDataFrame([], probe_schema).select(
+                *[r.alias(f.name) for r, f in zip(results, wanted)]
+            )
+            got = [f.dataType for f in probe.schema.fields]
+        except Exception as exc:  # a key read through an expression lockgate does not match
+            raise NotSupportedYetError(
+                f"The streaming aggregation's columns {[str(c) for c in columns]} (Spark's columns "
+                f"{template.dtypes[key_count:]}): lockgate could not compute them from the "
+                f"grouping keys and the aggregate functions ({exc})",
+                "Aggregate in agg() and compute the expression in a select() after it.",
+            ) from exc
+        if got != [f.dataType for f in wanted]:
+            raise NotSupportedYetError(
+                f"The streaming aggregation's columns {template.dtypes[key_count:]}: lockgate's "
+                f"result expressions give the types {[t.simpleString() for t in got]}",
+                "Aggregate in agg() and compute the expression in a select() after it.",
+            )
+        return aggregates, results, schema
 
     def _event_time_key(self, schema: StructType, key_count: int) -> int | None:
         watermarked = watermarked_columns(self._df)
@@ -450,6 +548,14 @@ class StreamingPivotedData:
         pivot_type = df._template.select(pivot).schema.fields[0].dataType
         outputs = [
             _for_rows_where(spark, c, pivot.eqNullSafe(F.lit(value).cast(pivot_type)))
+            if is_plain_aggregate(spark, c)
+            else map_aggregates(  # each aggregate of the expression over the value's rows
+                spark,
+                c,
+                lambda call, v=value: _for_rows_where(
+                    spark, call, pivot.eqNullSafe(F.lit(v).cast(pivot_type))
+                ),
+            )
             for value in self._values
             for c in columns
         ]

@@ -75,6 +75,22 @@ class Aggregate(PlanNode):
     """Whether Spark's *analysed* aggregation groups by the event-time key as a column
     (``ts``, ``window``), which Spark's Append check requires; not for an expression the
     optimizer reduces to it (``CAST(ts AS TIMESTAMP)``)."""
+    results: tuple[Column, ...] | None = None
+    """Where ``agg()``'s columns are expressions over aggregate functions (Spark's result
+    expressions, ``round(avg(v), 2)``, ``sum(a) / count(b)``, ``k + sum(v)``): each output
+    column's expression over the finished aggregate functions (``aggregations`` and
+    ``specs``, the columns named by :func:`aggregate_column`) and the grouping keys (by
+    their output names), evaluated after the state step; None where each column is one
+    aggregate function."""
+    aggregate_schema: StructType | None = None
+    """With ``results``: Spark's fields (names, types) of the aggregate functions."""
+
+    @property
+    def aggregate_fields(self) -> list[Any]:
+        """Spark's fields of the aggregate functions' results, one per spec."""
+        if self.aggregate_schema is not None:
+            return list(self.aggregate_schema.fields)
+        return list(self.output_schema.fields[len(self.key_names) :])
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -92,8 +108,26 @@ class Aggregate(PlanNode):
 
     def describe(self) -> str:
         keys = ", ".join(self.key_names)
-        fns = ", ".join(str(a) for a in self.aggregations)
+        fns = ", ".join(str(a) for a in self.results or self.aggregations)
         return f"Aggregate [{keys}], [{fns}]"
+
+
+def aggregate_column(node: Aggregate, index: int, name: str) -> str:
+    """The name of aggregate function ``index`` (Spark's ``name``) in the projection
+    that finishes the functions: its output name, or, under result expressions, the
+    internal name those reference."""
+    return name if node.results is None else f"__lockgate_agg_{index}"
+
+
+def result_columns(node: Aggregate) -> list[Column]:
+    """The final projection under result expressions: the keys, then each output
+    column's expression over the keys and the finished aggregate functions, with Spark's
+    names and types."""
+    assert node.results is not None
+    key_count = len(node.key_names)
+    keys = [F.col("`" + f.name.replace("`", "``") + "`") for f in node.output_schema.fields[:key_count]]
+    fields = node.output_schema.fields[key_count:]
+    return keys + [r.cast(f.dataType).alias(f.name) for r, f in zip(node.results, fields, strict=True)]
 
 
 # -- per-batch physical steps -------------------------------------------------------------
@@ -413,7 +447,7 @@ def aggregate_state_layout(
         # Keys first, so buffers never take a name a key column needs.
         for key in node.key_names:
             names.take(key)
-        agg_names = [f.name for f in node.output_schema.fields[key_count:]]
+        agg_names = [f.name for f in node.aggregate_fields]
         buffers = buffer_names(node.specs, agg_names, names)
         return buffers, aliased_partials(node.specs, buffers)
 
@@ -544,13 +578,17 @@ def build_aggregate(
             # this one can use it as a window (window_time) as in Spark.
             out.append(value.cast(out_field.dataType).alias(out_field.name, metadata=out_field.metadata))
         position = 0
-        agg_fields = node.output_schema.fields[len(layouts) :]
-        for spec, out_field in zip(node.specs, agg_fields):
+        for i, (spec, out_field) in enumerate(zip(node.specs, node.aggregate_fields)):
             buffers = [F.col(n) for n in buffer_cols[position : position + len(spec.partials)]]
             position += len(spec.partials)
-            out.append(final_column(spec, buffers).cast(out_field.dataType).alias(out_field.name))
+            name = aggregate_column(node, i, out_field.name)
+            out.append(final_column(spec, buffers).cast(out_field.dataType).alias(name))
         return out
 
     out = ctx.cache.java_columns(node, "final", final_columns)
     schema = OperatorStateSchema(operator_id, "stateStoreSave", key_schema, value_schema, num_partitions)
-    return frame(stateful, stateful._jdf.select(out)), schema
+    finished = frame(stateful, stateful._jdf.select(out))
+    if node.results is not None:
+        results = ctx.cache.java_columns(node, "results", lambda: result_columns(node))
+        finished = frame(finished, finished._jdf.select(results))
+    return finished, schema

@@ -579,3 +579,71 @@ _BUFFER_ROLES = {
 def buffer_roles(spec: AggSpec) -> tuple[str, ...]:
     """What each of the function's buffers holds, naming its state column."""
     return _BUFFER_ROLES.get(spec.kind, ("n", "mean", "m2"))
+
+
+# -- expressions over aggregate functions ---------------------------------------------
+def is_aggregate_call(spark: SparkSession, expr: Any) -> bool:
+    """Whether the unresolved expression ``expr`` is a call of an aggregate function:
+    a distinct call, or a function Spark's catalog lists among its aggregate functions
+    (group ``agg_funcs``), as the analyzer resolves it into an AggregateExpression."""
+    if expr.getClass().getSimpleName() != "UnresolvedFunction":
+        return False
+    if expr.isDistinct():
+        return True
+    parts = expr.nameParts()
+    name = str(parts.apply(parts.size() - 1)).lower()
+    groups: dict[str, str] = spark.__dict__.setdefault("_lockgate_function_groups", {})
+    if name not in groups:
+        from py4j.protocol import Py4JJavaError
+        from pyspark.errors import AnalysisException
+
+        jvm = spark.sparkContext._jvm
+        catalog = spark._jsparkSession.sessionState().catalog()
+        try:
+            info = catalog.lookupFunctionInfo(
+                jvm.org.apache.spark.sql.catalyst.FunctionIdentifier(name)
+            )
+            groups[name] = str(info.getGroup() or "")
+        except (AnalysisException, Py4JJavaError):  # a function the catalog does not know
+            groups[name] = ""
+    return groups[name] == "agg_funcs"
+
+
+def map_aggregates(
+    spark: SparkSession,
+    col: Column,
+    leaf: Any,
+    other: Any = None,
+) -> Column:
+    """``col`` with each aggregate function call in it (:func:`is_aggregate_call`) by
+    ``leaf(call)``, and each other sub-expression for which ``other(expr)`` gives a
+    Column by that one: the expression's tree as Spark parsed it, rebuilt by Spark's own
+    ``withNewChildren``. Aggregate calls are not looked into (Spark refuses an
+    aggregate inside another when the query is defined)."""
+    js = spark._jsparkSession
+    to_seq = spark.sparkContext._jvm.PythonUtils.toSeq
+
+    def walk(expr: Any) -> Any:
+        if is_aggregate_call(spark, expr):
+            return js.expression(leaf(_as_column(spark, expr))._jc)
+        if other is not None:
+            replaced = other(expr)
+            if replaced is not None:
+                return js.expression(replaced._jc)
+        children = expr.children()
+        if children.size() == 0:
+            return expr
+        return expr.withNewChildren(
+            to_seq([walk(children.apply(i)) for i in range(children.size())])
+        )
+
+    return _as_column(spark, walk(js.expression(col._jc)))
+
+
+def is_plain_aggregate(spark: SparkSession, col: Column) -> bool:
+    """Whether ``col`` is one aggregate function call (possibly aliased), the form the
+    aggregation computes directly; otherwise it is an expression over aggregates."""
+    expr = spark._jsparkSession.expression(col._jc)
+    while expr.getClass().getSimpleName() == "Alias":
+        expr = expr.child()
+    return is_aggregate_call(spark, expr)

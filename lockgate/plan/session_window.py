@@ -59,12 +59,14 @@ from lockgate.plan.aggregate import (
     StatefulContext,
     _micros,
     _UniqueNames,
+    aggregate_column,
     aliased_partials,
     batch_values,
     buffer_names,
     filtered_input,
     flatten_keys,
     report_store_metrics,
+    result_columns,
     schema_to_arrow,
     spark_type_to_arrow,
 )
@@ -409,7 +411,7 @@ def build_session_aggregate(
     names = _UniqueNames()
     for key in node.key_names:
         names.take(key)
-    agg_fields = node.output_schema.fields[key_count:]
+    agg_fields = node.aggregate_fields
     buffers = buffer_names(node.specs, [f.name for f in agg_fields], names)
 
     # Per-row sessions, the grouping keys as plain columns, and the input partition.
@@ -523,11 +525,14 @@ def build_session_aggregate(
                 value = F.col(layout.flat[0])
         out.append(value.cast(field.dataType).alias(field.name, metadata=field.metadata))
     position = 0
-    for spec, field in zip(node.specs, agg_fields):
+    for j, (spec, field) in enumerate(zip(node.specs, agg_fields)):
         columns = [F.col(n) for n in buffers[position : position + len(spec.partials)]]
         position += len(spec.partials)
-        out.append(final_column(spec, columns).cast(field.dataType).alias(field.name))
+        out.append(final_column(spec, columns).cast(field.dataType).alias(aggregate_column(node, j, field.name)))
     schema = OperatorStateSchema(
         operator_id, OPERATOR_NAME, key_schema, value_schema, ctx.num_partitions
     )
-    return stateful.select(*out), schema
+    finished = stateful.select(*out)
+    if node.results is not None:
+        finished = finished.select(*result_columns(node))
+    return finished, schema
