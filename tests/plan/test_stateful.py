@@ -28,7 +28,16 @@ from typing import Any
 
 import pytest
 import stateful_driver
-from differential import BASE, SCHEMA, Differential, ev, headline, write_json
+from differential import (
+    AGG_STEPS,
+    BASE,
+    RESTART_BEFORE_STEP,
+    SCHEMA,
+    Differential,
+    ev,
+    headline,
+    write_json,
+)
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -102,23 +111,6 @@ GROUPINGS: dict[str, Callable[[], list[Any]]] = {
     "global": list,
 }
 
-# Aggregation input: one file per step; watermark delay 10 s. Comments give the
-# watermark each step's batch runs with, and which rows are late for which grouping.
-AGG_STEPS = [
-    # watermark 0; after the batch -3 s (a no-data batch follows)
-    [ev(1, "a", 1.0), ev(2, "b", 2.0), ev(3, "a", 3.0), ev(4, "b", None), ev(7, "a", 3.0)],
-    # group c has only null values
-    [ev(15, "a", 4.0), ev(4, "a", 5.0), ev(12, "b", 2.5), ev(12, "b", 2.5), ev(11, "c", None)],
-    # watermark 5 s: ts=1 late for the timestamp key and for sliding window [-5, 5)
-    [ev(35, "c", 6.0), ev(1, "a", 100.0), ev(6, "a", 7.0), ev(9, "b", 1.5)],
-    # watermark 25 s: ts=14 late everywhere, ts=20 late for timestamp and sliding [15, 25)
-    [ev(59, "c", 7.0), ev(20, "a", 1.0), ev(14, "b", 1.0), ev(26, "b", 2.0)],
-    # watermark 49 s (queries with a restart resume here)
-    [ev(40, "a", 3.0), ev(70, "d", 1.0), ev(55, "c", 2.0), ev(55, "c", 2.0), ev(48, None, 0.5)],
-    # watermark 60 s
-    [ev(80, "a", 1.0), ev(61, "d", None)],
-]
-RESTART_BEFORE_STEP = 4
 
 # Deduplication input: rows sharing a key within one file are identical rows.
 DEDUP_STEPS = [

@@ -5,7 +5,7 @@
 into its aggregate functions (kept in state) and a result expression over them and the
 grouping keys, evaluated after the merge. Each query runs on native Spark Structured
 Streaming (the oracle) and on lockgate over the same files (the harness of
-``tests/test_stateful.py``): after every step both agree on the sink's rows, the batches
+``tests/differential.py``): after every step both agree on the sink's rows, the batches
 that ran, their input rows and watermark and the state operators' metrics; the memory
 sinks' schemas (names and types) are compared too.
 """
@@ -15,18 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from differential import AGG_STEPS, RESTART_BEFORE_STEP, SCHEMA, headline
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
-from test_stateful import AGG_STEPS, RESTART_BEFORE_STEP, SCHEMA, Bench, _headline
 
 from lockgate.errors import NotSupportedYetError
-
-
-@pytest.fixture
-def bench(spark, ls, tmp_path):
-    b = Bench(spark, ls, tmp_path)
-    yield b
-    b.stop()
 
 
 def expressions(keyed: bool = True) -> list[Any]:
@@ -211,7 +204,7 @@ def test_invalid_expressions_fail_as_in_spark(spark, ls, tmp_path, columns):
         spark.readStream.schema(SCHEMA).json(inp).groupBy("k").agg(*columns())
     with pytest.raises(AnalysisException) as got:
         ls.readStream.schema(SCHEMA).json(inp).groupBy("k").agg(*columns())
-    assert _headline(got.value) == _headline(native.value)
+    assert headline(got.value) == headline(native.value)
     assert got.value.getCondition() == native.value.getCondition()
 
 
