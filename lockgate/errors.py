@@ -173,23 +173,29 @@ class StreamingQueryException(LockgateError, _PySparkStreamingQueryException):
     @classmethod
     def failed(
         cls, cause: BaseException, cause_message: str, *, query_id: str, run_id: str,
-        batch_id: int | None = None,
+        batch_id: int | None = None, identifier: str | None = None,
     ) -> StreamingQueryException:
         parameters = {"id": query_id, "runId": run_id, "message": cause_message}
         message = (
             f"[{cls.ERROR_CLASS}] Query [id = {query_id}, runId = {run_id}] terminated with "
             f"exception: {cause_message} SQLSTATE: {cls.SQL_STATE}"
         )
-        return cls(
-            message, cause=cause, query_id=query_id, run_id=run_id, batch_id=batch_id,
+        # str() adds the query's identifier (with its name), as Spark's debug string does
+        text = f"{message}\n=== Streaming Query ===\nIdentifier: {identifier}" if identifier else message
+        exc = cls(
+            text, cause=cause, query_id=query_id, run_id=run_id, batch_id=batch_id,
             parameters=parameters,
         )
+        exc._spark_message = message
+        return exc
+
+    _spark_message: str | None = None
 
     def getSqlState(self) -> str | None:  # noqa: N802 - PySpark's API
         return self.SQL_STATE if self.getCondition() is not None else None
 
     def getMessage(self) -> str:  # noqa: N802
-        return self.message_text
+        return self._spark_message or self.message_text
 
     def __str__(self) -> str:
         return self.message_text

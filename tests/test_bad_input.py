@@ -393,7 +393,7 @@ def test_trigger_misuse(spark: Any, ls: Any, kwargs: dict[str, Any]) -> None:
         return type(info.value).__mro__[2], str(info.value).split("SQLSTATE")[0]
 
     assert error(_rate(ls).writeStream) == error(
-        spark.readStream.format("rate-micro-batch").load().writeStream
+        spark.readStream.format("rate").load().writeStream
     )
 
 

@@ -159,6 +159,7 @@ class StreamExecution:
             self.stream_death_cause = StreamingQueryException.failed(
                 exc, _cause_message(exc), query_id=self.id, run_id=self.run_id,
                 batch_id=getattr(self, "current_batch_id", None),
+                identifier=self.pretty_id_string,
             )
             self.stream_death_cause.__cause__ = exc
         logger.error(

@@ -259,7 +259,8 @@ def test_process_all_available_on_the_query_thread_fails_the_query(ls):
     assert "Cannot wait for a query state from the same thread that is running the query" in str(
         info.value
     )
-    assert isinstance(info.value.cause, RuntimeError)
+    # Spark's FOREACH_BATCH_USER_FUNCTION_ERROR, raised from the function's exception
+    assert isinstance(info.value.cause.__cause__, RuntimeError)
     assert not q.isActive
 
 
@@ -317,7 +318,8 @@ def test_failing_foreach_batch_fails_the_query_with_its_cause(ls):
     err = info.value
     assert isinstance(err, PySparkStreamingQueryException)
     assert isinstance(err, lockgate.LockgateError)
-    assert isinstance(err.cause, Boom)
+    assert err.cause.getCondition() == "FOREACH_BATCH_USER_FUNCTION_ERROR"
+    assert isinstance(err.cause.__cause__, Boom)
     assert err.__cause__ is err.cause
     assert "boom in batch 1" in str(err)
     assert q.id in str(err) and name in str(err)
