@@ -8,6 +8,7 @@ written against ``pyspark.sql.streaming`` catches lockgate's errors unchanged.
 from __future__ import annotations
 
 from pyspark.errors import AnalysisException as _PySparkAnalysisException
+from pyspark.errors import PySparkException as _PySparkException
 from pyspark.errors import StreamingQueryException as _PySparkStreamingQueryException
 
 
@@ -23,16 +24,50 @@ class OptionError(LockgateError, ValueError):
         self.option = option
 
 
+def spark_error_message(error_class: str, parameters: dict[str, str]) -> tuple[str, str | None]:
+    """Spark's own message (``[CLASS] text SQLSTATE: x``) and SQLSTATE for one of its error
+    classes, from the JVM's ``error-conditions.json``."""
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    helper = getattr(jvm, "org.apache.spark.SparkThrowableHelper")
+    message = str(helper.getMessage(error_class, parameters))
+    state = helper.getSqlState(error_class)
+    return message, (str(state) if state is not None else None)
+
+
 class AnalysisError(LockgateError, _PySparkAnalysisException):
     """A query is invalid or not supported in streaming, found before it runs.
 
     Inherits PySpark's :class:`pyspark.errors.AnalysisException`, so
-    ``except AnalysisException`` keeps working.
+    ``except AnalysisException`` keeps working. :meth:`spark` builds one with a Spark
+    error class, whose message, condition and SQLSTATE are Spark's.
     """
 
-    def __init__(self, message: str) -> None:
-        _PySparkAnalysisException.__init__(self, message=message)
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_class: str | None = None,
+        parameters: dict[str, str] | None = None,
+        sql_state: str | None = None,
+    ) -> None:
+        _PySparkAnalysisException.__init__(
+            self, message=message, errorClass=error_class, messageParameters=parameters
+        )
         self.message_text = message
+        self._sql_state = sql_state
+
+    @classmethod
+    def spark(cls, error_class: str, parameters: dict[str, str]) -> AnalysisError:
+        message, state = spark_error_message(error_class, parameters)
+        return cls(message, error_class=error_class, parameters=parameters, sql_state=state)
+
+    def getSqlState(self) -> str | None:
+        return self._sql_state
+
+    def getMessage(self) -> str:
+        return self.message_text
 
     def __str__(self) -> str:
         return self.message_text
@@ -73,14 +108,45 @@ class SinkError(LockgateError):
     """A streaming sink failed to write a batch."""
 
 
+class ForeachBatchUserFunctionError(SinkError, _PySparkException):
+    """The function given to ``foreachBatch`` raised: Spark's
+    ``FOREACH_BATCH_USER_FUNCTION_ERROR``, with the function's exception as ``__cause__``."""
+
+    ERROR_CLASS = "FOREACH_BATCH_USER_FUNCTION_ERROR"
+
+    def __init__(self, reason: str) -> None:
+        parameters = {"reason": reason}
+        message, self._sql_state = spark_error_message(self.ERROR_CLASS, parameters)
+        _PySparkException.__init__(
+            self, message=message, errorClass=self.ERROR_CLASS, messageParameters=parameters
+        )
+        self.message_text = message
+
+    def getSqlState(self) -> str | None:
+        return self._sql_state
+
+    def getMessage(self) -> str:
+        return self.message_text
+
+    def __str__(self) -> str:
+        return self.message_text
+
+
 class StreamingQueryException(LockgateError, _PySparkStreamingQueryException):
     """The exception that stopped a streaming query.
 
     Raised by :meth:`StreamingQuery.awaitTermination` and
     :meth:`StreamingQuery.processAllAvailable` and returned by
     :meth:`StreamingQuery.exception`. ``cause`` is the original exception.
-    Inherits PySpark's :class:`pyspark.errors.StreamingQueryException`.
+    Inherits PySpark's :class:`pyspark.errors.StreamingQueryException` and carries what
+    Spark's does: condition ``STREAM_FAILED`` (:meth:`getCondition`), parameters ``id``,
+    ``runId`` and ``message`` (the cause's), SQLSTATE ``XXKST``; :meth:`failed` builds it
+    with Spark's message, "[STREAM_FAILED] Query [id = ..., runId = ...] terminated with
+    exception: ...".
     """
+
+    ERROR_CLASS = "STREAM_FAILED"
+    SQL_STATE = "XXKST"
 
     def __init__(
         self,
@@ -90,16 +156,62 @@ class StreamingQueryException(LockgateError, _PySparkStreamingQueryException):
         query_id: str | None = None,
         run_id: str | None = None,
         batch_id: int | None = None,
+        parameters: dict[str, str] | None = None,
     ) -> None:
-        _PySparkStreamingQueryException.__init__(self, message=message)
+        _PySparkStreamingQueryException.__init__(
+            self,
+            message=message,
+            errorClass=self.ERROR_CLASS if parameters is not None else None,
+            messageParameters=parameters,
+        )
         self.message_text = message
         self.cause = cause
         self.query_id = query_id
         self.run_id = run_id
         self.batch_id = batch_id
 
+    @classmethod
+    def failed(
+        cls, cause: BaseException, cause_message: str, *, query_id: str, run_id: str,
+        batch_id: int | None = None, identifier: str | None = None,
+    ) -> StreamingQueryException:
+        parameters = {"id": query_id, "runId": run_id, "message": cause_message}
+        message = (
+            f"[{cls.ERROR_CLASS}] Query [id = {query_id}, runId = {run_id}] terminated with "
+            f"exception: {cause_message} SQLSTATE: {cls.SQL_STATE}"
+        )
+        # str() adds the query's identifier (with its name), as Spark's debug string does
+        text = f"{message}\n=== Streaming Query ===\nIdentifier: {identifier}" if identifier else message
+        exc = cls(
+            text, cause=cause, query_id=query_id, run_id=run_id, batch_id=batch_id,
+            parameters=parameters,
+        )
+        exc._spark_message = message
+        return exc
+
+    _spark_message: str | None = None
+
+    def getSqlState(self) -> str | None:
+        return self.SQL_STATE if self.getCondition() is not None else None
+
+    def getMessage(self) -> str:
+        return self._spark_message or self.message_text
+
     def __str__(self) -> str:
         return self.message_text
 
     def desc(self) -> str:  # pyspark's CapturedException API
         return self.message_text
+
+
+def error_class_of(exc: BaseException | None) -> str | None:
+    """The Spark error class of ``exc`` (its ``getCondition()``), or None: what Spark puts
+    in ``QueryTerminatedEvent.errorClassOnException`` for the cause of a failure."""
+    get = getattr(exc, "getCondition", None)
+    if get is None:
+        return None
+    try:
+        condition = get()
+    except Exception:  # noqa: BLE001 - a captured exception whose JVM side is gone
+        return None
+    return str(condition) if condition else None

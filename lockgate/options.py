@@ -47,7 +47,12 @@ def to_option_string(value: Any) -> str:
 
 
 def parse_duration_ms(text: str, *, what: str) -> int:
-    """Parse ``"10 seconds"``, ``"1 minute 30 seconds"``, ``"500ms"`` or ``"interval 5 s"``."""
+    """Parse ``"10 seconds"``, ``"1 minute 30 seconds"``, ``"500ms"`` or ``"interval 5 s"``.
+
+    Only for lockgate's own options (Redis's timeouts and TTLs), which Spark does not
+    define. Durations Spark defines are parsed by Spark itself: :func:`watermark_delay_ms`,
+    :func:`trigger_interval_ms`, :func:`time_string_ms`.
+    """
     raw = text.strip().lower()
     if raw.startswith("interval"):
         raw = raw[len("interval") :].strip()
@@ -75,6 +80,63 @@ def parse_duration_ms(text: str, *, what: str) -> int:
             option=what,
         )
     return int(total)
+
+
+def _jvm() -> Any:
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None or sc._jvm is None:
+        raise RuntimeError(
+            "lockgate parses Spark's intervals with Spark's own parser, which needs an active "
+            "SparkContext; create the SparkSession (lockgate.session(spark)) first."
+        )
+    return sc._jvm
+
+
+def watermark_delay_ms(delay: str) -> int:
+    """The delay of ``withWatermark(col, delay)`` in ms, as Spark computes it.
+
+    Spark's own parser (``IntervalUtils.fromIntervalString``) and conversion
+    (``EventTimeWatermark.getDelayMs``: a month is 31 days, a year 12 such months), so
+    ``"1 month"``, ``"1 year"`` and ``"100 microseconds"`` mean what they mean to Spark
+    and a bad delay raises Spark's ``CANNOT_PARSE_INTERVAL``.
+    """
+    jvm = _jvm()
+    interval = jvm.org.apache.spark.sql.catalyst.util.IntervalUtils.fromIntervalString(delay)
+    return int(jvm.org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark.getDelayMs(interval))
+
+
+def trigger_interval_ms(kind: str, interval: str) -> int:
+    """The interval of ``trigger(processingTime=...)`` or ``trigger(continuous=...)`` in ms.
+
+    Built by Spark's own ``Trigger.ProcessingTime(String)`` / ``Trigger.Continuous(String)``
+    (``kind`` is ``"processingTime"`` or ``"continuous"``), so the grammar and the errors
+    are Spark's: ``INVALID_INTERVAL_FORMAT.*`` for ``"10"`` or ``"5 m"``, "Doesn't support
+    month or year interval", "the interval of trigger should not be negative".
+    """
+    triggers = getattr(_jvm(), "org.apache.spark.sql.streaming.Trigger")
+    make = triggers.ProcessingTime if kind == "processingTime" else triggers.Continuous
+    return int(make(interval).intervalMs())
+
+
+def time_string_ms(text: str, *, what: str) -> int:
+    """A Spark time string (``"7d"``, ``"10s"``, ``"500ms"``, a bare number is ms) in ms.
+
+    Spark's ``JavaUtils.timeStringAsMs``, the grammar of Spark's time options and confs
+    (``maxFileAge``, ``rampUpTime``, ``spark.sql.streaming.pollingDelay``...).
+    """
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    try:
+        return int(_jvm().org.apache.spark.network.util.JavaUtils.timeStringAsMs(text))
+    except (Py4JError, PySparkException, ValueError) as exc:  # NumberFormatException
+        detail = getattr(exc, "desc", None) or str(exc).strip().splitlines()[0]
+        raise OptionError(
+            f"Invalid {what}: {text!r}: {detail} (a time such as '7d', '10s' or '500ms').",
+            option=what,
+        ) from None
 
 
 class Options(Mapping[str, str]):
@@ -154,10 +216,18 @@ class Options(Mapping[str, str]):
         raise self._bad(key, value, "'true' or 'false'")
 
     def get_duration_ms(self, key: str, default: int | None = None) -> int | None:
+        """lockgate's own duration options (see :func:`parse_duration_ms`)."""
         value = self.get_str(key)
         if value is None:
             return default
         return parse_duration_ms(value, what=f"{self._owner} {key!r}")
+
+    def get_time_ms(self, key: str, default: int | None = None) -> int | None:
+        """A time option Spark defines, in Spark's time-string grammar (:func:`time_string_ms`)."""
+        value = self.get_str(key)
+        if value is None:
+            return default
+        return time_string_ms(value, what=f"{self._owner} {key!r}")
 
     def get_choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
         value = self.get_str(key)

@@ -16,7 +16,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
-from lockgate.options import parse_duration_ms
+from lockgate.options import watermark_delay_ms
 from lockgate.plan.nodes import (
     EventTimeWatermark,
     Observed,
@@ -225,6 +225,17 @@ class StreamingDataFrame:
         return True
 
     @property
+    def na(self) -> _NaFunctions:
+        """``df.na.drop/fill/replace``: ``dropna``/``fillna``/``replace``, as in PySpark."""
+        return _NaFunctions(self)
+
+    @property
+    def stat(self) -> _StatFunctions:
+        """``df.stat``: ``sampleBy`` runs per row; the others are batch actions or
+        aggregations, refused as Spark refuses them on a stream."""
+        return _StatFunctions(self)
+
+    @property
     def sparkSession(self) -> Any:
         return self._session.spark
 
@@ -367,11 +378,8 @@ class StreamingDataFrame:
         return self.join(other, how="cross")
 
     def withWatermark(self, eventTime: str, delayThreshold: str) -> StreamingDataFrame:
-        if not isinstance(eventTime, str) or not eventTime:
-            raise TypeError("eventTime should be provided as a non-empty string")
-        if not isinstance(delayThreshold, str) or not delayThreshold.strip():
-            raise TypeError("delayThreshold should be provided as a non-empty string")
-        # Spark's analyzer checks the column exists and is a timestamp.
+        # PySpark's argument checks and Spark's parsing of the delay (CANNOT_PARSE_INTERVAL,
+        # "should not be negative"); Spark's analyzer checks the column below.
         template = self._template.withWatermark(eventTime, delayThreshold)
         field = next((f for f in self._template.schema.fields if f.name == eventTime), None)
         if field is None:
@@ -384,11 +392,7 @@ class StreamingDataFrame:
                 f"[EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE] The event time `{eventTime}` has the "
                 f'invalid type "{sql_type}", but expected "TIMESTAMP". SQLSTATE: 42K09'
             )
-        delay_ms = parse_duration_ms(delayThreshold, what="delayThreshold")
-        if delay_ms < 0:
-            raise AnalysisError(
-                f"[CANNOT_PARSE_TIME_DELAY] delay threshold ({delayThreshold}) should not be negative."
-            )
+        delay_ms = watermark_delay_ms(delayThreshold)  # Spark's: a month is 31 days
         node = EventTimeWatermark(self._plan, eventTime, delay_ms, delayThreshold)
         return self._derive(node, template)
 
@@ -530,4 +534,44 @@ def _reject_nested_stream(value: Any) -> None:
     if isinstance(value, StreamingDataFrame):
         raise NotSupportedYetError(
             "Using a streaming DataFrame as an argument of another streaming operation"
+        )
+
+
+class _NaFunctions:
+    """PySpark's ``DataFrameNaFunctions`` over a streaming DataFrame."""
+
+    def __init__(self, df: StreamingDataFrame) -> None:
+        self._df = df
+
+    def drop(self, *args: Any, **kwargs: Any) -> StreamingDataFrame:
+        return self._df._transform("dropna", *args, **kwargs)
+
+    def fill(self, *args: Any, **kwargs: Any) -> StreamingDataFrame:
+        return self._df._transform("fillna", *args, **kwargs)
+
+    def replace(self, *args: Any, **kwargs: Any) -> StreamingDataFrame:
+        return self._df._transform("replace", *args, **kwargs)
+
+
+class _StatFunctions:
+    """PySpark's ``DataFrameStatFunctions`` over a streaming DataFrame."""
+
+    def __init__(self, df: StreamingDataFrame) -> None:
+        self._df = df
+
+    def sampleBy(self, *args: Any, **kwargs: Any) -> StreamingDataFrame:
+        return self._df._transform("sampleBy", *args, **kwargs)
+
+    def _action(self, *args: Any, **kwargs: Any) -> Any:
+        raise AnalysisError(_STREAMING_ACTION_ERROR)  # Spark's refusal: they run a batch job
+
+    corr = cov = approxQuantile = _action
+
+    def crosstab(self, *args: Any, **kwargs: Any) -> Any:
+        raise AnalysisError("pivot is not supported on a streaming DataFrames/Datasets")
+
+    def freqItems(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotSupportedYetError(
+            "stat.freqItems on a streaming DataFrame",
+            "Its aggregate function is not among lockgate's streaming aggregations.",
         )

@@ -14,7 +14,7 @@ from pyspark.sql.streaming.listener import (
 )
 
 from lockgate.api.listener import ListenerBus
-from lockgate.errors import AnalysisError, StreamingQueryException
+from lockgate.errors import AnalysisError, StreamingQueryException, error_class_of
 from lockgate.execution.progress import format_timestamp
 
 if TYPE_CHECKING:
@@ -154,6 +154,7 @@ class StreamingQueryManager:
             "id": execution.id,
             "runId": execution.run_id,
             "exception": str(cause) if cause is not None else None,
-            "errorClassOnException": "STREAM_FAILED" if cause is not None else None,
+            # Spark's: the cause's error class, None for a cause without one
+            "errorClassOnException": error_class_of(cause.cause) if cause is not None else None,
         }
         self.listener_bus.post(QueryTerminatedEvent.fromJson(payload))

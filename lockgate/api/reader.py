@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import StructType
@@ -21,6 +22,28 @@ _TABLE_FORMATS = ("parquet", "orc", "json", "csv", "text")
 """Formats of the catalog tables ``readStream.table()`` streams (file sources)."""
 
 
+SOURCE_EVOLUTION_CONF = "spark.sql.streaming.queryEvolution.enableSourceEvolution"
+
+
+def check_source_evolution(spark: Any, source_name: str | None) -> None:
+    """Spark refuses a named source unless source evolution is on; with it on, Spark
+    keys the offsets log (v2) and ``sources/`` by name, which lockgate does not write yet.
+    ``source_name`` None: a query being started (Spark then requires every source named)."""
+    enabled = str(spark.conf.get(SOURCE_EVOLUTION_CONF, "false")).strip().lower() == "true"
+    if not enabled:
+        if source_name is not None:
+            raise AnalysisError.spark(
+                "STREAMING_QUERY_EVOLUTION_ERROR.SOURCE_NAMING_NOT_SUPPORTED", {"name": source_name}
+            )
+        return
+    raise NotSupportedYetError(
+        f"Source evolution ({SOURCE_EVOLUTION_CONF}=true)",
+        "With it, Spark writes the offsets log in its v2 format keyed by source name and "
+        "source metadata under sources/<name>/; lockgate writes the v1 format keyed by "
+        f"source position. Unset {SOURCE_EVOLUTION_CONF} (and drop readStream.name(...)).",
+    )
+
+
 class DataStreamReader:
     """Describes a streaming source; ``load()`` gives the streaming DataFrame."""
 
@@ -30,10 +53,32 @@ class DataStreamReader:
         self._format_set = False
         self._options: dict[str, str] = {}
         self._schema: StructType | None = None
+        self._source_name: str | None = None
 
     def format(self, source: str | SourceProvider) -> DataStreamReader:
         self._format = source
         self._format_set = True
+        return self
+
+    def name(self, source_name: str) -> DataStreamReader:
+        """Name the source, as PySpark 4.2+ does for source evolution (PySpark's checks)."""
+        from pyspark.errors import PySparkTypeError, PySparkValueError
+
+        if not isinstance(source_name, str):
+            raise PySparkTypeError(
+                errorClass="NOT_EXPECTED_TYPE",
+                messageParameters={
+                    "arg_name": "source_name",
+                    "expected_type": "str",
+                    "arg_type": type(source_name).__name__,
+                },
+            )
+        if not re.fullmatch(r"[a-zA-Z0-9_]+", source_name):
+            raise PySparkValueError(
+                errorClass="INVALID_STREAMING_SOURCE_NAME",
+                messageParameters={"source_name": source_name},
+            )
+        self._source_name = source_name
         return self
 
     def schema(self, schema: StructType | str) -> DataStreamReader:
@@ -63,6 +108,8 @@ class DataStreamReader:
     ) -> StreamingDataFrame:
         from lockgate.api.dataframe import StreamingDataFrame
 
+        if self._source_name is not None:
+            check_source_evolution(self._session.spark, self._source_name)
         if format is not None:
             self.format(format)
         if schema is not None:

@@ -5,7 +5,9 @@ stateful operators' ``mapInArrow`` tasks), so the executors' Python must import
 ``lockgate``. On a cluster (any master but ``local``/``local[...]``), creating
 ``lockgate.session(spark)`` asks the executors whether they can; when they cannot, the
 installed ``lockgate`` package is zipped once per driver process and added with
-``SparkContext.addPyFile``. ``spark.lockgate.shipCode=false`` turns this off.
+``SparkContext.addPyFile``. ``spark.lockgate.shipCode=false`` turns this off. In local
+mode the workers run the driver's interpreter unless ``PYSPARK_PYTHON`` chooses another
+(``_local_workers_python``).
 
 Only lockgate itself is shipped: its dependencies (pyspark, pyarrow, pandas) must be
 installed on the executors (``docs/cluster.md``).
@@ -20,6 +22,7 @@ import io
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import uuid
@@ -28,6 +31,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lockgate.errors import LockgateError
 from lockgate.options import Options
 
 if TYPE_CHECKING:
@@ -78,7 +82,7 @@ def ship_code(spark: SparkSession) -> bool:
     except Exception:  # noqa: BLE001 - Spark Connect sessions have no SparkContext
         return False
     if is_local_master(str(sc.master)):
-        return False
+        return _local_workers_python(sc)
     raw = spark.conf.get(SHIP_CODE_CONF, "true")
     enabled = Options({SHIP_CODE_CONF: raw}, owner="Spark conf").get_bool(SHIP_CODE_CONF, True)
     with _lock:
@@ -100,6 +104,68 @@ def ship_code(spark: SparkSession) -> bool:
             )
         _handled.add(sc)  # only once it is done: a failure above is retried next time
         return shipped
+
+
+def _same_interpreter(executable: str) -> bool:
+    found = shutil.which(executable)
+    return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)
+
+
+def _local_workers_python(sc: SparkContext) -> bool:
+    """In local mode, make the Python workers import lockgate, or refuse with the fix.
+
+    PySpark starts its workers with ``sc.pythonExec``: ``$PYSPARK_PYTHON``, else
+    ``python3`` from PATH, which is often not the interpreter running the driver (a venv
+    run as ``.venv/bin/python app.py``, not activated). When nobody chose the workers'
+    Python, local workers run the driver's own interpreter, as they would if the venv
+    were activated. When ``PYSPARK_PYTHON`` names another one, it is asked (one small
+    job) whether it imports lockgate and its dependencies: lockgate alone is shipped
+    as on a cluster; anything else is an error naming the fix.
+    """
+    with _lock:
+        if sc in _handled:
+            return False
+        shipped = False
+        executable = str(sc.pythonExec)
+        if not _same_interpreter(executable):
+            if "PYSPARK_PYTHON" not in os.environ and executable == "python3":
+                logger.info(
+                    "Local Python workers run %s (the driver's interpreter) instead of "
+                    "'python3' from PATH; set PYSPARK_PYTHON to choose another",
+                    sys.executable,
+                )
+                sc.pythonExec = sys.executable
+            else:
+                missing = _local_workers_missing(sc)
+                if missing == ["lockgate"]:
+                    sc.addPyFile(package_zip())
+                    shipped = True
+                elif missing:
+                    raise LockgateError(
+                        f"The Python workers of this local SparkSession run {executable!r} "
+                        f"(PYSPARK_PYTHON), which cannot import {', '.join(missing)}; lockgate "
+                        "runs its state tasks there. Point PYSPARK_PYTHON at an interpreter "
+                        f"that has them, e.g. this one: PYSPARK_PYTHON={sys.executable} "
+                        "(set before the SparkSession is created), or install them "
+                        f"into {executable!r}."
+                    )
+        _handled.add(sc)
+        return shipped
+
+
+def _local_workers_missing(sc: SparkContext) -> list[str]:
+    """What the local Python workers cannot import of lockgate's needs (one task)."""
+
+    def probe(_: object) -> list[str]:
+        from importlib import util
+
+        return [m for m in ("pyarrow", "pandas", "lockgate") if util.find_spec(m) is None]
+
+    try:
+        return list(sc.parallelize([0], 1).map(probe).collect()[0])
+    except Exception as exc:  # noqa: BLE001 - e.g. PYTHON_VERSION_MISMATCH
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return [f"its Python workers failed to start ({first[:300]})"]
 
 
 def package_zip() -> str:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lockgate.clock import Clock, SystemClock
-from lockgate.errors import AnalysisError, OptionError
+from lockgate.errors import AnalysisError, NotSupportedYetError, OptionError
 from lockgate.execution.triggers import (
     DEFAULT_TRIGGER,
     AvailableNowTrigger,
@@ -19,7 +19,7 @@ from lockgate.execution.triggers import (
     ProcessingTimeTrigger,
     Trigger,
 )
-from lockgate.options import Options, parse_duration_ms, to_option_string
+from lockgate.options import Options, to_option_string
 from lockgate.sinks import SinkContext, SinkProvider, lookup_sink
 from lockgate.sinks.base import OUTPUT_MODES, Sink
 
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from lockgate.api.query import StreamingQuery
 
 logger = logging.getLogger(__name__)
+
+_FILE_FORMATS = ("parquet", "json", "csv", "orc", "text")
 
 
 class DataStreamWriter:
@@ -44,6 +46,7 @@ class DataStreamWriter:
         self._query_name: str | None = None
         self._trigger: Trigger = DEFAULT_TRIGGER
         self._partition_by: tuple[str, ...] = ()
+        self._cluster_by: tuple[str, ...] = ()
         self._foreach_batch: Callable[[DataFrame, int], Any] | None = None
         self._foreach_writer: Any = None
         self._clock: Clock | None = None
@@ -80,9 +83,22 @@ class DataStreamWriter:
         self._partition_by = tuple(flat)
         return self
 
+    def clusterBy(self, *cols: str | list[str]) -> DataStreamWriter:
+        """As PySpark's: a file sink writes as without it; ``toTable`` creates the table
+        clustered by ``cols`` (its clustering columns, as Spark records them)."""
+        if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
+            cols = tuple(cols[0])
+        self._cluster_by = tuple(str(c) for c in cols)
+        return self
+
     def queryName(self, queryName: str) -> DataStreamWriter:
         if not isinstance(queryName, str) or not queryName.strip():
-            raise ValueError(f"The queryName must be a non-empty string. Got: {queryName!r}")
+            from pyspark.errors import PySparkValueError
+
+            raise PySparkValueError(
+                errorClass="VALUE_NOT_NON_EMPTY_STR",
+                messageParameters={"arg_name": "queryName", "arg_value": str(queryName)},
+            )
         self._query_name = queryName
         return self
 
@@ -93,28 +109,39 @@ class DataStreamWriter:
         once: bool | None = None,
         continuous: str | None = None,
         availableNow: bool | None = None,
+        realTime: str | None = None,
     ) -> DataStreamWriter:
-        given = [x for x in (processingTime, once, continuous, availableNow) if x is not None]
-        if len(given) > 1:
-            raise ValueError("Only one trigger can be set.")
-        if not given:
-            raise ValueError("No trigger provided.")
+        """As PySpark's: its errors (``ONLY_ALLOW_SINGLE_TRIGGER``, ``VALUE_NOT_ALLOWED``,
+        ``VALUE_NOT_NON_EMPTY_STR``), and intervals parsed by Spark's own ``Trigger``."""
+        from pyspark.errors import PySparkValueError
+
+        given = [x for x in (processingTime, once, continuous, availableNow, realTime) if x is not None]
+        if len(given) != 1:
+            raise PySparkValueError(errorClass="ONLY_ALLOW_SINGLE_TRIGGER", messageParameters={})
         if processingTime is not None:
             self._trigger = ProcessingTimeTrigger.parse(processingTime)
         elif once is not None:
             if once is not True:
-                raise ValueError(f"Value for once must be True. Got: {once}")
+                raise PySparkValueError(
+                    errorClass="VALUE_NOT_ALLOWED",
+                    messageParameters={"arg_name": "once", "allowed_values": "[True]"},
+                )
             self._trigger = OnceTrigger()
         elif availableNow is not None:
             if availableNow is not True:
-                raise ValueError(f"Value for availableNow must be True. Got: {availableNow}")
-            self._trigger = AvailableNowTrigger()
-        else:
-            if not isinstance(continuous, str) or not continuous.strip():
-                raise ValueError(
-                    f"Value for continuous must be a non empty string. Got: {continuous!r}"
+                raise PySparkValueError(
+                    errorClass="VALUE_NOT_ALLOWED",
+                    messageParameters={"arg_name": "availableNow", "allowed_values": "[True]"},
                 )
-            self._trigger = ContinuousTrigger(parse_duration_ms(continuous, what="continuous"))
+            self._trigger = AvailableNowTrigger()
+        elif continuous is not None:
+            self._trigger = ContinuousTrigger.parse(continuous)
+        else:
+            raise NotSupportedYetError(
+                "trigger(realTime=...)",
+                "lockgate runs micro-batch (processingTime, once, availableNow) and continuous "
+                "triggers.",
+            )
         return self
 
     def foreachBatch(self, func: Callable[[DataFrame, int], Any]) -> DataStreamWriter:
@@ -180,8 +207,10 @@ class DataStreamWriter:
         if queryName is not None:
             self.queryName(queryName)
         self.options(**options)
+        self._check_cluster_by()
         fmt, location = prepare_table(
-            self._spark, tableName, self._df.schema, self._format, self._partition_by
+            self._spark, tableName, self._df.schema, self._format, self._partition_by,
+            self._cluster_by,
         )
         self._format = fmt
         self._options["path"] = location
@@ -194,7 +223,12 @@ class DataStreamWriter:
         if continuous and self._format == "foreachBatch":
             raise AnalysisError("'foreachBatch' is not supported with continuous trigger.")
         session = self._df._session
+        from lockgate.api.reader import check_source_evolution
+
+        check_source_evolution(self._spark, None)
         provider, sink_name = self._sink_provider()
+        if sink_name in _FILE_FORMATS:
+            self._check_cluster_by()
         opts = Options(self._options, owner=f"{sink_name} sink option")
         path = opts.get_str("path")
         self._check_output_mode(provider, sink_name)
@@ -280,6 +314,22 @@ class DataStreamWriter:
             )
         program, _ = compile_plan(analyzed)
         return relation, program, str(analyzed.toString()).strip()
+
+    def _check_cluster_by(self) -> None:
+        """Spark's checks of ``clusterBy`` for a file or table sink."""
+        if not self._cluster_by:
+            return
+        if self._partition_by:
+            raise AnalysisError.spark("SPECIFY_CLUSTER_BY_WITH_PARTITIONED_BY_IS_NOT_ALLOWED", {})
+        names = self._df.columns
+        for col in self._cluster_by:
+            if col not in names:
+                raise AnalysisError(
+                    f"Clustering column {col} not found in existing columns "
+                    f"({', '.join(names)}).",
+                    error_class="_LEGACY_ERROR_TEMP_1196",
+                    parameters={"colType": "Clustering", "colName": col, "existingColumns": ", ".join(names)},
+                )
 
     def _sink_provider(self) -> tuple[SinkProvider, str]:
         name = self._format

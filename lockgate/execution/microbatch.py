@@ -34,7 +34,7 @@ from lockgate.execution.triggers import (
     Trigger,
 )
 from lockgate.execution.watermark import WatermarkTracker, propagate_watermark
-from lockgate.options import Options, parse_duration_ms
+from lockgate.options import Options, time_string_ms
 from lockgate.plan.aggregate import StatefulContext
 from lockgate.plan.cache import PlanCache
 from lockgate.plan.checks import stateful_operators
@@ -125,11 +125,11 @@ class MicroBatchExecution(StreamExecution):
         self.offset_metadata = OffsetSeqMetadata()
         conf = self.spark.conf
         self.min_batches_to_retain = int(conf.get("spark.sql.streaming.minBatchesToRetain", "100") or 100)
-        self.polling_delay_ms = parse_duration_ms(
+        self.polling_delay_ms = time_string_ms(
             str(conf.get("spark.sql.streaming.pollingDelay", "10ms") or "10ms"),
             what="spark.sql.streaming.pollingDelay",
         )
-        self.no_data_progress_interval_ms = parse_duration_ms(
+        self.no_data_progress_interval_ms = time_string_ms(
             str(conf.get("spark.sql.streaming.noDataProgressEventInterval", "10000ms") or "10000ms"),
             what="spark.sql.streaming.noDataProgressEventInterval",
         )

@@ -17,7 +17,7 @@ import traceback
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from lockgate.errors import StreamingQueryException
+from lockgate.errors import StreamingQueryException, error_class_of
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -156,13 +156,10 @@ class StreamExecution:
         if isinstance(exc, StreamingQueryException):
             self.stream_death_cause = exc
         else:
-            message = (
-                f"[STREAM_FAILED] Query {self.pretty_id_string} terminated with exception: "
-                f"{_describe(exc)}"
-            )
-            self.stream_death_cause = StreamingQueryException(
-                message, cause=exc, query_id=self.id, run_id=self.run_id,
+            self.stream_death_cause = StreamingQueryException.failed(
+                exc, _cause_message(exc), query_id=self.id, run_id=self.run_id,
                 batch_id=getattr(self, "current_batch_id", None),
+                identifier=self.pretty_id_string,
             )
             self.stream_death_cause.__cause__ = exc
         logger.error(
@@ -244,6 +241,17 @@ class StreamExecution:
     @property
     def stream_thread(self) -> threading.Thread:
         return self._thread
+
+
+def _cause_message(exc: BaseException) -> str:
+    """The cause's message in a STREAM_FAILED message, as Spark puts it there: a Spark
+    error's own message (``[CLASS] ... SQLSTATE: ...``), else the exception described."""
+    if error_class_of(exc) is not None:
+        try:
+            return str(exc.getMessage())  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001, S110 - a captured exception whose JVM side is gone
+            pass
+    return _describe(exc)
 
 
 def _describe(exc: BaseException, limit: int = 4000) -> str:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lockgate.errors import OptionError
-from lockgate.options import parse_duration_ms
+from lockgate.options import trigger_interval_ms
 
 
 class Trigger:
@@ -20,17 +19,8 @@ class ProcessingTimeTrigger(Trigger):
 
     @classmethod
     def parse(cls, text: str) -> ProcessingTimeTrigger:
-        if not isinstance(text, str) or not text.strip():
-            raise OptionError(
-                f"Value for processingTime must be a non empty string. Got: {text!r}",
-                option="processingTime",
-            )
-        ms = parse_duration_ms(text, what="processingTime")
-        if ms < 0:
-            raise OptionError(
-                f"Interval cannot be negative: processingTime={text!r}", option="processingTime"
-            )
-        return cls(ms)
+        """``trigger(processingTime=text)``: PySpark's checks, then Spark's own parser."""
+        return cls(trigger_interval_ms("processingTime", _interval_text("processingTime", text)))
 
 
 @dataclass(frozen=True)
@@ -46,6 +36,23 @@ class AvailableNowTrigger(Trigger):
 @dataclass(frozen=True)
 class ContinuousTrigger(Trigger):
     interval_ms: int
+
+    @classmethod
+    def parse(cls, text: str) -> ContinuousTrigger:
+        """``trigger(continuous=text)``: PySpark's checks, then Spark's own parser."""
+        return cls(trigger_interval_ms("continuous", _interval_text("continuous", text)))
+
+
+def _interval_text(arg_name: str, text: object) -> str:
+    """PySpark's check of a trigger's interval argument (before Spark parses it)."""
+    from pyspark.errors import PySparkValueError
+
+    if not isinstance(text, str) or not text.strip():
+        raise PySparkValueError(
+            errorClass="VALUE_NOT_NON_EMPTY_STR",
+            messageParameters={"arg_name": arg_name, "arg_value": str(text)},
+        )
+    return text.strip()
 
 
 DEFAULT_TRIGGER = ProcessingTimeTrigger(0)

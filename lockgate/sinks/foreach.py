@@ -9,10 +9,11 @@ may return False to skip a partition it already wrote (its idempotence hook).
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lockgate.errors import OptionError
+from lockgate.errors import ForeachBatchUserFunctionError
 from lockgate.sinks.base import ContinuousDataWriter, ContinuousSink, Sink
 
 if TYPE_CHECKING:
@@ -25,24 +26,32 @@ class ForeachBatchSink(Sink):
         self.func = func
 
     def addBatch(self, batchId: int, data: DataFrame) -> None:
-        self.func(data, batchId)
+        try:
+            self.func(data, batchId)
+        except Exception as exc:
+            # Spark's FOREACH_BATCH_USER_FUNCTION_ERROR, the function's traceback as reason
+            reason = "".join(traceback.format_exception(exc)).strip()
+            raise ForeachBatchUserFunctionError(reason) from exc
 
     def description(self) -> str:
         return "ForeachBatchSink"
 
 
 def writer_functions(writer: Any) -> tuple[Any, Any, Any]:
-    if callable(writer) and not hasattr(writer, "process"):
+    """PySpark's reading of ``foreach(f)``: a callable is the row function; otherwise
+    ``process`` (and ``open``/``close`` if present) must be callable, else PySpark's
+    ``ATTRIBUTE_NOT_CALLABLE``."""
+    from pyspark.errors import PySparkAttributeError
+
+    if callable(writer):
         return None, writer, None
-    process = getattr(writer, "process", None)
-    if process is None or not callable(process):
-        raise OptionError(
-            "Provided object does not have a 'process' method; foreach() takes a function "
-            "of one row or an object with process(row) and optional open(partition_id, "
-            "epoch_id) and close(error).",
-            option="foreach",
-        )
-    return getattr(writer, "open", None), process, getattr(writer, "close", None)
+    for name in ("process", "open", "close"):
+        if (name == "process" or hasattr(writer, name)) and not callable(getattr(writer, name, None)):
+            raise PySparkAttributeError(
+                errorClass="ATTRIBUTE_NOT_CALLABLE",
+                messageParameters={"attr_name": name, "obj_name": "f"},
+            )
+    return getattr(writer, "open", None), writer.process, getattr(writer, "close", None)
 
 
 class ForeachSink(Sink):

@@ -312,7 +312,7 @@ class RateSourceProvider(SourceProvider):
                 f"Invalid value '{rows}'. The option 'rowsPerSecond' must be positive",
                 option="rowsPerSecond",
             )
-        ramp_ms = options.get_duration_ms("rampUpTime", 0)
+        ramp_ms = options.get_time_ms("rampUpTime", 0)
         assert ramp_ms is not None
         if ramp_ms < 0:
             raise OptionError(

@@ -366,22 +366,35 @@ def test_update_mode_on_the_file_sink(ls: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    "kwargs",
     [
-        ({"processingTime": "1 second", "once": True}, "Only one trigger can be set"),
-        ({"once": True, "availableNow": True}, "Only one trigger can be set"),
-        ({}, "No trigger provided"),
-        ({"once": False}, "Value for once must be True"),
-        ({"availableNow": False}, "Value for availableNow must be True"),
-        ({"processingTime": ""}, "processingTime must be a non empty string"),
-        ({"processingTime": "   "}, "processingTime must be a non empty string"),
-        ({"processingTime": "soon"}, "soon"),
-        ({"processingTime": "-1 second"}, "negative"),
+        {"processingTime": "1 second", "once": True},
+        {"once": True, "availableNow": True},
+        {},
+        {"once": False},
+        {"availableNow": False},
+        {"processingTime": ""},
+        {"processingTime": "   "},
+        {"processingTime": "soon"},
+        {"processingTime": "10"},
+        {"processingTime": "-1 second"},
+        {"processingTime": "1 month"},
+        {"continuous": "5 m"},
     ],
 )
-def test_trigger_misuse(ls: Any, kwargs: dict[str, Any], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        _rate(ls).writeStream.trigger(**kwargs)
+def test_trigger_misuse(spark: Any, ls: Any, kwargs: dict[str, Any]) -> None:
+    """PySpark's and Spark's own errors (ONLY_ALLOW_SINGLE_TRIGGER, VALUE_NOT_ALLOWED,
+    VALUE_NOT_NON_EMPTY_STR, INVALID_INTERVAL_FORMAT.*, "should not be negative", ...)."""
+    from pyspark.errors import PySparkException
+
+    def error(writer: Any) -> tuple[type, str]:
+        with pytest.raises(PySparkException) as info:
+            writer.trigger(**kwargs)
+        return type(info.value).__mro__[2], str(info.value).split("SQLSTATE")[0]
+
+    assert error(_rate(ls).writeStream) == error(
+        spark.readStream.format("rate").load().writeStream
+    )
 
 
 # -- invalid and unsupported operations -------------------------------------------------------

@@ -419,13 +419,14 @@ def test_with_watermark_negative_delay(sdf):
 
 
 def test_with_watermark_bad_arguments(sdf):
-    with pytest.raises(AnalysisException):
+    # PySpark's and Spark's errors (differential: tests/api/test_spark_parity.py)
+    with pytest.raises(AnalysisException, match="CANNOT_PARSE_INTERVAL"):
         sdf.withWatermark("ts", "10 parsecs")
     with pytest.raises(TypeError):
         sdf.withWatermark("ts", 10)
     with pytest.raises(TypeError):
         sdf.withWatermark("", "10 seconds")
-    with pytest.raises(TypeError):
+    with pytest.raises(AnalysisException, match="CANNOT_PARSE_INTERVAL"):
         sdf.withWatermark("ts", "  ")
 
 

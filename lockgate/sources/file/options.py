@@ -55,7 +55,7 @@ class FileStreamOptions:
                 "the same time",
                 option="maxBytesPerTrigger",
             )
-        max_age = options.get_duration_ms("maxFileAge", 7 * 86_400_000)
+        max_age = options.get_time_ms("maxFileAge", 7 * 86_400_000)
         assert max_age is not None
         if max_age < 0:
             raise OptionError(
