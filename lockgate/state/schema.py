@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from lockgate.checkpoint.checksum import ChecksumMismatchError, read_checked, write_checked
 from lockgate.checkpoint.fs import CheckpointFileSystem
 from lockgate.errors import CheckpointError
 from lockgate.state.arrow_types import field_to_json, without_time_zones
@@ -51,17 +52,36 @@ def _strip_tz(fields: list[list[str]]) -> list[list[str]]:
     return [[n, without_time_zones(t)] for n, t in fields]
 
 
-def check_or_write(fs: CheckpointFileSystem, state_root: str, schema: OperatorStateSchema) -> None:
-    path = fs.join(state_root, str(schema.operator_id), "_metadata", "schema")
+def read_schema_file(fs: CheckpointFileSystem, path: str, operator_id: int) -> dict | None:  # type: ignore[type-arg]
+    """The parsed state schema file of one operator, verified; None when it is missing."""
+    fix = (
+        f"The state of stateful operator {operator_id} cannot be checked against the query. "
+        "Restore the file (and its .crc) from a backup, or start the query with a new "
+        "checkpoint location."
+    )
     try:
-        raw = fs.read_bytes(path)
+        raw = read_checked(fs, path)
     except FileNotFoundError:
-        fs.write_atomic(path, schema.to_json().encode("utf-8"), overwrite=True)
-        return
+        return None
+    except ChecksumMismatchError as exc:
+        raise ChecksumMismatchError(f"{exc} {fix}", path=path) from exc
+    except OSError as exc:
+        raise CheckpointError(f"Cannot read state schema file {path}: {exc}. {fix}", path=path) from exc
     try:
         stored = json.loads(raw.decode("utf-8"))
-    except ValueError as exc:
-        raise CheckpointError(f"State schema file {path} is corrupt: {exc}", path=path) from exc
+        if not isinstance(stored, dict):
+            raise ValueError(f"expected a JSON object, got {type(stored).__name__}")
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError
+        raise CheckpointError(f"State schema file {path} is corrupt: {exc}. {fix}", path=path) from exc
+    return stored
+
+
+def check_or_write(fs: CheckpointFileSystem, state_root: str, schema: OperatorStateSchema) -> None:
+    path = fs.join(state_root, str(schema.operator_id), "_metadata", "schema")
+    stored = read_schema_file(fs, path, schema.operator_id)
+    if stored is None:
+        write_checked(fs, path, schema.to_json().encode("utf-8"), overwrite=True)
+        return
     if stored.get("formatVersion") != FORMAT_VERSION:
         raise CheckpointError(
             f"State schema file {path} has format version {stored.get('formatVersion')!r}; "
