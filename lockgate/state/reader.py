@@ -15,8 +15,7 @@ import pyarrow as pa
 from lockgate.checkpoint import CommitLog
 from lockgate.checkpoint.fs import resolve_filesystem
 from lockgate.errors import CheckpointError
-from lockgate.state.arrow_types import field_from_json, parse_arrow_type
-from lockgate.state.schema import read_schema_file
+from lockgate.state.schema import read_schema_file, stored_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -181,8 +180,4 @@ def _side_schema(schema: pa.Schema, side: str) -> pa.Schema:
 
 
 def _stored_schema(meta: dict[str, Any], which: str) -> pa.Schema:
-    """The key or value schema of a state schema file: from its tree form, or from the
-    type renderings of files written before it had one."""
-    if f"{which}Fields" in meta:
-        return pa.schema([field_from_json(f) for f in meta[f"{which}Fields"]])
-    return pa.schema([pa.field(n, parse_arrow_type(t)) for n, t in meta[f"{which}Schema"]])
+    return stored_schema(meta, which)

@@ -198,8 +198,9 @@ def _write_table(fs: CheckpointFileSystem, path: str, table: pa.Table, kind: str
 
 
 def _read_table(fs: CheckpointFileSystem, path: str, expected: pa.Schema, where: str) -> pa.Table:
-    """One state file, verified against its checksum; ``where`` names the operator and
-    partition for the errors."""
+    """One state file, verified against its checksum, under the names of ``expected``
+    (the key and value columns); ``where`` names the operator and partition for the
+    errors."""
     try:
         data = read_checked(fs, path)
     except FileNotFoundError as exc:
@@ -230,15 +231,41 @@ def _read_table(fs: CheckpointFileSystem, path: str, expected: pa.Schema, where:
             f"lockgate reads format {FORMAT_VERSION!r}. {_FIX_CORRUPT}",
             path=path,
         )
+    return _as_columns(table, expected, path, where)
+
+
+def _as_columns(table: pa.Table, expected: pa.Schema, path: str, where: str) -> pa.Table:
+    """A state file's table under the query's column names. Files are matched to the
+    query by position, not by name, as Spark's state schema check allows: a restart
+    that renames a grouping column (same type) reads the state under the new name."""
     names = [f.name for f in expected]
-    if table.schema.names[: len(names)] != names:
+    columns = [n for n in table.schema.names if n != _OP_COLUMN]
+    if len(columns) != len(names):
         raise StateStoreError(
-            f"State file {path} of {where} has columns {table.schema.names}, expected "
-            f"{names}: the state was written by a different query. Start this query with a "
-            "new checkpoint location.",
+            f"State file {path} of {where} has columns {columns}, expected {len(names)} "
+            f"columns {names}: the state was written by a different query. Start this query "
+            "with a new checkpoint location.",
             path=path,
         )
-    return table
+    if columns == names:
+        return table
+    renamed = table.rename_columns(names + [_OP_COLUMN] * (table.num_columns - len(columns)))
+    target = pa.schema(
+        [expected.field(i).with_nullable(True) for i in range(len(names))]
+        + list(renamed.schema)[len(names) :],
+        metadata=renamed.schema.metadata,
+    )
+    if renamed.schema.remove_metadata().equals(target.remove_metadata()):
+        return renamed
+    try:
+        return renamed.cast(target)  # nested field names differ
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        raise StateStoreError(
+            f"State file {path} of {where} has schema {table.schema.remove_metadata()}, which "
+            f"cannot be read as {expected}: {exc}. Start this query with a new checkpoint "
+            "location.",
+            path=path,
+        ) from exc
 
 
 def micros_array(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -413,7 +440,8 @@ class StateStore:
         return f"stateful operator {self.conf.operator_id} partition {self.partition}{side}"
 
     def _read(self, path: str) -> pa.Table:
-        return _read_table(self.fs, path, self.conf.key_schema, self.where)
+        expected = pa.schema(list(self.conf.key_schema) + list(self.conf.value_schema))
+        return _read_table(self.fs, path, expected, self.where)
 
     def _version_tables(self, base: int, version: int) -> list[pa.Table]:
         """Snapshot ``base`` (if any) and the deltas after it up to ``version``, in order."""
