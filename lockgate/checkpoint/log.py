@@ -10,7 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Generic, TypeVar
 
-from lockgate.checkpoint.checksum import ChecksumMismatchError, delete_checked, read_checked, write_checked
+from lockgate.checkpoint.checksum import (
+    ChecksumMismatchError,
+    delete_checked,
+    read_checked,
+    write_checked,
+)
 from lockgate.checkpoint.fs import CheckpointFileSystem
 from lockgate.errors import CheckpointError
 

@@ -12,7 +12,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lockgate.checkpoint import CommitLog, CommitMetadata, OffsetSeq, OffsetSeqLog, OffsetSeqMetadata, StreamMetadata
+from lockgate.checkpoint import (
+    CommitLog,
+    CommitMetadata,
+    OffsetSeq,
+    OffsetSeqLog,
+    OffsetSeqMetadata,
+    StreamMetadata,
+)
 from lockgate.checkpoint.checksum import CRC32C, ChecksumMismatchError, compute, crc32c
 from lockgate.checkpoint.fs import LocalFileSystem
 from lockgate.errors import CheckpointError, LockgateError
