@@ -490,12 +490,16 @@ class StateStore:
             if corrupt:
                 self._repair(corrupt, base, tables)
             return state
-        first = corrupt[0]
+        # the last failure is the one nothing can replace (a delta, or the oldest snapshot
+        # when the deltas before it are gone)
+        last = corrupt[-1]
+        skipped = [str(exc.path) for exc in corrupt[:-1]]
+        also = f" Corrupt snapshots skipped before it: {', '.join(skipped)}." if skipped else ""
         raise CorruptStateFileError(
-            f"{first} No older snapshot and deltas of {self.where} are intact to rebuild "
-            f"state version {version} from ({len(corrupt)} corrupt file(s)).",
-            path=first.path,
-        ) from first
+            f"{last} No older snapshot and deltas of {self.where} are intact to rebuild "
+            f"state version {version} from.{also}",
+            path=last.path,
+        ) from last
 
     def _repair(self, corrupt: list[CorruptStateFileError], base: int, tables: list[pa.Table]) -> None:
         """Rewrite the corrupt snapshots above ``base`` from ``tables`` (snapshot

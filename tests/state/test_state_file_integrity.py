@@ -244,3 +244,16 @@ def test_maintenance_removes_leftovers_of_cut_off_writes(tmp_path):
     names = os.listdir(directory)
     assert tmp.name not in names and orphan.name not in names
     assert "4.snapshot" in names and "4.snapshot.crc" in names
+
+
+def test_corrupt_snapshot_and_the_delta_a_rebuild_needs_names_the_delta(tmp_path):
+    conf = _conf(tmp_path)
+    _counts(conf, BATCHES)
+    (_dir(tmp_path) / "4.snapshot").write_bytes(b"garbage")
+    delta = _dir(tmp_path) / "3.delta"
+    delta.write_bytes(delta.read_bytes()[:-1])
+    with pytest.raises(CorruptStateFileError) as info:
+        _load(conf, 5)
+    assert info.value.path == str(delta)
+    assert str(info.value).startswith(f"State file {delta} of stateful operator 3 partition 1 is corrupt")
+    assert f"Corrupt snapshots skipped before it: {_dir(tmp_path) / '4.snapshot'}" in str(info.value)
