@@ -25,6 +25,21 @@ if TYPE_CHECKING:
     from lockgate.execution.stream import StreamExecution
 
 
+_APP_ACTIVE: dict[tuple[str, str], StreamingQuery] = {}
+"""Active runs of every lockgate session of a Spark application, by (application id,
+query id): Spark's ``sharedState.activeStreamingQueries``."""
+_APP_LOCK = threading.Lock()
+
+
+def _already_active(query_id: str) -> AnalysisError:
+    return AnalysisError(
+        f"Cannot start query with id {query_id} as another query with same id is already "
+        "active. Perhaps you are attempting to restart a query from checkpoint that is "
+        "already active. You may stop the old query by setting the SQL configuration: "
+        'spark.conf.set("spark.sql.streaming.stopActiveRunOnRestart", true) and retry.'
+    )
+
+
 class StreamingQueryManager:
     """Active queries of one lockgate session, listeners, and waiting for termination."""
 
@@ -85,34 +100,34 @@ class StreamingQueryManager:
 
         handle = StreamingQuery(execution)  # type: ignore[arg-type]
         self._check_name_available(execution.name)
-        with self._lock:
-            previous = self._active.get(execution.id)
+        app_key = (str(self._session.spark.sparkContext.applicationId), execution.id)
+        with self._lock, _APP_LOCK:
+            previous = self._active.get(execution.id) or _APP_ACTIVE.get(app_key)
         if previous is not None:
             stop_old = str(
                 self._session.spark.conf.get("spark.sql.streaming.stopActiveRunOnRestart", "true")
             ).lower() == "true"
             if not stop_old:
-                raise AnalysisError(
-                    f"Cannot start query with id {execution.id} as another query with same "
-                    "id is already active. Perhaps you are attempting to restart a query "
-                    "from checkpoint that is already active."
-                )
+                raise _already_active(execution.id)
             # Spark's default (spark.sql.streaming.stopActiveRunOnRestart): the new run
-            # replaces the active one.
+            # replaces the active one, in whichever session of the application it runs.
             previous.stop()
-        with self._lock:
-            if execution.id in self._active:
+        with self._lock, _APP_LOCK:
+            if execution.id in self._active or _APP_ACTIVE.get(app_key, handle) is not handle:
+                # another session started the same query meanwhile
                 raise AnalysisError(
-                    f"Cannot start query with id {execution.id} as another query with same "
-                    "id is already active. Perhaps you are attempting to restart a query "
-                    "from checkpoint that is already active."
+                    "[CONCURRENT_QUERY] Another instance of this query was just started by a "
+                    "concurrent session."
                 )
             self._active[execution.id] = handle
+            _APP_ACTIVE[app_key] = handle
         try:
             execution.start()
         except BaseException:
-            with self._lock:
+            with self._lock, _APP_LOCK:
                 self._active.pop(execution.id, None)
+                if _APP_ACTIVE.get(app_key) is handle:
+                    del _APP_ACTIVE[app_key]
             raise
         return handle
 
@@ -121,6 +136,10 @@ class StreamingQueryManager:
             handle = self._active.get(execution.id)
             if handle is not None and handle._execution is execution:
                 del self._active[execution.id]
+            with _APP_LOCK:
+                for key, other in list(_APP_ACTIVE.items()):
+                    if other._execution is execution:
+                        del _APP_ACTIVE[key]
             if handle is None:
                 from lockgate.api.query import StreamingQuery
 

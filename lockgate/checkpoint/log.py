@@ -10,6 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Generic, TypeVar
 
+from lockgate.checkpoint.checksum import (
+    ChecksumMismatchError,
+    delete_checked,
+    read_checked,
+    write_checked,
+)
 from lockgate.checkpoint.fs import CheckpointFileSystem
 from lockgate.errors import CheckpointError
 
@@ -51,6 +57,10 @@ def parse_version_line(text: str, max_supported: int, path: str) -> tuple[int, s
 
 
 COMPACT_SUFFIX = ".compact"
+CORRUPT_LOG_FIX = (
+    "Restore the file (and its .crc) from a backup, or start the query with a new "
+    "checkpoint location."
+)
 
 
 class MetadataLog(Generic[T]):
@@ -82,18 +92,24 @@ class MetadataLog(Generic[T]):
     def add(self, batch_id: int, entry: T) -> None:
         """Write entry ``batch_id``; refuse when it exists (a concurrent writer)."""
         text = f"v{self.VERSION}\n{self.serialize(entry)}"
-        self.fs.write_atomic(self.batch_path(batch_id), text.encode("utf-8"))
+        write_checked(self.fs, self.batch_path(batch_id), text.encode("utf-8"))
 
     def read_path(self, path: str) -> T | None:
         """Read and parse one log file; None when it does not exist."""
         try:
-            raw = self.fs.read_bytes(path)
+            raw = read_checked(self.fs, path)
         except FileNotFoundError:
             return None
+        except ChecksumMismatchError as exc:
+            raise ChecksumMismatchError(f"Log file {path} is corrupt: {exc} {CORRUPT_LOG_FIX}", path=path) from exc
+        except OSError as exc:
+            raise CheckpointError(f"Cannot read log file {path}: {exc}.", path=path) from exc
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise CheckpointError(f"Log file {path} is not UTF-8 text: corrupt.", path=path) from exc
+            raise CheckpointError(
+                f"Log file {path} is not UTF-8 text: it is corrupt. {CORRUPT_LOG_FIX}", path=path
+            ) from exc
         _, body = parse_version_line(text, self.VERSION, path)
         return self.deserialize(body, path)
 
@@ -135,10 +151,10 @@ class MetadataLog(Generic[T]):
         """Delete every entry below ``threshold_batch_id``."""
         for batch_id in self.batch_ids():
             if batch_id < threshold_batch_id:
-                self.fs.delete(self.batch_path(batch_id))
+                delete_checked(self.fs, self.batch_path(batch_id))
 
     def purge_after(self, batch_id: int) -> None:
         """Delete every entry above ``batch_id``."""
         for other in self.batch_ids():
             if other > batch_id:
-                self.fs.delete(self.batch_path(other))
+                delete_checked(self.fs, self.batch_path(other))

@@ -6,6 +6,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from lockgate.checkpoint.checksum import ChecksumMismatchError, read_checked, write_checked
 from lockgate.checkpoint.fs import CheckpointFileSystem
 from lockgate.errors import CheckpointError, ConcurrentWriteError
 
@@ -17,9 +18,15 @@ class StreamMetadata:
     @classmethod
     def read(cls, fs: CheckpointFileSystem, path: str) -> StreamMetadata | None:
         try:
-            raw = fs.read_bytes(path)
+            raw = read_checked(fs, path)
         except FileNotFoundError:
             return None
+        except ChecksumMismatchError as exc:
+            raise ChecksumMismatchError(
+                f"{exc} The query id in it cannot be trusted: restore the file from a backup or "
+                "use a new checkpoint location.",
+                path=path,
+            ) from exc
         text = raw.decode("utf-8", errors="replace").strip()
         try:
             data = json.loads(text.split("\n", 1)[0])
@@ -38,7 +45,8 @@ class StreamMetadata:
             return existing
         created = cls(str(uuid.uuid4()))
         try:
-            fs.write_atomic(
+            write_checked(
+                fs,
                 path, json.dumps({"id": created.id}, separators=(",", ":")).encode("utf-8")
             )
         except ConcurrentWriteError:

@@ -476,9 +476,10 @@ class MicroBatchExecution(StreamExecution):
         state_root = self.fs.join(self.checkpoint_root, "state")
         if not self._state_checked:
             check_operator_count(self.fs, state_root, len(self._stateful_ops))
+        check = str(self.spark.conf.get("spark.sql.streaming.stateStore.stateSchemaCheck", "true"))
         for schema in execution.state_schemas.values():
             if not self._state_checked:
-                check_or_write(self.fs, state_root, schema)
+                check_or_write(self.fs, state_root, schema, check_schemas=check.strip().lower() != "false")
         self._state_checked = True
 
     def _state_operator_progress(self, stateful: StatefulContext | None) -> list[dict[str, Any]]:

@@ -129,7 +129,18 @@ class StreamExecution:
             self.pretty_id_string,
             self.checkpoint_root,
         )
-        self._thread.start()
+        from lockgate.checkpoint.run_lock import CheckpointRunLock
+
+        # Before anything is written under the checkpoint: refuse a second run of
+        # another driver process (runs of this application were settled by the manager).
+        self._run_lock = CheckpointRunLock.acquire(
+            self.fs, self.checkpoint_root, self.run_id, f"query {self.pretty_id_string}"
+        )
+        try:
+            self._thread.start()
+        except BaseException:
+            self._run_lock.release()
+            raise
         self._start_latch.wait()
 
     def _run_stream(self) -> None:
@@ -180,6 +191,9 @@ class StreamExecution:
                 self.stream_death_cause is None or self._force_delete_temp_checkpoint()
             ):
                 self.fs.delete_recursive(self.checkpoint_root)
+            run_lock = getattr(self, "_run_lock", None)
+            if run_lock is not None:
+                run_lock.release()
             self._termination_latch.set()
             with self._await_progress:
                 self._await_progress.notify_all()

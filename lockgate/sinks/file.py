@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from lockgate.checkpoint.checksum import write_checked
 from lockgate.checkpoint.fs import CheckpointFileSystem
 from lockgate.checkpoint.log import MetadataLog
 from lockgate.errors import (
@@ -259,7 +260,7 @@ class FileStreamSinkLog(MetadataLog[list[SinkFileStatus]]):
         else:
             content = statuses
         text = f"v{self.VERSION}\n{self.serialize(content)}"
-        self.fs.write_atomic(self._file(batch_id, compact), text.encode("utf-8"))
+        write_checked(self.fs, self._file(batch_id, compact), text.encode("utf-8"))
 
 
 # ======================================================================================

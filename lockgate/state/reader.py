@@ -7,7 +7,6 @@ one per state partition, from the state files alone.
 
 from __future__ import annotations
 
-import json
 from functools import partial as bind
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,7 @@ import pyarrow as pa
 from lockgate.checkpoint import CommitLog
 from lockgate.checkpoint.fs import resolve_filesystem
 from lockgate.errors import CheckpointError
-from lockgate.state.arrow_types import field_from_json, parse_arrow_type
+from lockgate.state.schema import read_schema_file, stored_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -95,14 +94,13 @@ def read_state(
 
     fs, root = resolve_filesystem(checkpoint_location)
     schema_path = fs.join(root, "state", str(operator_id), "_metadata", "schema")
-    try:
-        meta = json.loads(fs.read_bytes(schema_path).decode("utf-8"))
-    except FileNotFoundError:
+    meta = read_schema_file(fs, schema_path, operator_id)
+    if meta is None:
         raise CheckpointError(
             f"No state for operator {operator_id} in checkpoint {checkpoint_location} "
             f"({schema_path} does not exist). Is this the checkpoint of a stateful query?",
             path=schema_path,
-        ) from None
+        )
     if batch_id is None:
         latest = CommitLog(fs, fs.join(root, "commits")).get_latest_batch_id()
         if latest is None:
@@ -182,8 +180,4 @@ def _side_schema(schema: pa.Schema, side: str) -> pa.Schema:
 
 
 def _stored_schema(meta: dict[str, Any], which: str) -> pa.Schema:
-    """The key or value schema of a state schema file: from its tree form, or from the
-    type renderings of files written before it had one."""
-    if f"{which}Fields" in meta:
-        return pa.schema([field_from_json(f) for f in meta[f"{which}Fields"]])
-    return pa.schema([pa.field(n, parse_arrow_type(t)) for n, t in meta[f"{which}Schema"]])
+    return stored_schema(meta, which)

@@ -1,8 +1,10 @@
 """``<checkpoint>/state/<operatorId>/_metadata/schema``: what each stateful operator stores.
 
 Written by the driver on an operator's first batch; on restart a query whose operator
-kind, key schema, value schema or partition count differ is refused before any state
-is touched, with an error naming the operator and the difference.
+kind or partition count differ, or whose key or value schema is incompatible by Spark's
+rules (``spark.sql.streaming.stateStore.stateSchemaCheck``: names are not compared,
+types are), is refused before any state is touched, with an error naming the operator
+and the difference.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from lockgate.checkpoint.checksum import ChecksumMismatchError, read_checked, write_checked
 from lockgate.checkpoint.fs import CheckpointFileSystem
 from lockgate.errors import CheckpointError
-from lockgate.state.arrow_types import field_to_json, without_time_zones
+from lockgate.state.arrow_types import field_from_json, field_to_json, parse_arrow_type
 
 FORMAT_VERSION = 1
 
@@ -47,21 +50,46 @@ class OperatorStateSchema:
         )
 
 
-def _strip_tz(fields: list[list[str]]) -> list[list[str]]:
-    return [[n, without_time_zones(t)] for n, t in fields]
-
-
-def check_or_write(fs: CheckpointFileSystem, state_root: str, schema: OperatorStateSchema) -> None:
-    path = fs.join(state_root, str(schema.operator_id), "_metadata", "schema")
+def read_schema_file(fs: CheckpointFileSystem, path: str, operator_id: int) -> dict | None:  # type: ignore[type-arg]
+    """The parsed state schema file of one operator, verified; None when it is missing."""
+    fix = (
+        f"The state of stateful operator {operator_id} cannot be checked against the query. "
+        "Restore the file (and its .crc) from a backup, or start the query with a new "
+        "checkpoint location."
+    )
     try:
-        raw = fs.read_bytes(path)
+        raw = read_checked(fs, path)
     except FileNotFoundError:
-        fs.write_atomic(path, schema.to_json().encode("utf-8"), overwrite=True)
-        return
+        return None
+    except ChecksumMismatchError as exc:
+        raise ChecksumMismatchError(f"{exc} {fix}", path=path) from exc
+    except OSError as exc:
+        raise CheckpointError(f"Cannot read state schema file {path}: {exc}. {fix}", path=path) from exc
     try:
         stored = json.loads(raw.decode("utf-8"))
-    except ValueError as exc:
-        raise CheckpointError(f"State schema file {path} is corrupt: {exc}", path=path) from exc
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError
+        raise CheckpointError(f"State schema file {path} is corrupt: {exc}. {fix}", path=path) from exc
+    if not isinstance(stored, dict):
+        raise CheckpointError(
+            f"State schema file {path} is corrupt: it holds a JSON {type(stored).__name__}, not "
+            f"an object. {fix}",
+            path=path,
+        )
+    return stored
+
+
+def check_or_write(
+    fs: CheckpointFileSystem, state_root: str, schema: OperatorStateSchema, *, check_schemas: bool = True
+) -> None:
+    """Write the operator's schema file on its first batch; on a restart refuse a query
+    whose operator or partition count changed, and (unless ``check_schemas`` is off:
+    ``spark.sql.streaming.stateStore.stateSchemaCheck=false``) whose key or value
+    schema is incompatible by Spark's rules. The file keeps the first run's schema."""
+    path = fs.join(state_root, str(schema.operator_id), "_metadata", "schema")
+    stored = read_schema_file(fs, path, schema.operator_id)
+    if stored is None:
+        write_checked(fs, path, schema.to_json().encode("utf-8"), overwrite=True)
+        return
     if stored.get("formatVersion") != FORMAT_VERSION:
         raise CheckpointError(
             f"State schema file {path} has format version {stored.get('formatVersion')!r}; "
@@ -79,11 +107,6 @@ def check_or_write(fs: CheckpointFileSystem, state_root: str, schema: OperatorSt
             f"the state has {stored.get('numPartitions')} partitions and the query now "
             f"uses {schema.num_partitions}"
         )
-    new_key, new_value = _fields(schema.key_schema), _fields(schema.value_schema)
-    if _strip_tz(stored.get("keySchema", [])) != _strip_tz(new_key):
-        differences.append(f"key schema was {stored.get('keySchema')} and is now {new_key}")
-    if _strip_tz(stored.get("valueSchema", [])) != _strip_tz(new_value):
-        differences.append(f"value schema was {stored.get('valueSchema')} and is now {new_value}")
     if differences:
         raise CheckpointError(
             f"The query's {op} is incompatible with the state in the checkpoint: "
@@ -91,6 +114,72 @@ def check_or_write(fs: CheckpointFileSystem, state_root: str, schema: OperatorSt
             + ". Restore the original query or start it with a new checkpoint location.",
             path=path,
         )
+    if not check_schemas:
+        return
+    # Spark's StateSchemaCompatibilityChecker: names are not compared, types are (at
+    # any depth), and a column the state holds as non-nullable may not become nullable.
+    for which, new_schema, error_class in (
+        ("key", schema.key_schema, "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"),
+        ("value", schema.value_schema, "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE"),
+    ):
+        old_schema = stored_schema(stored, which)
+        if not schemas_compatible(old_schema, new_schema):
+            raise CheckpointError(
+                f"[{error_class}] Provided {which} schema does not match existing state "
+                f"{which} schema. Please check number and type of fields. Existing "
+                f"{which}_schema={_fields(old_schema)} and new {which}_schema="
+                f"{_fields(new_schema)}. If you want to force running the query without "
+                "schema validation, please set spark.sql.streaming.stateStore.stateSchemaCheck "
+                "to false. However, please note that running the query with incompatible "
+                f"schema could cause non-deterministic behavior. (The query's {op}, state "
+                f"schema file {path}.)",
+                path=path,
+            )
+
+
+def stored_schema(meta: dict, which: str) -> pa.Schema:  # type: ignore[type-arg]
+    """The key or value schema of a state schema file: from its tree form, or from the
+    type renderings of files written before it had one."""
+    if f"{which}Fields" in meta:
+        return pa.schema([field_from_json(f) for f in meta[f"{which}Fields"]])
+    return pa.schema([pa.field(n, parse_arrow_type(t)) for n, t in meta.get(f"{which}Schema", [])])
+
+
+def schemas_compatible(stored: pa.Schema, new: pa.Schema) -> bool:
+    """Spark's ``DataType.equalsIgnoreNameAndCompatibleNullability(new, stored)``: the
+    same number of columns, pairwise the same types ignoring field names at any depth
+    (and time zones: state holds UTC), and nullable only where the state is."""
+    if len(stored) != len(new):
+        return False
+    return all(
+        (s.nullable or not n.nullable) and _types_compatible(s.type, n.type) for s, n in zip(stored, new)
+    )
+
+
+def _types_compatible(stored: pa.DataType, new: pa.DataType) -> bool:
+    if pa.types.is_struct(stored) and pa.types.is_struct(new):
+        return stored.num_fields == new.num_fields and all(
+            (stored.field(i).nullable or not new.field(i).nullable)
+            and _types_compatible(stored.field(i).type, new.field(i).type)
+            for i in range(stored.num_fields)
+        )
+    if pa.types.is_map(stored) and pa.types.is_map(new):
+        return (
+            _types_compatible(stored.key_type, new.key_type)
+            and (stored.item_field.nullable or not new.item_field.nullable)
+            and _types_compatible(stored.item_type, new.item_type)
+        )
+    lists = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+    for is_list in lists:
+        if is_list(stored) and is_list(new):
+            if pa.types.is_fixed_size_list(stored) and stored.list_size != new.list_size:
+                return False
+            return (stored.value_field.nullable or not new.value_field.nullable) and _types_compatible(
+                stored.value_type, new.value_type
+            )
+    if pa.types.is_timestamp(stored) and pa.types.is_timestamp(new):
+        return stored.unit == new.unit and (stored.tz is None) == (new.tz is None)
+    return stored.equals(new)
 
 
 def check_operator_count(fs: CheckpointFileSystem, state_root: str, count: int) -> None:

@@ -21,6 +21,7 @@ whole partition but is written only every ``snapshotInterval`` versions.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -30,7 +31,18 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute
 
+from lockgate.checkpoint.checksum import (
+    CRC32,
+    ChecksumMismatchError,
+    delete_checked,
+    is_checksum_file,
+    read_checked,
+    write_checked,
+)
 from lockgate.checkpoint.fs import CheckpointFileSystem, resolve_filesystem
+from lockgate.errors import LockgateError
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = "1"
 _FORMAT_KEY = b"lockgate.state.format"
@@ -56,8 +68,26 @@ class CatchUpIndex(Protocol):
     ) -> None: ...
 
 
-class StateStoreError(RuntimeError):
-    """A state file is missing, corrupt or of another format (raised on executors)."""
+class StateStoreError(LockgateError, RuntimeError):
+    """A state file is missing, corrupt or of another format (raised on executors).
+
+    The message names the file, the operator and partition, and the fix; ``path`` is
+    the file when one is to blame."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class CorruptStateFileError(StateStoreError):
+    """A state file fails its checksum or cannot be parsed; never loaded. A version
+    whose snapshot is corrupt is rebuilt from older files where they are intact."""
+
+
+_FIX_CORRUPT = (
+    "Restore the state files of this partition (with their .crc files) from a backup, or "
+    "start the query with a new checkpoint location."
+)
 
 
 @dataclass(frozen=True)
@@ -93,6 +123,8 @@ class StoreMetrics:
     commit_ms: float = 0.0
     snapshot_written: bool = False
     files_replayed: int = 0
+    repaired: tuple[str, ...] = ()
+    """Corrupt snapshots this load skipped and rewrote from older files."""
 
 
 def _partition_dir(conf: StateStoreConf, partition: int) -> str:
@@ -162,31 +194,78 @@ def _write_table(fs: CheckpointFileSystem, path: str, table: pa.Table, kind: str
     with pa.ipc.new_stream(sink, schema) as writer:
         writer.write_table(table.replace_schema_metadata(schema.metadata))
     # A re-run of the same batch rewrites the same version with the same content.
-    fs.write_atomic(path, sink.getvalue().to_pybytes(), overwrite=True)
+    write_checked(fs, path, sink.getvalue().to_pybytes(), overwrite=True, algorithm=CRC32)
 
 
-def _read_table(fs: CheckpointFileSystem, path: str, expected: pa.Schema) -> pa.Table:
+def _read_table(fs: CheckpointFileSystem, path: str, expected: pa.Schema, where: str) -> pa.Table:
+    """One state file, verified against its checksum, under the names of ``expected``
+    (the key and value columns); ``where`` names the operator and partition for the
+    errors."""
     try:
-        data = fs.read_bytes(path)
+        data = read_checked(fs, path)
     except FileNotFoundError as exc:
-        raise StateStoreError(f"State file {path} is missing: the checkpoint is incomplete.") from exc
+        raise StateStoreError(
+            f"State file {path} of {where} is missing: the checkpoint's state is "
+            f"incomplete. {_FIX_CORRUPT}",
+            path=path,
+        ) from exc
+    except ChecksumMismatchError as exc:
+        raise CorruptStateFileError(f"State file {path} of {where} is corrupt: {exc} {_FIX_CORRUPT}", path=path) from exc
+    except OSError as exc:
+        raise StateStoreError(f"Cannot read state file {path} of {where}: {exc}.", path=path) from exc
     try:
         table = pa.ipc.open_stream(pa.BufferReader(data)).read_all()
-    except pa.ArrowInvalid as exc:
-        raise StateStoreError(f"State file {path} is corrupt: {exc}") from exc
+    except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
+        # Garbage over the header or bytes flipped inside a file without a checksum
+        # (one written before lockgate wrote them) surface here as ArrowInvalid or a
+        # bare OSError ("Expected to read ... bytes").
+        raise CorruptStateFileError(
+            f"State file {path} of {where} is corrupt: it is not a readable Arrow stream "
+            f"({type(exc).__name__}: {exc}). {_FIX_CORRUPT}",
+            path=path,
+        ) from exc
     meta = table.schema.metadata or {}
     if meta.get(_FORMAT_KEY) != FORMAT_VERSION.encode():
-        raise StateStoreError(
-            f"State file {path} has format {meta.get(_FORMAT_KEY)!r}; this lockgate reads "
-            f"format {FORMAT_VERSION!r}."
+        raise CorruptStateFileError(
+            f"State file {path} of {where} has format {meta.get(_FORMAT_KEY)!r}; this "
+            f"lockgate reads format {FORMAT_VERSION!r}. {_FIX_CORRUPT}",
+            path=path,
         )
+    return _as_columns(table, expected, path, where)
+
+
+def _as_columns(table: pa.Table, expected: pa.Schema, path: str, where: str) -> pa.Table:
+    """A state file's table under the query's column names. Files are matched to the
+    query by position, not by name, as Spark's state schema check allows: a restart
+    that renames a grouping column (same type) reads the state under the new name."""
     names = [f.name for f in expected]
-    if table.schema.names[: len(names)] != names:
+    columns = [n for n in table.schema.names if n != _OP_COLUMN]
+    if len(columns) != len(names):
         raise StateStoreError(
-            f"State file {path} has columns {table.schema.names}, expected {names}: the state "
-            "was written by a different query."
+            f"State file {path} of {where} has columns {columns}, expected {len(names)} "
+            f"columns {names}: the state was written by a different query. Start this query "
+            "with a new checkpoint location.",
+            path=path,
         )
-    return table
+    if columns == names:
+        return table
+    renamed = table.rename_columns(names + [_OP_COLUMN] * (table.num_columns - len(columns)))
+    target = pa.schema(
+        [expected.field(i).with_nullable(True) for i in range(len(names))]
+        + list(renamed.schema)[len(names) :],
+        metadata=renamed.schema.metadata,
+    )
+    if renamed.schema.remove_metadata().equals(target.remove_metadata()):
+        return renamed
+    try:
+        return renamed.cast(target)  # nested field names differ
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        raise StateStoreError(
+            f"State file {path} of {where} has schema {table.schema.remove_metadata()}, which "
+            f"cannot be read as {expected}: {exc}. Start this query with a new checkpoint "
+            "location.",
+            path=path,
+        ) from exc
 
 
 def micros_array(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -354,32 +433,93 @@ class StateStore:
         self.metrics.load_ms = (time.perf_counter() - t0) * 1000
 
     # -- loading ---------------------------------------------------------------------
+    @property
+    def where(self) -> str:
+        """The operator and partition, for messages."""
+        side = f" ({self.conf.store_name} side)" if self.conf.store_name else ""
+        return f"stateful operator {self.conf.operator_id} partition {self.partition}{side}"
+
+    def _read(self, path: str) -> pa.Table:
+        expected = pa.schema(list(self.conf.key_schema) + list(self.conf.value_schema))
+        return _read_table(self.fs, path, expected, self.where)
+
+    def _version_tables(self, base: int, version: int) -> list[pa.Table]:
+        """Snapshot ``base`` (if any) and the deltas after it up to ``version``, in order."""
+        tables: list[pa.Table] = []
+        if base:
+            snap = self._read(f"{self.dir}/{base}.snapshot")
+            ops = pa.array([_OP_UPSERT] * snap.num_rows, type=pa.int8())
+            tables.append(snap.replace_schema_metadata(None).append_column(_OP_COLUMN, ops))
+        for v in range(base + 1, version + 1):
+            tables.append(self._read(f"{self.dir}/{v}.delta").replace_schema_metadata(None))
+        return tables
+
     def _load(self, version: int) -> dict[Key, Value]:
+        """Version ``version`` from the newest intact snapshot at or below it and the
+        deltas after that snapshot. A corrupt snapshot is skipped for an older one (or
+        none: every delta from version 1), and rewritten from what was read."""
         if version == 0:
             return {}
         deltas, snapshots = _file_versions(self.fs, self.dir)
-        base = max((s for s in snapshots if s <= version), default=0)
-        needed = range(base + 1, version + 1)
-        missing = [v for v in needed if v not in deltas]
-        if missing:
-            raise StateStoreError(
-                f"Cannot load state version {version} of operator {self.conf.operator_id} "
-                f"partition {self.partition}: {self.dir}/{missing[0]}.delta is missing (newest "
-                f"snapshot at or below it: {base or 'none'}). The checkpoint's state is incomplete."
+        bases = sorted((s for s in snapshots if s <= version), reverse=True) + [0]
+        corrupt: list[CorruptStateFileError] = []
+        for base in bases:
+            missing = [v for v in range(base + 1, version + 1) if v not in deltas]
+            if missing:
+                if corrupt:
+                    break  # older snapshots need those deltas too
+                raise StateStoreError(
+                    f"Cannot load state version {version} of {self.where}: "
+                    f"{self.dir}/{missing[0]}.delta is missing (newest snapshot at or below "
+                    f"it: {base or 'none'}). The checkpoint's state is incomplete: restore "
+                    "the missing files from a backup, or start the query with a new "
+                    "checkpoint location.",
+                    path=f"{self.dir}/{missing[0]}.delta",
+                )
+            try:
+                tables = self._version_tables(base, version)
+            except CorruptStateFileError as exc:
+                corrupt.append(exc)
+                if exc.path != f"{self.dir}/{base}.snapshot":
+                    break  # a corrupt delta: every older snapshot needs it too
+                continue
+            self.metrics.files_replayed += len(tables)
+            state: dict[Key, Value] = {}
+            if tables:
+                self._apply(state, _latest_per_key(pa.concat_tables(tables), self._key_names))
+            if corrupt:
+                self._repair(corrupt, base, tables)
+            return state
+        # the last failure is the one nothing can replace (a delta, or the oldest snapshot
+        # when the deltas before it are gone)
+        last = corrupt[-1]
+        skipped = [str(exc.path) for exc in corrupt[:-1]]
+        also = f" Corrupt snapshots skipped before it: {', '.join(skipped)}." if skipped else ""
+        raise CorruptStateFileError(
+            f"{last} No older snapshot and deltas of {self.where} are intact to rebuild "
+            f"state version {version} from.{also}",
+            path=last.path,
+        ) from last
+
+    def _repair(self, corrupt: list[CorruptStateFileError], base: int, tables: list[pa.Table]) -> None:
+        """Rewrite the corrupt snapshots above ``base`` from ``tables`` (snapshot
+        ``base`` and the deltas after it, as read), with new checksums."""
+        names = self._key_names + self._value_names
+        repaired = []
+        for exc in corrupt:
+            assert exc.path is not None
+            version = int(exc.path.rsplit("/", 1)[-1].split(".", 1)[0])
+            upto = tables[: (1 if base else 0) + version - base]
+            live = _latest_per_key(pa.concat_tables(upto), self._key_names).select(names)
+            _write_table(self.fs, exc.path, live, "snapshot")
+            repaired.append(exc.path)
+            logger.warning(
+                "Repaired state snapshot %s of %s: it failed its check (%s); rebuilt version "
+                "%d from %s and %d deltas, and rewrote it.",
+                exc.path, self.where, exc.__cause__ or exc, version,
+                f"snapshot {base}" if base else "no snapshot", version - base,
             )
-        tables: list[pa.Table] = []
-        if base:
-            snap = _read_table(self.fs, f"{self.dir}/{base}.snapshot", self.conf.key_schema)
-            ops = pa.array([_OP_UPSERT] * snap.num_rows, type=pa.int8())
-            tables.append(snap.replace_schema_metadata(None).append_column(_OP_COLUMN, ops))
-        for v in needed:
-            delta = _read_table(self.fs, f"{self.dir}/{v}.delta", self.conf.key_schema)
-            tables.append(delta.replace_schema_metadata(None))
-        self.metrics.files_replayed += len(tables)
-        state: dict[Key, Value] = {}
-        if tables:
-            self._apply(state, _latest_per_key(pa.concat_tables(tables), self._key_names))
-        return state
+        self.metrics.repaired = tuple(repaired)
 
     def _catch_up(
         self, cached_version: int, state: dict[Key, Value], version: int, aux: Any = None
@@ -392,10 +532,12 @@ class StateStore:
         needed = range(cached_version + 1, version + 1)
         if any(v not in deltas for v in needed):
             return None
-        tables = [
-            _read_table(self.fs, f"{self.dir}/{v}.delta", self.conf.key_schema).replace_schema_metadata(None)
-            for v in needed
-        ]
+        try:
+            tables = [self._read(f"{self.dir}/{v}.delta").replace_schema_metadata(None) for v in needed]
+        except CorruptStateFileError:
+            # A snapshot past the corrupt delta may still rebuild the version: load it
+            # from the files, which fails with the file to blame when nothing can.
+            return None
         self.metrics.files_replayed += len(tables)
         changes = pa.concat_tables(tables)
         latest = _latest_per_key_with_ops(changes, self._key_names)
@@ -484,22 +626,20 @@ class StateStore:
         """The whole map at ``version``, merged in Arrow from the files (no walk of the map)."""
         deltas, snapshots = _file_versions(self.fs, self.dir)
         base = max((s for s in snapshots if s < version), default=0)
+        from_map = self._table(((k, v, _OP_UPSERT) for k, v in self.map.items()), False)
         if any(v not in deltas for v in range(base + 1, version + 1)):
-            return self._table(((k, v, _OP_UPSERT) for k, v in self.map.items()), False)
-        tables = []
-        if base:
-            snap = _read_table(self.fs, f"{self.dir}/{base}.snapshot", self.conf.key_schema)
-            ops = pa.array([_OP_UPSERT] * snap.num_rows, type=pa.int8())
-            tables.append(snap.replace_schema_metadata(None).append_column(_OP_COLUMN, ops))
-        for v in range(base + 1, version + 1):
-            delta = _read_table(self.fs, f"{self.dir}/{v}.delta", self.conf.key_schema)
-            tables.append(delta.replace_schema_metadata(None))
+            return from_map
+        try:
+            tables = self._version_tables(base, version)
+        except CorruptStateFileError:
+            return from_map  # the map in memory is right (it was loaded from intact files)
         live = _latest_per_key(pa.concat_tables(tables), self._key_names)
         names = self._key_names + self._value_names
         return live.select(names)
 
     def _cleanup(self, version: int) -> None:
         """Delete files no version >= ``version - min_versions_to_retain`` needs."""
+        self._remove_leftovers()
         oldest_needed = version - self.conf.min_versions_to_retain
         if oldest_needed <= 0:
             return
@@ -509,10 +649,22 @@ class StateStore:
             return
         for v in deltas:
             if v <= base:
-                self.fs.delete(f"{self.dir}/{v}.delta")
+                delete_checked(self.fs, f"{self.dir}/{v}.delta")
         for v in snapshots:
             if v < base:
-                self.fs.delete(f"{self.dir}/{v}.snapshot")
+                delete_checked(self.fs, f"{self.dir}/{v}.snapshot")
+
+    def _remove_leftovers(self) -> None:
+        """Delete what cut-off writes left in the partition's directory: ``.tmp`` files
+        of atomic writes that never finished, and ``.crc`` files whose file is gone.
+        Only this task writes the partition now (one task per partition and batch), so
+        no ``.tmp`` here belongs to a live write."""
+        names = set(self.fs.list_names(self.dir))
+        for name in names:
+            orphan = is_checksum_file(name) and name[: -len(".crc")] not in names
+            if (name.startswith(".") and name.endswith(".tmp")) or orphan:
+                logger.info("Deleting leftover %s of %s", name, self.where)
+                self.fs.delete(f"{self.dir}/{name}")
 
     def memory_bytes(self) -> int:
         # A cheap estimate: Python's per-entry overhead dominates.

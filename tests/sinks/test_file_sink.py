@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from pyspark.sql.types import IntegerType, StructField, StructType
@@ -262,7 +263,9 @@ def test_compaction_is_read_by_spark(spark, tmp_path):
         sink = make_sink(spark, out)
         for batch in range(3):
             sink.addBatch(batch, rows(spark, batch * 10, batch * 10 + 2))
-        assert sorted(os.listdir(out / "_spark_metadata")) == ["0", "1.compact", "2"]
+        # each log file has its checksum beside it, which Spark's readers skip
+        listed = sorted(os.listdir(out / "_spark_metadata"))
+        assert listed == ["0", "0.crc", "1.compact", "1.compact.crc", "2", "2.crc"]
         assert len(log_entries(out, "1.compact")) == 2  # batches 0 and 1, one file each
         # Spark's reader with the same interval...
         assert ids(spark.read.parquet(str(out))) == expected(3)
@@ -276,7 +279,10 @@ def test_compaction_is_read_by_spark(spark, tmp_path):
     assert sink.log.compact_interval == 2
     for batch in range(3, 5):
         sink.addBatch(batch, rows(spark, batch * 10, batch * 10 + 2))
-    names = sorted(os.listdir(out / "_spark_metadata"), key=lambda n: int(n.split(".")[0]))
+    names = sorted(
+        (n for n in os.listdir(out / "_spark_metadata") if not n.endswith(".crc")),
+        key=lambda n: int(n.split(".")[0]),
+    )
     assert names == ["0", "1.compact", "2", "3.compact", "4"]
     assert len(log_entries(out, "3.compact")) == 4
     # Two compaction files: Spark's reader takes the interval from their distance.
@@ -304,6 +310,9 @@ def test_corrupt_sink_log_names_the_file(spark, tmp_path):
     sink.addBatch(1, rows(spark, 1, 2))
     log_file = out / "_spark_metadata" / "0"
     log_file.write_text(log_file.read_text()[:-5])
+    with pytest.raises(CheckpointError, match=f"{log_file} is corrupt: Checksum verification failed"):
+        sink.log.all_files()
+    Path(f"{log_file}.crc").unlink()  # a log without checksums (written before them)
     with pytest.raises(CheckpointError, match=f"{log_file} is corrupt"):
         sink.log.all_files()
     log_file.write_text("v2\n")
