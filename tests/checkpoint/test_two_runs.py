@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from differential import spark_conf
 from pyspark.errors import AnalysisException
-from streaming_helpers import spark_conf
 
 import lockgate
 from lockgate.checkpoint.fs import LocalFileSystem

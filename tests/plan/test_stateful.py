@@ -41,11 +41,17 @@ from differential import (
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
+from stateful_runs import (
+    MORE_FILES,
+    PROCESS_TIMEOUT_S,
+    RECOVERY_FILES,
+    make_job,
+    read_report,
+    run_driver,
+    write_inputs,
+)
 
 import lockgate
-
-DRIVER = Path(__file__).with_name("stateful_driver.py")
-PROCESS_TIMEOUT_S = 420
 
 
 # -- 1. differential: aggregation × output mode × grouping, deduplication -----------------
@@ -674,61 +680,6 @@ def test_keyless_state_replays_versions_that_wrote_nothing(tmp_path):
         clear_cache()
 
 
-RECOVERY_FILES = [
-    [ev(1, "a", 1.0), ev(2, "b", 2.0), ev(5, "a", 3.0)],
-    [ev(12, "a", 4.0), ev(3, "b", 1.0), ev(13, "c", 2.0)],
-    [ev(25, "a", 1.0), ev(4, "a", 7.0), ev(18, "c", 1.0)],
-    [ev(41, "b", 1.0), ev(11, "a", 5.0), ev(33, "a", 2.0)],
-]
-MORE_FILES = [
-    [ev(52, "a", 1.0), ev(45, "b", 3.0), ev(38, "c", 1.0)],
-    [ev(66, "c", 2.0), ev(50, "a", 4.0)],
-]
-
-
-def _write_inputs(directory: Path, files: list[list[dict[str, Any]]]) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    for rows in files:
-        write_json(directory, rows)
-
-
-def _job(root: Path, name: str, sink: str, inp: Path | None = None) -> dict[str, Any]:
-    base = root / name
-    return {
-        "input": str(inp or base / "in"),
-        "checkpoint": str(base / "checkpoint"),
-        "output": str(base / "out"),
-        "sink": sink,
-        "report": str(base / "report.json"),
-    }
-
-
-def _run_driver(
-    root: Path, name: str, config: dict[str, Any], env: dict[str, str] | None = None
-) -> tuple[int, str]:
-    path = root / f"{name}.json"
-    path.write_text(json.dumps(config))
-    environment = dict(os.environ)
-    environment.pop("LOCKGATE_TEST_KILL_AT", None)
-    environment["PYSPARK_PYTHON"] = sys.executable
-    environment["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    environment.update(env or {})
-    proc = subprocess.run(
-        [sys.executable, str(DRIVER), str(path)],
-        check=False,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=PROCESS_TIMEOUT_S,
-        cwd=str(root),
-    )
-    return proc.returncode, proc.stdout[-3000:] + proc.stderr[-6000:]
-
-
-def _report(job: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(Path(job["report"]).read_text())
-
-
 def _reference(spark: Any, ls: Any, jobs: list[dict[str, Any]]) -> list[list[list[Any]]]:
     """Run the driver's query for each job uninterrupted in this process."""
     queries = [stateful_driver.build_query(ls, job) for job in jobs]
@@ -748,12 +699,12 @@ def test_recovery_after_kill_and_lost_state_files(spark, ls, tmp_path):
     refused) in a fresh process with cold state caches."""
     root = tmp_path
     shared_in = root / "shared_in"
-    _write_inputs(shared_in, RECOVERY_FILES)
-    kill_file = _job(root, "kill_after_sink_file", "parquet", shared_in)
-    kill_fb = _job(root, "kill_after_wal_foreachbatch", "foreachBatch", shared_in)
-    kill_fb2 = _job(root, "kill_after_sink_foreachbatch", "foreachBatch", shared_in)
-    snap = _job(root, "lost_snapshot", "parquet")
-    _write_inputs(Path(snap["input"]), RECOVERY_FILES)
+    write_inputs(shared_in, RECOVERY_FILES)
+    kill_file = make_job(root, "kill_after_sink_file", "parquet", shared_in)
+    kill_fb = make_job(root, "kill_after_wal_foreachbatch", "foreachBatch", shared_in)
+    kill_fb2 = make_job(root, "kill_after_sink_foreachbatch", "foreachBatch", shared_in)
+    snap = make_job(root, "lost_snapshot", "parquet")
+    write_inputs(Path(snap["input"]), RECOVERY_FILES)
     conf = {"spark.sql.streaming.stateStore.minDeltasForSnapshot": "2"}
 
     first_runs = [
@@ -763,7 +714,7 @@ def test_recovery_after_kill_and_lost_state_files(spark, ls, tmp_path):
         ("first", {"conf": conf, "jobs": [snap]}, None),
     ]
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda a: _run_driver(root, *a), first_runs))
+        results = list(pool.map(lambda a: run_driver(root, *a), first_runs))
     for (name, _, env), (rc, log) in zip(first_runs, results):
         if env:
             assert rc == -9, f"{name}: expected SIGKILL, got rc={rc}\n{log}"
@@ -778,7 +729,7 @@ def test_recovery_after_kill_and_lost_state_files(spark, ls, tmp_path):
     # snapshot and without 1.delta of partition 0.
     snapshots = _state_files(snap["checkpoint"], "snapshot")
     assert snapshots, "minDeltasForSnapshot=2 should have produced snapshots"
-    lost = _job(root, "lost_delta", "parquet", Path(snap["input"]))
+    lost = make_job(root, "lost_delta", "parquet", Path(snap["input"]))
     shutil.copytree(snap["checkpoint"], lost["checkpoint"])
     # A query id of its own: two active runs of one query id would stop each other.
     metadata = Path(lost["checkpoint"], "metadata")
@@ -798,7 +749,7 @@ def test_recovery_after_kill_and_lost_state_files(spark, ls, tmp_path):
     for rows in MORE_FILES:
         write_json(snap["input"], rows)
 
-    rc, log = _run_driver(
+    rc, log = run_driver(
         root, "restart", {"conf": conf, "jobs": [kill_file, kill_fb, kill_fb2, snap, lost]}
     )
     assert rc == 1, f"the lost-delta job should fail the driver (rc=1), rc={rc}\n{log}"
@@ -807,9 +758,9 @@ def test_recovery_after_kill_and_lost_state_files(spark, ls, tmp_path):
         spark,
         ls,
         [
-            _job(root / "ref", "file", "parquet", shared_in),
-            _job(root / "ref", "foreachBatch", "foreachBatch", shared_in),
-            _job(root / "ref", "more", "parquet", Path(snap["input"])),
+            make_job(root / "ref", "file", "parquet", shared_in),
+            make_job(root / "ref", "foreachBatch", "foreachBatch", shared_in),
+            make_job(root / "ref", "more", "parquet", Path(snap["input"])),
         ],
     )
     for job, expected in (
@@ -818,7 +769,7 @@ def test_recovery_after_kill_and_lost_state_files(spark, ls, tmp_path):
         (kill_fb2, reference[1]),
         (snap, reference[2]),
     ):
-        report = _report(job)
+        report = read_report(job)
         assert report["exception"] is None, report["exception"]
         assert expected, "the reference run produced no rows"
         assert report["answer"] == expected, (
@@ -826,10 +777,10 @@ def test_recovery_after_kill_and_lost_state_files(spark, ls, tmp_path):
         )
     replayed = [
         p["stateOperators"][0]["customMetrics"].get("stateFilesReplayed", 0)
-        for p in _report(snap)["progress"]
+        for p in read_report(snap)["progress"]
     ]
     assert replayed and replayed[0] > 1, f"restart should replay state files: {replayed}"
-    error = _report(lost)["exception"]
+    error = read_report(lost)["exception"]
     assert error is not None
     assert "state/0/0/1.delta" in error, error
 
@@ -841,7 +792,7 @@ def test_runs_on_two_executor_processes(spark, ls, tmp_path):
     import pyspark
 
     inp = tmp_path / "in"
-    _write_inputs(inp, RECOVERY_FILES + MORE_FILES)
+    write_inputs(inp, RECOVERY_FILES + MORE_FILES)
     # A private SPARK_HOME (links to pyspark's files) so the workers' work dirs land in tmp.
     home = tmp_path / "spark_home"
     home.mkdir()
@@ -851,7 +802,7 @@ def test_runs_on_two_executor_processes(spark, ls, tmp_path):
             (home / entry.name).symlink_to(entry)
     markers = tmp_path / "markers"
     markers.mkdir()
-    job = _job(tmp_path, "cluster", "parquet", inp)
+    job = make_job(tmp_path, "cluster", "parquet", inp)
     job["marker_dir"] = str(markers)
     config = {
         "master": "local-cluster[2,1,1024]",
@@ -859,14 +810,14 @@ def test_runs_on_two_executor_processes(spark, ls, tmp_path):
         "conf": {"spark.locality.wait": "0", "spark.executor.memory": "512m"},
         "jobs": [job],
     }
-    rc, log = _run_driver(tmp_path, "cluster", config, {"SPARK_HOME": str(home)})
+    rc, log = run_driver(tmp_path, "cluster", config, {"SPARK_HOME": str(home)})
     assert rc == 0, log
-    report = _report(job)
+    report = read_report(job)
     assert report["exception"] is None, report["exception"]
     assert len(report["executors"]) >= 2, report["executors"]
     daemons = sorted(p.name for p in markers.iterdir())
     assert len(daemons) >= 2, f"state tasks ran in one executor only: {daemons}"
-    [expected] = _reference(spark, ls, [_job(tmp_path / "ref", "local", "parquet", inp)])
+    [expected] = _reference(spark, ls, [make_job(tmp_path / "ref", "local", "parquet", inp)])
     assert expected
     assert report["answer"] == expected
 

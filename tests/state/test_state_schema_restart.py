@@ -7,9 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from differential import canonical, write_json
+from differential import canonical, unique, write_json
 from pyspark.sql import functions as F
-from streaming_helpers import unique
 
 
 def _run(engine: Any, spark: Any, inp: str, checkpoint: str, key: Any) -> list[str]:
