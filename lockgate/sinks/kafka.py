@@ -74,8 +74,7 @@ class KafkaSinkOptions:
                 )
         if "bootstrap.servers" not in lowered:
             raise OptionError(
-                "Option 'kafka.bootstrap.servers' must be specified for configuring Kafka "
-                "producer",
+                "Option 'kafka.bootstrap.servers' must be specified for configuring Kafka producer",
                 option="kafka.bootstrap.servers",
             )
         if "transactional.id" in lowered:
@@ -175,7 +174,9 @@ class PartitionWriter:
             written = self._write_at_least_once(rows)
         yield pa.RecordBatch.from_pydict(
             {"partition": [partition], "rows": [len(rows)], "written": [written]},
-            schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64()), ("written", pa.bool_())]),
+            schema=pa.schema(
+                [("partition", pa.int32()), ("rows", pa.int64()), ("written", pa.bool_())]
+            ),
         )
 
     def _produce_all(self, producer: Any, rows: list[dict[str, Any]]) -> list[Any]:
@@ -229,12 +230,20 @@ class PartitionWriter:
         transactional_id = f"{self.id_prefix}-{partition}"
         marker = KTP(self.marker_topic, 0)
         producer = Producer(
-            {**self.producer_config, "transactional.id": transactional_id, "enable.idempotence": "true"}
+            {
+                **self.producer_config,
+                "transactional.id": transactional_id,
+                "enable.idempotence": "true",
+            }
         )
         consumer = Consumer(
             {
                 "bootstrap.servers": self.producer_config["bootstrap.servers"],
-                **{k: v for k, v in self.producer_config.items() if k.startswith(("security.", "ssl.", "sasl."))},
+                **{
+                    k: v
+                    for k, v in self.producer_config.items()
+                    if k.startswith(("security.", "ssl.", "sasl."))
+                },
                 "group.id": transactional_id,
                 "enable.auto.commit": "false",
                 "isolation.level": "read_committed",
@@ -329,7 +338,7 @@ class KafkaSink(Sink):
             sum(1 for s in summary if s["rows"] and not s["written"]),
         )
 
-    def forContinuous(self, schema: StructType, spark: SparkSession) -> Any:  # noqa: N802
+    def forContinuous(self, schema: StructType, spark: SparkSession) -> Any:
         raise NotSupportedYetError(
             "The kafka sink in continuous processing (trigger(continuous=...))",
             "Use a micro-batch trigger.",

@@ -135,6 +135,9 @@ class KafkaBroker:
             "group.initial.rebalance.delay.ms": "0",
             "num.network.threads": "2",
             "num.io.threads": "2",
+            # Records are kept whatever their timestamps; tests that need data gone delete
+            # it (delete_records) or set retention on their topic.
+            "log.retention.ms": "-1",
             "log.retention.check.interval.ms": "1000",
             "log.segment.delete.delay.ms": "0",
             "log.initial.task.delay.ms": "0",
@@ -190,6 +193,7 @@ class KafkaBroker:
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + START_TIMEOUT_S
+        last_error: Exception | None = None
         while True:
             assert self.proc is not None
             if self.proc.poll() is None and not self._port_open():
@@ -208,12 +212,12 @@ class KafkaBroker:
                 metadata = admin.list_topics(timeout=2)
                 if metadata.brokers:
                     return
-            except Exception:  # noqa: BLE001 - not up yet
-                pass
+            except Exception as exc:  # noqa: BLE001 - not up yet
+                last_error = exc
             if time.monotonic() > deadline:
                 self.stop(kill=True)
                 raise RuntimeError(
-                    f"the Kafka broker did not come up in {START_TIMEOUT_S}s; log:\n"
+                    f"the Kafka broker did not come up in {START_TIMEOUT_S}s ({last_error}); log:\n"
                     + self.log()[-4000:]
                 )
             time.sleep(0.2)
@@ -260,6 +264,16 @@ class KafkaBroker:
         admin = self.admin()
         admin.create_partitions([NewPartitions(name, total)])[name].result(30)
         self._wait_for_leaders(name, total)
+
+    def delete_records(self, topic: str, partition: int, before: int) -> None:
+        """Delete the records of ``topic``-``partition`` below offset ``before``, as
+        retention would."""
+        from confluent_kafka import TopicPartition
+
+        admin = self.admin()
+        futures = admin.delete_records([TopicPartition(topic, partition, before)])
+        for future in futures.values():
+            future.result(30)
 
     def _wait_for_leaders(self, name: str, partitions: int) -> None:
         deadline = time.monotonic() + 30

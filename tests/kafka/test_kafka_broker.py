@@ -8,7 +8,10 @@ def test_broker_serves_a_three_partition_topic_to_native_spark(kafka, native_kaf
     kafka.create_topic(topic, partitions=3)
     kafka.produce(
         topic,
-        [{"key": f"k{i}".encode(), "value": f"v{i}".encode(), "partition": i % 3} for i in range(9)],
+        [
+            {"key": f"k{i}".encode(), "value": f"v{i}".encode(), "partition": i % 3}
+            for i in range(9)
+        ],
     )
     rows = (
         native_kafka.read.format("kafka")

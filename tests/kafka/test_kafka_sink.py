@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from pyspark.sql import functions as F
 
@@ -51,9 +49,7 @@ def test_sink_writes_what_native_spark_writes(
     src, ours, theirs = names("in"), names("ours"), names("theirs")
     for topic in (src, ours, theirs):
         kafka.create_topic(topic, partitions=3)
-    kafka.produce(
-        src, [{"key": f"key{i}".encode(), "value": f"v{i}".encode()} for i in range(30)]
-    )
+    kafka.produce(src, [{"key": f"key{i}".encode(), "value": f"v{i}".encode()} for i in range(30)])
     for session, topic, name in ((native_kafka, theirs, "native"), (ls, ours, "lockgate")):
         q = (
             pipeline(session.readStream, kafka, src)
@@ -115,7 +111,7 @@ def test_a_rerun_batch_writes_nothing_twice(native_kafka, ls, kafka, names, tmp_
 
 
 def test_sink_errors(ls, kafka, names, tmp_path):
-    df = ls.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load()
+    df = ls.readStream.format("rate").load()
     common = {"kafka.bootstrap.servers": kafka.bootstrap, "checkpointLocation": str(tmp_path)}
     with pytest.raises(AnalysisError, match="topic option required when no 'topic' attribute"):
         df.selectExpr("cast(value as string) value").writeStream.format("kafka").options(
@@ -133,3 +129,11 @@ def test_sink_errors(ls, kafka, names, tmp_path):
         df.selectExpr("cast(value as string) value").writeStream.format("kafka").options(
             **common, topic="t"
         ).trigger(continuous="1 second").start()
+    source = (
+        ls.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap)
+        .option("subscribe", names("in"))
+        .load()
+    )
+    with pytest.raises(NotSupportedYetError, match="kafka source in continuous"):
+        source.writeStream.format("console").trigger(continuous="1 second").start()

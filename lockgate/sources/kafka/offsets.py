@@ -34,14 +34,14 @@ def to_json(offsets: PartitionOffsets) -> dict[str, dict[str, int]]:
 def from_json(value: Any) -> PartitionOffsets:
     """The inverse of :func:`to_json`; raises ValueError on anything else."""
     if not isinstance(value, dict):
-        raise ValueError(f"expected a JSON object of topics, got {value!r}")
+        raise TypeError(f"expected a JSON object of topics, got {value!r}")
     out: PartitionOffsets = {}
     for topic, parts in value.items():
         if not isinstance(parts, dict):
-            raise ValueError(f"expected a JSON object of partitions for topic {topic!r}")
+            raise TypeError(f"expected a JSON object of partitions for topic {topic!r}")
         for partition, offset in parts.items():
             if isinstance(offset, bool) or not isinstance(offset, int):
-                raise ValueError(f"offset {offset!r} of {topic}-{partition} is not an integer")
+                raise TypeError(f"offset {offset!r} of {topic}-{partition} is not an integer")
             out[(str(topic), int(partition))] = offset
     return out
 
@@ -51,7 +51,9 @@ def describe(partitions: Any) -> str:
     return "Set(" + ", ".join(f"{t}-{p}" for t, p in sorted(partitions)) + ")"
 
 
-def rate_limit(limit: int, start: PartitionOffsets, until: PartitionOffsets, new_start: PartitionOffsets) -> PartitionOffsets:
+def rate_limit(
+    limit: int, start: PartitionOffsets, until: PartitionOffsets, new_start: PartitionOffsets
+) -> PartitionOffsets:
     """End offsets reading at most ``limit`` records, prorated over the partitions by
     their backlog (Spark's ``rateLimit``: floored shares, a share below one rounded up
     so no partition starves). ``new_start`` holds the earliest offsets of partitions
@@ -101,7 +103,7 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[
 
     def parts_of(size: int, total: int, parts: int) -> int:
         # Scala's math.round rounds halves up.
-        return max(int(math.floor(size / total * parts + 0.5)), 1)
+        return max(math.floor(size / total * parts + 0.5), 1)
 
     total = sum(r.size for r in ranges)
     unsplit = [r for r in ranges if parts_of(r.size, total, min_partitions) == 1]
@@ -110,7 +112,11 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[
     split_min = max(min_partitions - len(unsplit), 1)
     out: list[OffsetRange] = []
     for r in ranges:
-        parts = 1 if (r.topic, r.partition) in unsplit_keys else parts_of(r.size, split_total, split_min)
+        parts = (
+            1
+            if (r.topic, r.partition) in unsplit_keys
+            else parts_of(r.size, split_total, split_min)
+        )
         remaining = r.size
         begin = r.from_offset
         for part in range(parts):

@@ -92,14 +92,14 @@ def _partition_json(text: str, what: str) -> dict[tuple[str, int], int]:
     try:
         parsed = json.loads(text)
         if not isinstance(parsed, dict):
-            raise ValueError
+            raise TypeError
         out: dict[tuple[str, int], int] = {}
         for topic, parts in parsed.items():
             if not isinstance(parts, dict):
-                raise ValueError
+                raise TypeError
             for p, value in parts.items():
                 if isinstance(value, bool) or not isinstance(value, int):
-                    raise ValueError
+                    raise TypeError
                 out[(str(topic), int(p))] = value
         return out
     except (ValueError, TypeError):
@@ -283,8 +283,7 @@ class KafkaSourceOptions:
                 raise _illegal(f"Kafka option '{name}' is not supported", f"kafka.{name}")
         if "bootstrap.servers" not in lowered:
             raise _illegal(
-                "Option 'kafka.bootstrap.servers' must be specified for configuring Kafka "
-                "consumer",
+                "Option 'kafka.bootstrap.servers' must be specified for configuring Kafka consumer",
                 "kafka.bootstrap.servers",
             )
         delay_text = options.get_str("maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY)

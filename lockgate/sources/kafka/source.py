@@ -68,7 +68,9 @@ KAFKA_SCHEMA = StructType(
         StructField("timestampType", IntegerType(), True),
     ]
 )
-KAFKA_SCHEMA_WITH_HEADERS = StructType([*KAFKA_SCHEMA.fields, StructField("headers", HEADERS_TYPE, True)])
+KAFKA_SCHEMA_WITH_HEADERS = StructType(
+    [*KAFKA_SCHEMA.fields, StructField("headers", HEADERS_TYPE, True)]
+)
 METADATA_TIMEOUT_S = 30.0
 INTERNAL_TOPICS = ("__consumer_offsets", "__transaction_state", "__share_group_state")
 
@@ -119,7 +121,7 @@ class OffsetReader:
             return sorted(set(strategy.assigned))
         try:
             metadata = self.consumer.list_topics(timeout=METADATA_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - librdkafka's KafkaException
+        except Exception as exc:
             raise KafkaError(
                 f"Could not read the topic metadata from Kafka at "
                 f"{self.config.get('bootstrap.servers')}: {exc}"
@@ -138,8 +140,10 @@ class OffsetReader:
             low, high = self.consumer.get_watermark_offsets(
                 KTP(tp[0], tp[1]), timeout=METADATA_TIMEOUT_S, cached=False
             )
-        except Exception as exc:  # noqa: BLE001
-            raise KafkaError(f"Could not read the offsets of {tp[0]}-{tp[1]} from Kafka: {exc}") from exc
+        except Exception as exc:
+            raise KafkaError(
+                f"Could not read the offsets of {tp[0]}-{tp[1]} from Kafka: {exc}"
+            ) from exc
         return int(low), int(high)
 
     def earliest(self, partitions: list[TopicPartition]) -> PartitionOffsets:
@@ -247,8 +251,11 @@ class KafkaSource(Source):
                     f"earliest. Specified: {describe(specified)} Assigned: {describe(partitions)}",
                     option="startingOffsets",
                 )
-            earliest = self._reader.earliest(partitions)
-            latest = self._reader.latest(partitions)
+            # As Spark's admin-based reader: explicit offsets are taken as given; offsets
+            # that are gone are found (and reported as data loss) by the task reading them.
+            need = [tp for tp, o in specified.items() if o in (EARLIEST, LATEST)]
+            earliest = self._reader.earliest(need) if need else {}
+            latest = self._reader.latest(need) if need else {}
             out: PartitionOffsets = {}
             for tp, offset in specified.items():
                 if offset == EARLIEST:
@@ -256,13 +263,6 @@ class KafkaSource(Source):
                 elif offset == LATEST:
                     out[tp] = latest[tp]
                 else:
-                    if offset < earliest[tp] or offset > latest[tp]:
-                        report_data_loss(
-                            self.options.fail_on_data_loss,
-                            "START_OFFSET_RESET",
-                            f"Starting offset for {tp[0]}-{tp[1]} was {offset} but consumer "
-                            f"reset to {earliest[tp] if offset < earliest[tp] else latest[tp]}.",
-                        )
                     out[tp] = offset
             return out
         # timestamps
@@ -313,13 +313,19 @@ class KafkaSource(Source):
             end = latest
         else:
             end = None
-            if o.min_offsets_per_trigger is not None and not self._available_now_requested:
-                if self._delay_batch(o.min_offsets_per_trigger, latest, begin):
-                    end = begin
+            if (
+                o.min_offsets_per_trigger is not None
+                and not self._available_now_requested
+                and self._delay_batch(o.min_offsets_per_trigger, latest, begin)
+            ):
+                end = begin
             if end is None and o.max_offsets_per_trigger is not None:
                 new = sorted(set(latest) - set(begin))
                 end = rate_limit(
-                    o.max_offsets_per_trigger, begin, latest, self._reader.earliest(new) if new else {}
+                    o.max_offsets_per_trigger,
+                    begin,
+                    latest,
+                    self._reader.earliest(new) if new else {},
                 )
             if end is None:
                 end = latest
@@ -330,7 +336,9 @@ class KafkaSource(Source):
     def _fetch_latest(self) -> PartitionOffsets:
         return self._reader.latest(self._reader.partitions())
 
-    def _delay_batch(self, min_rows: int, latest: PartitionOffsets, current: PartitionOffsets) -> bool:
+    def _delay_batch(
+        self, min_rows: int, latest: PartitionOffsets, current: PartitionOffsets
+    ) -> bool:
         """Spark's ``delayBatch``: wait for ``minOffsetsPerTrigger`` records unless
         ``maxTriggerDelay`` has passed since the last batch."""
         now = self._clock.get_time_millis()
@@ -545,8 +553,13 @@ class RangeReader:
                             # (aborted transactions, control records).
                             position = until
                             break
-                        if err.code() == KErr._AUTO_OFFSET_RESET or err.code() == KErr.OFFSET_OUT_OF_RANGE:
-                            low, _ = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT_S, cached=False)
+                        if (
+                            err.code() == KErr._AUTO_OFFSET_RESET
+                            or err.code() == KErr.OFFSET_OUT_OF_RANGE
+                        ):
+                            low, _ = consumer.get_watermark_offsets(
+                                tp, timeout=METADATA_TIMEOUT_S, cached=False
+                            )
                             self._lost(topic, partition, position, min(low, until))
                             position = low
                             consumer.assign([KTP(topic, partition, position)])
@@ -629,9 +642,9 @@ class KafkaSourceProvider(SourceProvider):
     def createSource(self, context: SourceContext) -> Source:
         return KafkaSource(context, KafkaSourceOptions.parse(context.options))
 
-    supports_continuous = True
-
-    def createContinuousStream(self, context: SourceContext) -> Any:  # noqa: N802
+    @property
+    def supports_continuous(self) -> bool:  # type: ignore[override]
+        # Asked only when a continuous query starts: fail there, naming what is missing.
         raise NotSupportedYetError(
             "The kafka source in continuous processing (trigger(continuous=...))",
             "Use a micro-batch trigger, e.g. trigger(processingTime='0 seconds').",
