@@ -168,7 +168,11 @@ class PartitionWriter:
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
         rows = [row for batch in batches for row in batch.to_pylist()]
-        if self.exactly_once:
+        if not rows:
+            # A re-run gives this partition no rows either: no producer, no transaction
+            # (a shuffle's many empty partitions cost nothing).
+            written = False
+        elif self.exactly_once:
             written = self._write_exactly_once(partition, rows)
         else:
             written = self._write_at_least_once(rows)
@@ -211,8 +215,6 @@ class PartitionWriter:
     def _write_at_least_once(self, rows: list[dict[str, Any]]) -> bool:
         from confluent_kafka import Producer
 
-        if not rows:
-            return False
         producer = Producer({"enable.idempotence": "true", **self.producer_config})
         errors = self._produce_all(producer, rows)
         left = producer.flush(TIMEOUT_S)
