@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench check-java clean
+.PHONY: demo test bench check-java kafka-jars clean
 
 check-java:
 	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { \
@@ -24,7 +24,12 @@ $(STAMP): $(VENV)/bin/python pyproject.toml
 demo: check-java $(STAMP)
 	$(PY) -m lockgate.demo
 
-test: check-java $(STAMP)
+# Apache Kafka's broker and Spark's Kafka connector for tests/kafka, via mvn (skipped
+# with a note when mvn is missing; the Kafka tests then skip, or fail under CI=true).
+kafka-jars: $(STAMP)
+	PYTHON=$(PY) bash tools/fetch_kafka.sh
+
+test: check-java $(STAMP) kafka-jars
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 

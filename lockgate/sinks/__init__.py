@@ -18,6 +18,7 @@ _BUILTIN: dict[str, str] = {
     "orc": "lockgate.sinks.file:OrcFileSinkProvider",
     "text": "lockgate.sinks.file:TextFileSinkProvider",
     "redis": "lockgate.sinks.redis:RedisSinkProvider",
+    "kafka": "lockgate.sinks.kafka:KafkaSinkProvider",
 }
 _registered: dict[str, SinkProvider] = {}
 _lock = threading.Lock()

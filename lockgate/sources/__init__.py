@@ -24,6 +24,7 @@ _BUILTIN: dict[str, str] = {
     "text": "lockgate.sources.file:TextFileSourceProvider",
     "orc": "lockgate.sources.file:OrcFileSourceProvider",
     "redis": "lockgate.sources.redis:RedisSourceProvider",
+    "kafka": "lockgate.sources.kafka:KafkaSourceProvider",
 }
 _registered: dict[str, SourceProvider] = {}
 _lock = threading.Lock()

@@ -1,0 +1,373 @@
+"""``writeStream.format("kafka")``: rows to Kafka, exactly once with Kafka transactions.
+
+Columns as Spark's Kafka sink takes them: ``value`` (string or binary, required),
+``key`` (string or binary), ``topic`` (string; or ``option("topic", ...)`` for every
+row, which takes precedence as in Spark), ``partition`` (int; else Kafka's default
+partitioner, murmur2 of the key as Java's client), ``headers``
+(``array<struct<key:string,value:binary>>``). Every ``kafka.<name>`` option goes to the
+producer as librdkafka property ``<name>``.
+
+**Exactly once** (the default; Spark's sink is at-least-once). The rows are written by
+the Spark tasks, never collected on the driver. The task of partition ``p`` of batch
+``N`` uses a transactional producer with ``transactional.id``
+``<transactionalIdPrefix>-<p>`` (default prefix ``lockgate-<queryId>``):
+``init_transactions`` fences any earlier producer of that id (a failed attempt, a task
+of a dead driver) and aborts its open transaction; then, if the partition's marker says
+batch ``N`` is already written, the task writes nothing; otherwise it sends its rows
+and the marker in one transaction. The marker is the committed offset ``N + 1`` of the
+consumer group ``<transactionalIdPrefix>-<p>`` on partition 0 of the marker topic
+(``option("markerTopic")``, default the ``topic`` option), committed with
+``send_offsets_to_transaction``, so "partition p of batch N is written" and its rows
+become visible together or not at all. Consumers with ``isolation.level=read_committed``
+see every row once; ``read_uncommitted`` consumers may also see rows of aborted
+attempts. A re-run must split the batch into the same partitions (true for lockgate's
+sources and for shuffles by key).
+
+``option("exactlyOnce", "false")`` writes as Spark does: an idempotent producer per
+task, at least once across failures.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lockgate.errors import AnalysisError, NotSupportedYetError, OptionError, SinkError
+from lockgate.sinks.base import Sink, SinkContext, SinkProvider
+from lockgate.sources.kafka.options import kafka_params
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+    from lockgate.options import Options
+
+logger = logging.getLogger(__name__)
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+_SUMMARY_SCHEMA = "partition INT, rows LONG, written BOOLEAN"
+TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class KafkaSinkOptions:
+    topic: str | None
+    producer: dict[str, str]
+    exactly_once: bool
+    transactional_id_prefix: str | None
+    marker_topic: str | None
+
+    @classmethod
+    def parse(cls, options: Options) -> KafkaSinkOptions:
+        producer = kafka_params(options)
+        lowered = {k.lower() for k in producer}
+        for which in ("key", "value"):
+            if f"{which}.serializer" in lowered:
+                raise OptionError(
+                    f"Kafka option '{which}.serializer' is not supported as {which}s are "
+                    "serialized with ByteArraySerializer.",
+                    option=f"kafka.{which}.serializer",
+                )
+        if "bootstrap.servers" not in lowered:
+            raise OptionError(
+                "Option 'kafka.bootstrap.servers' must be specified for configuring Kafka producer",
+                option="kafka.bootstrap.servers",
+            )
+        if "transactional.id" in lowered:
+            raise OptionError(
+                "Kafka option 'transactional.id' is set by the kafka sink itself (one per "
+                "query and partition); use option('transactionalIdPrefix', ...) to choose its "
+                "prefix, or option('exactlyOnce', 'false') for Spark's at-least-once writes.",
+                option="kafka.transactional.id",
+            )
+        producer.setdefault("partitioner", "murmur2_random")  # Java's default partitioner
+        topic = options.get_str("topic")
+        return cls(
+            topic=topic.strip() if topic and topic.strip() else None,
+            producer=producer,
+            exactly_once=options.get_bool("exactlyOnce", True),
+            transactional_id_prefix=options.get_str("transactionalIdPrefix"),
+            marker_topic=options.get_str("markerTopic"),
+        )
+
+
+def validate_schema(schema: StructType, topic: str | None) -> dict[str, int]:
+    """Spark's ``KafkaWriter.validateQuery``; the index of each column the sink uses."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    names = {f.name.lower(): (i, f.dataType) for i, f in enumerate(schema.fields)}
+    out: dict[str, int] = {}
+    if "topic" in names:
+        if not isinstance(names["topic"][1], StringType):
+            raise AnalysisError("topic attribute type must be a StringType")
+        out["topic"] = names["topic"][0]
+    elif topic is None:
+        raise AnalysisError(
+            "topic option required when no 'topic' attribute is present. Use the topic "
+            "option for setting a topic."
+        )
+    if "value" not in names:
+        raise AnalysisError("Required attribute 'value' not found")
+    if not isinstance(names["value"][1], (StringType, BinaryType)):
+        raise AnalysisError("value attribute type must be a StringType or BinaryType")
+    out["value"] = names["value"][0]
+    if "key" in names:
+        if not isinstance(names["key"][1], (StringType, BinaryType)):
+            raise AnalysisError("key attribute type must be a StringType or BinaryType")
+        out["key"] = names["key"][0]
+    if "partition" in names:
+        if not isinstance(names["partition"][1], IntegerType):
+            raise AnalysisError("partition attribute type must be an IntegerType")
+        out["partition"] = names["partition"][0]
+    if "headers" in names:
+        expected = ArrayType(
+            StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+        )
+        got = names["headers"][1]
+        ok = (
+            isinstance(got, ArrayType)
+            and isinstance(got.elementType, StructType)
+            and [(f.name, type(f.dataType)) for f in got.elementType.fields]
+            == [(f.name, type(f.dataType)) for f in expected.elementType.fields]  # type: ignore[union-attr]
+        )
+        if not ok:
+            raise AnalysisError(
+                "headers attribute type must be an ArrayType(StructType(StructField(key,"
+                "StringType,true),StructField(value,BinaryType,true)),true)"
+            )
+        out["headers"] = names["headers"][0]
+    return out
+
+
+@dataclass(frozen=True)
+class PartitionWriter:
+    """Writes one partition of one batch (runs in the task); see the module docstring."""
+
+    producer_config: dict[str, str]
+    topic: str | None
+    exactly_once: bool
+    id_prefix: str
+    marker_topic: str | None
+    batch_id: int
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        rows = [row for batch in batches for row in batch.to_pylist()]
+        if not rows:
+            # A re-run gives this partition no rows either: no producer, no transaction
+            # (a shuffle's many empty partitions cost nothing).
+            written = False
+        elif self.exactly_once:
+            written = self._write_exactly_once(partition, rows)
+        else:
+            written = self._write_at_least_once(rows)
+        yield pa.RecordBatch.from_pydict(
+            {"partition": [partition], "rows": [len(rows)], "written": [written]},
+            schema=pa.schema(
+                [("partition", pa.int32()), ("rows", pa.int64()), ("written", pa.bool_())]
+            ),
+        )
+
+    def _produce_all(self, producer: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        errors: list[Any] = []
+
+        def report(err: Any, _msg: Any) -> None:
+            if err is not None:
+                errors.append(err)
+
+        for row in rows:
+            topic = self.topic if self.topic is not None else row.get("topic")
+            if topic is None:
+                raise SinkError(
+                    "[KAFKA_NULL_TOPIC_IN_DATA] The Kafka message data sent to the producer "
+                    "contains a null topic. Use the `topic` option for setting a default topic."
+                )
+            kwargs: dict[str, Any] = {"value": row["value"], "key": row.get("key")}
+            if row.get("partition") is not None:
+                kwargs["partition"] = row["partition"]
+            headers = row.get("headers")
+            if headers:
+                kwargs["headers"] = [(h["key"], h["value"]) for h in headers]
+            while True:
+                try:
+                    producer.produce(topic, on_delivery=report, **kwargs)
+                    break
+                except BufferError:
+                    producer.poll(0.1)  # the local queue is full: let it drain
+            producer.poll(0)
+        return errors
+
+    def _write_at_least_once(self, rows: list[dict[str, Any]]) -> bool:
+        from confluent_kafka import Producer
+
+        producer = Producer({"enable.idempotence": "true", **self.producer_config})
+        errors = self._produce_all(producer, rows)
+        left = producer.flush(TIMEOUT_S)
+        if errors or left:
+            raise SinkError(
+                f"Batch {self.batch_id}: Kafka did not acknowledge {left or len(errors)} "
+                f"record(s): {errors[:1] or 'timed out'}"
+            )
+        return True
+
+    def _write_exactly_once(self, partition: int, rows: list[dict[str, Any]]) -> bool:
+        from confluent_kafka import Consumer, Producer
+        from confluent_kafka import TopicPartition as KTP
+
+        transactional_id = f"{self.id_prefix}-{partition}"
+        marker = KTP(self.marker_topic, 0)
+        producer = Producer(
+            {
+                **self.producer_config,
+                "transactional.id": transactional_id,
+                "enable.idempotence": "true",
+            }
+        )
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.producer_config["bootstrap.servers"],
+                **{
+                    k: v
+                    for k, v in self.producer_config.items()
+                    if k.startswith(("security.", "ssl.", "sasl."))
+                },
+                "group.id": transactional_id,
+                "enable.auto.commit": "false",
+                "isolation.level": "read_committed",
+            }
+        )
+        try:
+            # Fences earlier producers of this id and completes their open transaction.
+            producer.init_transactions(TIMEOUT_S)
+            committed = consumer.committed([marker], timeout=TIMEOUT_S)[0].offset
+            if committed is not None and committed > self.batch_id:
+                logger.info(
+                    "Kafka sink: partition %d of batch %d was written before; skipped",
+                    partition,
+                    self.batch_id,
+                )
+                return False
+            producer.begin_transaction()
+            errors = self._produce_all(producer, rows)
+            producer.flush(TIMEOUT_S)
+            if errors:
+                producer.abort_transaction(TIMEOUT_S)
+                raise SinkError(
+                    f"Batch {self.batch_id}, partition {partition}: Kafka refused "
+                    f"{len(errors)} record(s), first: {errors[0]}; the transaction was aborted."
+                )
+            producer.send_offsets_to_transaction(
+                [KTP(self.marker_topic, 0, self.batch_id + 1)],
+                consumer.consumer_group_metadata(),
+                TIMEOUT_S,
+            )
+            producer.commit_transaction(TIMEOUT_S)
+            return True
+        finally:
+            consumer.close()
+
+
+class KafkaSink(Sink):
+    def __init__(self, context: SinkContext, options: KafkaSinkOptions) -> None:
+        self._spark = context.spark
+        self.options = options
+        self._columns = validate_schema(context.schema, options.topic)
+        self._query_id: str | None = None
+
+    def _prefix(self) -> str:
+        if self.options.transactional_id_prefix:
+            return self.options.transactional_id_prefix
+        if self._query_id is None:
+            query_id = self._spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+            if not query_id:
+                raise SinkError(
+                    "The kafka sink cannot find the query id that names its transactional "
+                    "producers (Spark local property 'sql.streaming.queryId'). Start it with "
+                    "writeStream...start(), or set option('transactionalIdPrefix', ...)."
+                )
+            self._query_id = query_id
+        return f"lockgate-{self._query_id}"
+
+    def addBatch(self, batchId: int, data: DataFrame) -> None:
+        from pyspark.sql import functions as F
+
+        o = self.options
+        fields = data.schema.fields
+        columns = []
+        for name in ("topic", "key", "value", "partition", "headers"):
+            if name not in self._columns:
+                continue
+            col = F.col(f"`{fields[self._columns[name]].name}`")
+            if name in ("key", "value"):
+                col = col.cast("binary")
+            columns.append(col.alias(name))
+        prepared = data.select(*columns)
+        writer = PartitionWriter(
+            producer_config=o.producer,
+            topic=o.topic,
+            exactly_once=o.exactly_once,
+            id_prefix=self._prefix() if o.exactly_once else "",
+            marker_topic=o.marker_topic or o.topic,
+            batch_id=batchId,
+        )
+        try:
+            summary = prepared.mapInArrow(writer, _SUMMARY_SCHEMA).collect()
+        except Exception as exc:
+            match = re.findall(r"(SinkError|KafkaException|KafkaError): (.+)", str(exc))
+            if match:
+                raise SinkError(match[-1][1].strip() + " (raised in a Spark task)") from exc
+            raise
+        logger.info(
+            "Kafka sink wrote batch %d: %d rows in %d partitions (%d already written)",
+            batchId,
+            sum(s["rows"] for s in summary if s["written"]),
+            sum(1 for s in summary if s["written"]),
+            sum(1 for s in summary if s["rows"] and not s["written"]),
+        )
+
+    def forContinuous(self, schema: StructType, spark: SparkSession) -> Any:
+        raise NotSupportedYetError(
+            "The kafka sink in continuous processing (trigger(continuous=...))",
+            "Use a micro-batch trigger.",
+        )
+
+    def description(self) -> str:
+        return "KafkaSink" + ("[exactly-once]" if self.options.exactly_once else "")
+
+
+class KafkaSinkProvider(SinkProvider):
+    """``writeStream.format("kafka")``."""
+
+    name = "kafka"
+
+    def validate(self, spark: SparkSession, options: Options, path: str | None) -> None:
+        parsed = KafkaSinkOptions.parse(options)
+        if parsed.exactly_once and not (parsed.marker_topic or parsed.topic):
+            raise OptionError(
+                "The exactly-once kafka sink records the batches it wrote in a marker topic: "
+                "with the topic taken from a 'topic' column, set option('markerTopic', ...) to "
+                "an existing topic (e.g. one of the output topics), or use "
+                "option('exactlyOnce', 'false') for Spark's at-least-once writes.",
+                option="markerTopic",
+            )
+
+    def createSink(self, context: SinkContext) -> Sink:
+        return KafkaSink(context, KafkaSinkOptions.parse(context.options))
+
+
+__all__ = ["KafkaSink", "KafkaSinkOptions", "KafkaSinkProvider", "PartitionWriter"]

@@ -1,0 +1,654 @@
+"""``readStream.format("kafka")``: Kafka topics as a replayable, offset-based source.
+
+The driver only asks Kafka for metadata: the partitions of the subscription and their
+earliest/latest offsets (or the offsets of timestamps), through one librdkafka consumer
+that never fetches records. Each batch is a DataFrame of offset ranges, one Spark task
+per topic-partition range (Spark's ``KafkaSourceRDD``; ``minPartitions`` splits large
+ranges), turned into records by ``mapInArrow`` with a function that consumes the range
+from Kafka inside the task (:class:`RangeReader`).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from lockgate.checkpoint.log import MetadataLog
+from lockgate.errors import CheckpointError, ConcurrentWriteError, NotSupportedYetError, OptionError
+from lockgate.sources.base import ReadLimit, Source, SourceContext, SourceProvider
+from lockgate.sources.kafka.errors import DATA_LOSS_PREFIX, KafkaDataLossError, KafkaError
+from lockgate.sources.kafka.offsets import (
+    EARLIEST,
+    LATEST,
+    OffsetRange,
+    PartitionOffsets,
+    TopicPartition,
+    describe,
+    from_json,
+    rate_limit,
+    split_ranges,
+    to_json,
+)
+from lockgate.sources.kafka.options import KafkaSourceOptions, check_consumer_config
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+    from lockgate.options import Options
+
+logger = logging.getLogger(__name__)
+
+HEADERS_TYPE = ArrayType(
+    StructType([StructField("key", StringType(), True), StructField("value", BinaryType(), True)]),
+    True,
+)
+KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+        StructField("topic", StringType(), True),
+        StructField("partition", IntegerType(), True),
+        StructField("offset", LongType(), True),
+        StructField("timestamp", TimestampType(), True),
+        StructField("timestampType", IntegerType(), True),
+    ]
+)
+KAFKA_SCHEMA_WITH_HEADERS = StructType(
+    [*KAFKA_SCHEMA.fields, StructField("headers", HEADERS_TYPE, True)]
+)
+METADATA_TIMEOUT_S = 30.0
+INTERNAL_TOPICS = ("__consumer_offsets", "__transaction_state", "__share_group_state")
+
+
+def kafka_schema(include_headers: bool) -> StructType:
+    return KAFKA_SCHEMA_WITH_HEADERS if include_headers else KAFKA_SCHEMA
+
+
+def report_data_loss(fail: bool, sub: str, reason: str) -> None:
+    """Spark's ``reportDataLoss``: raise with failOnDataLoss, else warn and go on."""
+    if fail:
+        raise KafkaDataLossError(DATA_LOSS_PREFIX.format(sub=sub) + reason)
+    logger.warning(
+        "%s. Some data may have been lost because they are not available in Kafka any more; "
+        "either the data was aged out by Kafka or the topic may have been deleted before all "
+        "the data in the topic was processed. If you want your streaming query to fail on "
+        'such cases, set the source option "failOnDataLoss" to "true".',
+        reason,
+    )
+
+
+class OffsetReader:
+    """Driver-side metadata through one consumer that never fetches records."""
+
+    def __init__(self, options: KafkaSourceOptions, group_id: str) -> None:
+        self.options = options
+        self.config = {
+            **options.consumer,
+            "group.id": group_id,
+            "enable.auto.commit": "false",
+            "isolation.level": options.consumer.get("isolation.level", "read_uncommitted"),
+        }
+        check_consumer_config(self.config)
+        self._consumer: Any = None
+
+    @property
+    def consumer(self) -> Any:
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer(self.config)
+        return self._consumer
+
+    def partitions(self) -> list[TopicPartition]:
+        """The subscription's topic-partitions now (missing topics have none)."""
+        strategy = self.options.strategy
+        if strategy.kind == "assign":
+            return sorted(set(strategy.assigned))
+        try:
+            metadata = self.consumer.list_topics(timeout=METADATA_TIMEOUT_S)
+        except Exception as exc:
+            raise KafkaError(
+                f"Could not read the topic metadata from Kafka at "
+                f"{self.config.get('bootstrap.servers')}: {exc}"
+            ) from exc
+        out = []
+        for name, topic in metadata.topics.items():
+            if name in INTERNAL_TOPICS or topic.error is not None or not strategy.matches(name):
+                continue
+            out.extend((name, p) for p in topic.partitions)
+        return sorted(out)
+
+    def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
+        from confluent_kafka import TopicPartition as KTP
+
+        try:
+            low, high = self.consumer.get_watermark_offsets(
+                KTP(tp[0], tp[1]), timeout=METADATA_TIMEOUT_S, cached=False
+            )
+        except Exception as exc:
+            raise KafkaError(
+                f"Could not read the offsets of {tp[0]}-{tp[1]} from Kafka: {exc}"
+            ) from exc
+        return int(low), int(high)
+
+    def earliest(self, partitions: list[TopicPartition]) -> PartitionOffsets:
+        return {tp: self._watermarks(tp)[0] for tp in partitions}
+
+    def latest(self, partitions: list[TopicPartition]) -> PartitionOffsets:
+        return {tp: self._watermarks(tp)[1] for tp in partitions}
+
+    def for_timestamps(self, wanted: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """The first offset at or after each timestamp; -1 where there is none."""
+        from confluent_kafka import TopicPartition as KTP
+
+        if not wanted:
+            return {}
+        found = self.consumer.offsets_for_times(
+            [KTP(t, p, ts) for (t, p), ts in wanted.items()], timeout=METADATA_TIMEOUT_S
+        )
+        return {(k.topic, k.partition): int(k.offset) for k in found}
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+class _InitialOffsetLog(MetadataLog[dict[str, dict[str, int]]]):
+    """``sources/<i>/0``: the resolved starting offsets, as Spark's KafkaSourceInitialOffsetWriter."""
+
+    def serialize(self, entry: dict[str, dict[str, int]]) -> str:
+        import json
+
+        return json.dumps(entry, separators=(",", ":"))
+
+    def deserialize(self, body: str, path: str) -> dict[str, dict[str, int]]:
+        import json
+
+        try:
+            value = json.loads(body)
+            from_json(value)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(
+                f"Kafka source log {path} is corrupt: {body!r} ({exc}). Restore it or start "
+                "the query with a new checkpoint location.",
+                path=path,
+            ) from exc
+        return dict(value)
+
+
+class KafkaSource(Source):
+    """Offsets are Spark's ``KafkaSourceOffset`` (see :mod:`.offsets`)."""
+
+    supportsTriggerAvailableNow = True
+
+    def __init__(self, context: SourceContext, options: KafkaSourceOptions) -> None:
+        self._spark = context.spark
+        self._clock = context.clock
+        self.options = options
+        if options.group_id is not None:
+            driver_group = options.group_id
+            self._executor_group = options.group_id
+        else:
+            driver_group = (
+                f"{options.group_id_prefix}-{uuid.uuid4()}-{_java_hash(context.metadata_path)}"
+            )
+            self._executor_group = driver_group + "-executor"
+        self._reader = OffsetReader(options, driver_group)
+        self._log = _InitialOffsetLog(context.fs, context.metadata_path)
+        self._initial: PartitionOffsets | None = None
+        self._available_now: PartitionOffsets | None = None
+        self._available_now_requested = False
+        self._last_trigger_ms = 0
+
+    @property
+    def schema(self) -> StructType:
+        return kafka_schema(self.options.include_headers)
+
+    # -- offsets -----------------------------------------------------------------------
+    def initialOffset(self) -> dict[str, dict[str, int]]:
+        if self._initial is None:
+            logged = self._log.get(0)
+            if logged is None:
+                logged = to_json(self._resolve_starting())
+                try:
+                    self._log.add(0, logged)
+                except ConcurrentWriteError:
+                    logged = self._log.get(0) or logged
+                logger.info("Kafka source initial offsets: %s", logged)
+            self._initial = from_json(logged)
+        return to_json(self._initial)
+
+    def _resolve_starting(self) -> PartitionOffsets:
+        starting = self.options.starting
+        partitions = self._reader.partitions()
+        if starting.kind == "earliest":
+            return self._reader.earliest(partitions)
+        if starting.kind == "latest":
+            return self._reader.latest(partitions)
+        if starting.kind == "offsets":
+            specified = starting.offsets
+            if set(specified) != set(partitions):
+                raise OptionError(
+                    "[KAFKA_START_OFFSET_DOES_NOT_MATCH_ASSIGNED] Partitions specified for Kafka "
+                    "start offsets don't match what are assigned. Maybe topic partitions are "
+                    "created or deleted while the query is running. Use -1 for latest, -2 for "
+                    f"earliest. Specified: {describe(specified)} Assigned: {describe(partitions)}",
+                    option="startingOffsets",
+                )
+            # As Spark's admin-based reader: explicit offsets are taken as given; offsets
+            # that are gone are found (and reported as data loss) by the task reading them.
+            need = [tp for tp, o in specified.items() if o in (EARLIEST, LATEST)]
+            earliest = self._reader.earliest(need) if need else {}
+            latest = self._reader.latest(need) if need else {}
+            out: PartitionOffsets = {}
+            for tp, offset in specified.items():
+                if offset == EARLIEST:
+                    out[tp] = earliest[tp]
+                elif offset == LATEST:
+                    out[tp] = latest[tp]
+                else:
+                    out[tp] = offset
+            return out
+        # timestamps
+        if starting.kind == "timestamp":
+            assert starting.timestamp is not None
+            wanted = dict.fromkeys(partitions, starting.timestamp)
+        else:
+            wanted = starting.offsets
+            if set(wanted) != set(partitions):
+                raise OptionError(
+                    "[KAFKA_TIMESTAMP_OFFSET_DOES_NOT_MATCH_ASSIGNED] Partitions specified for "
+                    "Kafka timestamp based starting offsets don't match what are assigned. "
+                    "Maybe topic partitions are created or deleted while the query is running, "
+                    "or you didn't specify all the partitions. Specified: "
+                    f"{describe(wanted)} Assigned: {describe(partitions)}",
+                    option="startingOffsetsByTimestamp",
+                )
+        found = self._reader.for_timestamps(wanted)
+        latest = self._reader.latest(partitions)
+        out = {}
+        for tp, offset in found.items():
+            if offset < 0:
+                if starting.strategy_on_no_match == "latest":
+                    offset = latest[tp]
+                else:
+                    raise KafkaError(
+                        f"No offset matched from request of topic-partition {tp[0]}-{tp[1]} "
+                        f"and timestamp {wanted[tp]}. Set option "
+                        "'startingOffsetsByTimestampStrategy' to 'latest' to start such "
+                        "partitions at their latest offset."
+                    )
+            out[tp] = offset
+        return out
+
+    def _start_of(self, start: Any) -> PartitionOffsets:
+        return from_json(start if start is not None else self.initialOffset())
+
+    def latestOffset(self, start: Any, limit: ReadLimit) -> dict[str, dict[str, int]] | None:
+        begin = self._start_of(start)
+        if self._available_now_requested:
+            if self._available_now is None:
+                self._available_now = self._fetch_latest()
+            latest = self._available_now
+        else:
+            latest = self._fetch_latest()
+        o = self.options
+        if limit.is_all_available and not self._available_now_requested:
+            end = latest
+        else:
+            end = None
+            if (
+                o.min_offsets_per_trigger is not None
+                and not self._available_now_requested
+                and self._delay_batch(o.min_offsets_per_trigger, latest, begin)
+            ):
+                end = begin
+            if end is None and o.max_offsets_per_trigger is not None:
+                new = sorted(set(latest) - set(begin))
+                end = rate_limit(
+                    o.max_offsets_per_trigger,
+                    begin,
+                    latest,
+                    self._reader.earliest(new) if new else {},
+                )
+            if end is None:
+                end = latest
+        if not end:
+            return None
+        return to_json(end)
+
+    def _fetch_latest(self) -> PartitionOffsets:
+        return self._reader.latest(self._reader.partitions())
+
+    def _delay_batch(
+        self, min_rows: int, latest: PartitionOffsets, current: PartitionOffsets
+    ) -> bool:
+        """Spark's ``delayBatch``: wait for ``minOffsetsPerTrigger`` records unless
+        ``maxTriggerDelay`` has passed since the last batch."""
+        now = self._clock.get_time_millis()
+        if now - self._last_trigger_ms >= self.options.max_trigger_delay_ms:
+            self._last_trigger_ms = now
+            return False
+        new_records = sum(offset - current.get(tp, 0) for tp, offset in latest.items())
+        if new_records < min_rows:
+            return True
+        self._last_trigger_ms = now
+        return False
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        o = self.options
+        if o.max_offsets_per_trigger is None and o.min_offsets_per_trigger is None:
+            return ReadLimit()
+        # Any non-empty limit routes latestOffset through the limits above.
+        return ReadLimit(max_rows=o.max_offsets_per_trigger or 2**63 - 1)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now_requested = True
+
+    def deserializeOffset(self, text: str) -> dict[str, dict[str, int]]:
+        import json
+
+        try:
+            value = json.loads(text)
+            from_json(value)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(
+                f"Invalid Kafka source offset {text!r} in the offsets log: {exc}. Expected "
+                'Spark\'s KafkaSourceOffset JSON, e.g. {"topic":{"0":42}}.'
+            ) from exc
+        return dict(value)
+
+    # -- batches -----------------------------------------------------------------------
+    def offset_ranges(self, start: Any, end: Any) -> list[OffsetRange]:
+        """Spark's ``getOffsetRangesFromResolvedOffsets`` with its data-loss checks."""
+        fail = self.options.fail_on_data_loss
+        begin = self._start_of(start)
+        until = from_json(end)
+        new = sorted(set(until) - set(begin))
+        existing = set(self._reader.partitions()) if new else set()
+        new_initial = self._reader.earliest([tp for tp in new if tp in existing])
+        missing = [tp for tp in new if tp not in new_initial]
+        if missing:
+            report_data_loss(
+                fail,
+                "INITIAL_OFFSET_NOT_FOUND_FOR_PARTITIONS",
+                f"Cannot find initial offsets for partitions {describe(missing)}. They may have "
+                "been deleted.",
+            )
+        for tp, offset in sorted(new_initial.items()):
+            if offset != 0:
+                report_data_loss(
+                    fail,
+                    "ADDED_PARTITION_DOES_NOT_START_FROM_OFFSET_ZERO",
+                    f"Added partition {tp[0]}-{tp[1]} starts from {offset} instead of 0.",
+                )
+        deleted = set(begin) - set(until)
+        if deleted:
+            report_data_loss(
+                fail, "PARTITIONS_DELETED", f"Partitions {describe(deleted)} have been deleted."
+            )
+        ranges = []
+        for tp in sorted(until):
+            if tp not in begin and tp not in new_initial:
+                continue
+            from_offset = begin.get(tp, new_initial.get(tp, 0))
+            until_offset = until[tp]
+            if until_offset < from_offset:
+                report_data_loss(
+                    fail,
+                    "PARTITION_OFFSET_CHANGED",
+                    f"Partition {tp[0]}-{tp[1]} offset was changed from {from_offset} to "
+                    f"{until_offset}. This could be either 1) a user error that the start "
+                    "offset is set beyond available offset when starting query, or 2) the "
+                    "kafka topic-partition is deleted and re-created.",
+                )
+            ranges.append(OffsetRange(tp[0], tp[1], from_offset, until_offset))
+        return split_ranges(ranges, self.options.min_partitions)
+
+    def getBatch(self, start: Any, end: Any) -> DataFrame:
+        ranges = self.offset_ranges(start, end)
+        schema = self.schema
+        if not ranges:
+            return self._spark.createDataFrame([], schema)
+        reader = RangeReader(
+            config=self.executor_config(),
+            include_headers=self.options.include_headers,
+            fail_on_data_loss=self.options.fail_on_data_loss,
+            poll_timeout_ms=self.options.poll_timeout_ms,
+        )
+        return _range_rows(self._spark, ranges).mapInArrow(reader, schema)
+
+    def executor_config(self) -> dict[str, str]:
+        return {
+            **self.options.consumer,
+            "group.id": self._executor_group,
+            "enable.auto.commit": "false",
+            "auto.offset.reset": "error",
+            "enable.partition.eof": "true",
+            "isolation.level": self.options.consumer.get("isolation.level", "read_uncommitted"),
+        }
+
+    def stop(self) -> None:
+        self._reader.close()
+
+    def description(self) -> str:
+        return f"KafkaV2[{self.options.strategy.describe()}]"
+
+
+def _java_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (Spark names the driver's group with it)."""
+    h = 0
+    for ch in text:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    return h - 2**32 if h >= 2**31 else h
+
+
+def _range_rows(spark: SparkSession, ranges: list[OffsetRange]) -> DataFrame:
+    """One ``(topic, partition, from, until)`` row per Spark partition (one task each),
+    from ``spark.range`` with the ranges as literals: a JVM-only plan."""
+    from pyspark.sql import functions as F
+
+    index = (F.col("id") + F.lit(1)).cast("int")
+
+    def pick(values: list[Any], name: str, kind: str) -> Any:
+        return F.element_at(F.array(*[F.lit(v).cast(kind) for v in values]), index).alias(name)
+
+    return spark.range(0, len(ranges), 1, len(ranges)).select(
+        pick([r.topic for r in ranges], "topic", "string"),
+        pick([r.partition for r in ranges], "partition", "int"),
+        pick([r.from_offset for r in ranges], "from_offset", "long"),
+        pick([r.until_offset for r in ranges], "until_offset", "long"),
+    )
+
+
+_TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}
+"""librdkafka's timestamp type -> Kafka's TimestampType id (Spark's ``timestampType``)."""
+
+
+@dataclass(frozen=True)
+class RangeReader:
+    """The task side of a batch: offset ranges in, the records of ``[from, until)`` out.
+
+    Records beyond the range are never returned; gaps inside it (transaction markers,
+    compaction, aborted records under ``read_committed``) are skipped. Records that are
+    gone (retention) are data loss: the task fails with failOnDataLoss, else it reads
+    from the earliest offset still there.
+    """
+
+    config: dict[str, str]
+    include_headers: bool
+    fail_on_data_loss: bool
+    poll_timeout_ms: int
+    batch_rows: int = 4096
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer(self.config)
+        try:
+            for batch in batches:
+                for row in batch.to_pylist():
+                    yield from self.read_range(
+                        consumer,
+                        row["topic"],
+                        row["partition"],
+                        row["from_offset"],
+                        row["until_offset"],
+                    )
+        finally:
+            consumer.close()
+
+    def read_range(
+        self, consumer: Any, topic: str, partition: int, start: int, until: int
+    ) -> Iterator[pa.RecordBatch]:
+        from confluent_kafka import KafkaError as KErr
+        from confluent_kafka import TopicPartition as KTP
+
+        tp = KTP(topic, partition)
+        low, high = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT_S, cached=False)
+        position = start
+        if start < low:
+            self._lost(topic, partition, start, min(low, until))
+            position = low
+        if high < until:
+            # The records up to `until` existed when the batch was planned: the partition
+            # was truncated or re-created.
+            self._lost(topic, partition, max(position, high), until)
+            until = high
+        if position >= until:
+            return
+        consumer.assign([KTP(topic, partition, position)])
+        rows: list[Any] = []
+        timeout_s = self.poll_timeout_ms / 1000.0
+        try:
+            while position < until:
+                msgs = consumer.consume(num_messages=min(1000, until - position), timeout=timeout_s)
+                if not msgs:
+                    raise TimeoutError(
+                        f"Cannot fetch record for offset {position} in {self.poll_timeout_ms} "
+                        f"milliseconds (topic-partition {topic}-{partition}). Raise the source "
+                        "option 'kafkaConsumer.pollTimeoutMs' if the broker is slow."
+                    )
+                for msg in msgs:
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KErr._PARTITION_EOF:
+                            # Caught up: what remains below `until` is not readable here
+                            # (aborted transactions, control records).
+                            position = until
+                            break
+                        if (
+                            err.code() == KErr._AUTO_OFFSET_RESET
+                            or err.code() == KErr.OFFSET_OUT_OF_RANGE
+                        ):
+                            low, _ = consumer.get_watermark_offsets(
+                                tp, timeout=METADATA_TIMEOUT_S, cached=False
+                            )
+                            self._lost(topic, partition, position, min(low, until))
+                            position = low
+                            consumer.assign([KTP(topic, partition, position)])
+                            break
+                        raise RuntimeError(
+                            f"Kafka failed reading {topic}-{partition} at offset {position}: {err}"
+                        )
+                    offset = msg.offset()
+                    if offset >= until:
+                        position = until
+                        break
+                    rows.append(msg)
+                    position = offset + 1
+                    if len(rows) >= self.batch_rows:
+                        yield self._to_arrow(rows)
+                        rows = []
+        finally:
+            consumer.unassign()
+        if rows:
+            yield self._to_arrow(rows)
+
+    def _lost(self, topic: str, partition: int, start: int, end: int) -> None:
+        if start >= end:
+            return
+        group = self.config.get("group.id")
+        report_data_loss(
+            self.fail_on_data_loss,
+            "COULD_NOT_READ_OFFSET_RANGE",
+            f"Could not read records in offset [{start}, {end}) for topic partition "
+            f"{topic}-{partition} with consumer group {group}.",
+        )
+
+    def _to_arrow(self, msgs: list[Any]) -> pa.RecordBatch:
+        import pyarrow as pa
+
+        ts_types = []
+        micros = []
+        for m in msgs:
+            kind, ms = m.timestamp()
+            ts_types.append(_TIMESTAMP_TYPES.get(kind, -1))
+            micros.append(ms * 1000)
+        arrays = [
+            pa.array([m.key() for m in msgs], type=pa.binary()),
+            pa.array([m.value() for m in msgs], type=pa.binary()),
+            pa.array([m.topic() for m in msgs], type=pa.string()),
+            pa.array([m.partition() for m in msgs], type=pa.int32()),
+            pa.array([m.offset() for m in msgs], type=pa.int64()),
+            pa.array(micros, type=pa.timestamp("us", tz="UTC")),
+            pa.array(ts_types, type=pa.int32()),
+        ]
+        names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+        if self.include_headers:
+            header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+            headers = []
+            for m in msgs:
+                h = m.headers()
+                headers.append(None if not h else [{"key": k, "value": v} for k, v in h])
+            arrays.append(pa.array(headers, type=header_type))
+            names.append("headers")
+        return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+class KafkaSourceProvider(SourceProvider):
+    """``readStream.format("kafka")``."""
+
+    name = "kafka"
+
+    def sourceSchema(
+        self, spark: SparkSession, options: Options, user_schema: StructType | None
+    ) -> StructType:
+        if user_schema is not None:
+            raise OptionError(
+                "requirement failed: Kafka source has a fixed schema and cannot be set with a "
+                "custom one",
+                option="schema",
+            )
+        parsed = KafkaSourceOptions.parse(options)
+        return kafka_schema(parsed.include_headers)
+
+    def createSource(self, context: SourceContext) -> Source:
+        return KafkaSource(context, KafkaSourceOptions.parse(context.options))
+
+    @property
+    def supports_continuous(self) -> bool:  # type: ignore[override]
+        # Asked only when a continuous query starts: fail there, naming what is missing.
+        raise NotSupportedYetError(
+            "The kafka source in continuous processing (trigger(continuous=...))",
+            "Use a micro-batch trigger, e.g. trigger(processingTime='0 seconds').",
+        )
+
+
+__all__ = ["KAFKA_SCHEMA", "KafkaSource", "KafkaSourceProvider", "RangeReader", "kafka_schema"]

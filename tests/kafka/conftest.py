@@ -1,0 +1,40 @@
+"""Fixtures of the Kafka tests: one Apache Kafka broker (KRaft, loopback) per session.
+
+See ``kafka_testing.py`` for how the broker is fetched and started. Tests keep apart by
+unique topic names (``names``); tests that restart or kill the broker make their own
+:class:`KafkaBroker`.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from kafka_testing import KafkaBroker, require_connector, require_kafka
+
+
+@pytest.fixture(scope="session")
+def kafka_classpath() -> str:
+    return require_kafka()
+
+
+@pytest.fixture(scope="session")
+def kafka(kafka_classpath: str, tmp_path_factory: pytest.TempPathFactory):
+    broker = KafkaBroker(kafka_classpath, tmp_path_factory.mktemp("kafka-broker"))
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def native_kafka(spark):
+    """The oracle session, with Spark's Kafka connector on its classpath."""
+    require_connector(spark)
+    return spark
+
+
+@pytest.fixture
+def names():
+    """Unique topic names for one test: ``names("in")`` -> ``"in-<random>"``."""
+    token = uuid.uuid4().hex[:8]
+    return lambda name: f"{name}-{token}"

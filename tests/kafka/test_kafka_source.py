@@ -1,0 +1,294 @@
+"""The ``kafka`` source against native Spark's Kafka source on the same topics."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from differential import Differential
+from pyspark.sql import functions as F
+
+from lockgate.sources.kafka.offsets import OffsetRange, rate_limit, split_ranges
+
+# Records are produced while both queries are stopped (Differential.restart): a query
+# that is running could see a half-produced set in either engine, as its triggers are
+# not in step with the producer, and batches would differ by timing alone.
+
+
+BASE_MS = int(time.time() * 1000) // 1000 * 1000
+
+
+def records(n: int, partitions: int, start: int = 0) -> list[dict]:
+    out = []
+    for i in range(start, start + n):
+        r = {
+            "key": None if i % 5 == 0 else f"k{i}".encode(),
+            "value": f"v{i}".encode(),
+            "partition": i % partitions,
+            "timestamp": BASE_MS + i,
+        }
+        if i % 3 == 0:
+            r["headers"] = [("h", f"x{i}".encode()), ("n", None)]
+        out.append(r)
+    return out
+
+
+def last_offsets(checkpoint: str) -> dict:
+    directory = Path(checkpoint) / "offsets"
+    last = max(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    return json.loads((directory / str(last)).read_text().strip().splitlines()[-1])
+
+
+def test_batches_match_native_with_max_offsets_headers_and_restart(
+    native_kafka, ls, kafka, names, tmp_path
+):
+    topic = names("src")
+    kafka.create_topic(topic, partitions=3)
+    kafka.produce(topic, records(20, 3))
+
+    def query(reader):
+        return (
+            reader.format("kafka")
+            .option("kafka.bootstrap.servers", kafka.bootstrap)
+            .option("subscribe", topic)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", 7)
+            .option("includeHeaders", "true")
+            .load()
+            .withColumn("v", F.col("value").cast("string"))
+        )
+
+    diff = Differential(native_kafka, ls, tmp_path, query, sink="foreachBatch")
+    diff.run()
+    # 7 offsets per trigger prorated over backlogs of 7, 7 and 6 (floored shares).
+    assert [len(rows) for _, rows in diff.batches()] == [6, 6, 5, 3]
+    diff.restart()
+    kafka.produce(topic, records(11, 3, start=20))
+    diff.run()
+    # Spark's KafkaSourceOffset JSON in the offsets log, equal to native's.
+    assert last_offsets(diff.lockgate.checkpoint) == last_offsets(diff.native.checkpoint)
+    assert last_offsets(diff.lockgate.checkpoint) == {topic: {"0": 11, "1": 10, "2": 10}}
+    diff.restart()
+    kafka.produce(topic, records(4, 3, start=31))
+    diff.run()
+    assert sum(len(rows) for _, rows in diff.batches()) == 35
+
+
+def test_starting_offsets_json_and_a_stateful_dedup(native_kafka, ls, kafka, names, tmp_path):
+    topic = names("start")
+    kafka.create_topic(topic, partitions=3)
+    kafka.produce(topic, records(12, 3))
+    starting = json.dumps({topic: {"0": 2, "1": -2, "2": -1}})
+
+    def query(reader):
+        return (
+            reader.format("kafka")
+            .option("kafka.bootstrap.servers", kafka.bootstrap)
+            .option("subscribe", topic)
+            .option("startingOffsets", starting)
+            .load()
+            .withColumn("bucket", F.col("offset") % 4)
+            .dropDuplicates(["partition", "bucket"])
+            .select("partition", "bucket", "offset", F.col("value").cast("string").alias("v"))
+        )
+
+    diff = Differential(native_kafka, ls, tmp_path, query, sink="foreachBatch")
+    diff.run()
+    diff.restart()
+    kafka.produce(topic, records(6, 3, start=12))
+    diff.run()
+    diff.restart()
+    kafka.produce(topic, records(3, 3, start=18))
+    diff.run()
+
+
+def test_partitions_added_while_running_are_read_from_their_start(
+    native_kafka, ls, kafka, names, tmp_path
+):
+    topic = names("grow")
+    kafka.create_topic(topic, partitions=2)
+    kafka.produce(topic, records(4, 2))
+
+    def query(reader):
+        return (
+            reader.format("kafka")
+            .option("kafka.bootstrap.servers", kafka.bootstrap)
+            .option("subscribePattern", topic.replace("grow", "gr.w"))
+            .option("startingOffsets", "earliest")
+            .load()
+            .select("topic", "partition", "offset", F.col("value").cast("string").alias("v"))
+        )
+
+    diff = Differential(native_kafka, ls, tmp_path, query, sink="foreachBatch")
+    diff.run()
+    diff.restart()
+    kafka.add_partitions(topic, 3)
+    kafka.produce(topic, records(6, 3, start=4))
+    diff.run()
+    assert {row for _, rows in diff.batches() for row in rows if "', 2, " in row}
+
+
+def test_records_lost_to_retention(native_kafka, ls, kafka, names, tmp_path):
+    topic = names("lost")
+    kafka.create_topic(topic, partitions=2)
+    kafka.produce(topic, records(16, 2))
+    kafka.delete_records(topic, 0, 3)  # offsets 0-2 of partition 0 aged out
+    starting = json.dumps({topic: {"0": 0, "1": 0}})
+
+    def query(reader, fail: str):
+        return (
+            reader.format("kafka")
+            .option("kafka.bootstrap.servers", kafka.bootstrap)
+            .option("subscribe", topic)
+            .option("startingOffsets", starting)
+            .option("failOnDataLoss", fail)
+            .load()
+            .select("partition", "offset", F.col("value").cast("string").alias("v"))
+        )
+
+    # failOnDataLoss=false: both read what is left.
+    diff = Differential(
+        native_kafka, ls, tmp_path, lambda r: query(r, "false"), sink="foreachBatch"
+    )
+    rows = diff.run()
+    assert len(rows) == 13
+    # failOnDataLoss=true (the default): both fail, saying so.
+    for session, name in ((native_kafka, "native"), (ls, "lockgate")):
+        q = (
+            query(session.readStream, "true")
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / f"fail-{name}"))
+            .start()
+        )
+        with pytest.raises(Exception) as failure:
+            q.processAllAvailable()
+        q.stop()
+        assert "failOnDataLoss" in str(failure.value), (name, str(failure.value)[:2000])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"subscribe": "a", "assign": '{"a":[0]}'},
+        {"subscribe": " , "},
+        {"subscribePattern": "  "},
+        {"assign": "a"},
+        {"subscribe": "a", "kafka.auto.offset.reset": "earliest"},
+        {"subscribe": "a", "kafka.value.deserializer": "x"},
+        {"subscribe": "a", "kafka.enable.auto.commit": "true"},
+        {"subscribe": "a", "minPartitions": "0"},
+        {"subscribe": "a", "endingOffsets": "latest"},
+    ],
+    ids=lambda o: ",".join(o) or "none",
+)
+def test_bad_options_get_sparks_errors(native_kafka, ls, options):
+    with_servers = {"kafka.bootstrap.servers": "127.0.0.1:9", **options}
+    with pytest.raises(Exception) as native:
+        native_kafka.readStream.format("kafka").options(**with_servers).load()
+    with pytest.raises(ValueError) as ours:
+        ls.readStream.format("kafka").options(**with_servers).load()
+    expected = str(native.value).split("\n\nJVM stacktrace")[0].strip()
+    assert str(ours.value).strip() in expected or expected.endswith(str(ours.value).strip()), (
+        f"native: {expected!r}\nlockgate: {str(ours.value)!r}"
+    )
+
+
+def test_missing_bootstrap_servers_gets_sparks_error(native_kafka, ls):
+    with pytest.raises(Exception) as native:
+        native_kafka.readStream.format("kafka").option("subscribe", "a").load()
+    with pytest.raises(ValueError) as ours:
+        ls.readStream.format("kafka").option("subscribe", "a").load()
+    assert str(ours.value) in str(native.value)
+
+
+def test_rate_limit_prorates_as_spark():
+    start = {("t", 0): 0, ("t", 1): 5, ("t", 2): 9}
+    until = {("t", 0): 100, ("t", 1): 8, ("t", 2): 9, ("u", 0): 4}
+    # t-0: 10*100/107 -> 9; t-1: 10*3/107 < 1 -> 1; t-2 empty; u-0 new from 1: 10*3/107 -> 1
+    assert rate_limit(10, start, until, {("u", 0): 1}) == {
+        ("t", 0): 9,
+        ("t", 1): 6,
+        ("t", 2): 9,
+        ("u", 0): 2,
+    }
+    assert rate_limit(10, start, start, {}) == start
+
+
+def test_ranges_split_for_min_partitions_as_spark():
+    ranges = [OffsetRange("t", 0, 0, 90), OffsetRange("t", 1, 0, 10), OffsetRange("t", 2, 5, 5)]
+    assert split_ranges(ranges, None) == ranges[:2]
+    assert split_ranges(ranges, 2) == ranges[:2]
+    # t-1 stays whole (10/100*4 rounds to 0 -> 1); t-0 gets max(4-1,1)=3 tasks.
+    assert split_ranges(ranges, 4) == [
+        OffsetRange("t", 0, 0, 30),
+        OffsetRange("t", 0, 30, 60),
+        OffsetRange("t", 0, 60, 90),
+        OffsetRange("t", 1, 0, 10),
+    ]
+
+
+def make_source(spark, root: Path, clock, **options):
+    from lockgate.checkpoint import resolve_filesystem
+    from lockgate.options import Options
+    from lockgate.sources.base import SourceContext
+    from lockgate.sources.kafka import KAFKA_SCHEMA, KafkaSourceProvider
+
+    fs, path = resolve_filesystem(str(root))
+    context = SourceContext(
+        spark=spark,
+        options=Options(options),
+        schema=KAFKA_SCHEMA,
+        metadata_path=fs.join(path, "sources", "0"),
+        fs=fs,
+        clock=clock,
+    )
+    return KafkaSourceProvider().createSource(context)
+
+
+def test_min_offsets_per_trigger_waits_at_most_max_trigger_delay(spark, kafka, names, tmp_path):
+    from lockgate.clock import ManualClock
+
+    topic = names("min")
+    kafka.create_topic(topic, partitions=2)
+    kafka.produce(topic, records(4, 2))
+    clock = ManualClock(100_000)
+    source = make_source(
+        spark,
+        tmp_path,
+        clock,
+        **{
+            "kafka.bootstrap.servers": kafka.bootstrap,
+            "subscribe": topic,
+            "startingOffsets": "earliest",
+            "minOffsetsPerTrigger": "5",
+            "maxTriggerDelay": "10 seconds",
+            "minPartitions": "4",
+        },
+    )
+    limit = source.getDefaultReadLimit()
+    start = source.initialOffset()
+    assert start == {topic: {"0": 0, "1": 0}}
+    # The first trigger runs whatever there is (the delay counts from time 0, as Spark's).
+    first = source.latestOffset(start, limit)
+    assert first == {topic: {"0": 2, "1": 2}}
+    # minPartitions=4 over two ranges of 2: each split in two tasks of one offset.
+    assert len(source.offset_ranges(start, first)) == 4
+    assert source.getBatch(start, first).rdd.getNumPartitions() == 4
+    kafka.produce(topic, records(3, 2, start=4))
+    clock.set_time(101_000)
+    assert source.latestOffset(first, limit) == first  # 3 new < 5: wait
+    kafka.produce(topic, records(2, 2, start=7))
+    clock.set_time(102_000)
+    second = source.latestOffset(first, limit)
+    assert second == {topic: {"0": 5, "1": 4}}  # 5 new: run
+    kafka.produce(topic, records(1, 2, start=9))
+    clock.set_time(111_999)
+    assert source.latestOffset(second, limit) == second
+    clock.set_time(112_000)  # 10 s after the last batch: run with what there is
+    assert source.latestOffset(second, limit) == {topic: {"0": 5, "1": 5}}
+    rows = source.getBatch(first, second).select("partition", "offset").collect()
+    assert sorted((r.partition, r.offset) for r in rows) == [(0, 2), (0, 3), (0, 4), (1, 2), (1, 3)]
+    source.stop()
