@@ -72,6 +72,13 @@ def compute(data: bytes, algorithm: str) -> int:
     raise ValueError(f"unknown checksum algorithm {algorithm!r}")
 
 
+_FIX = (
+    " Restore the file and its checksum file from a backup, or delete the checksum file if"
+    " you know the file is right (it is then read unverified), or start the query with a"
+    " new checkpoint location."
+)
+
+
 class ChecksumMismatchError(CheckpointError):
     """A checkpoint file does not match its checksum file: it was changed or damaged
     after it was written (Spark's CHECKPOINT_FILE_CHECKSUM_VERIFICATION_FAILED)."""
@@ -138,14 +145,14 @@ def verify(path: str, data: bytes, checksum_bytes: bytes) -> None:
         raise ChecksumMismatchError(
             f"Checksum verification failed, the file may be corrupted. File: {path}. Its "
             f"checksum file {checksum_path(path)} is unreadable ({exc}), so the file cannot "
-            "be verified.",
+            "be verified." + _FIX,
             path=path,
         ) from exc
     if computed != expected_value or len(data) != expected_size:
         raise ChecksumMismatchError(
             "Checksum verification failed, the file may be corrupted. File: "
             f"{path}. Expected (file size: {expected_size}, checksum: {expected_value}), "
-            f"Computed (file size: {len(data)}, checksum: {computed}).",
+            f"Computed (file size: {len(data)}, checksum: {computed})." + _FIX,
             path=path,
         )
 

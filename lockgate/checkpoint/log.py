@@ -101,7 +101,8 @@ class MetadataLog(Generic[T]):
         except FileNotFoundError:
             return None
         except ChecksumMismatchError as exc:
-            raise ChecksumMismatchError(f"Log file {path} is corrupt: {exc} {CORRUPT_LOG_FIX}", path=path) from exc
+            # the checksum error names the fix already
+            raise ChecksumMismatchError(f"Log file {path} is corrupt: {exc}", path=path) from exc
         except OSError as exc:
             raise CheckpointError(f"Cannot read log file {path}: {exc}.", path=path) from exc
         try:

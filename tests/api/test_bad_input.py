@@ -36,11 +36,13 @@ TIMEOUT_S = 120
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
-    """Every regular file under ``root`` (relative path -> bytes)."""
+    """Every regular file under ``root`` (relative path -> bytes), but the run lock and
+    its owner record, which every run writes (docs/checkpoint.md, 'One run per
+    checkpoint')."""
     out = {}
     if root.exists():
         for path in sorted(root.rglob("*")):
-            if path.is_file():
+            if path.is_file() and not path.name.startswith(".lockgate-run"):
                 out[str(path.relative_to(root))] = path.read_bytes()
     return out
 
@@ -187,13 +189,23 @@ CORRUPTIONS = {
 }
 
 
+@pytest.mark.parametrize("checksum", ["with-checksum", "without-checksum"])
 @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
 def test_corrupt_checkpoint_file_fails_the_query_naming_the_file(
-    ls: Any, rate_checkpoint: Path, corruption: str
+    ls: Any, rate_checkpoint: Path, corruption: str, checksum: str
 ) -> None:
+    """A file that no longer matches its ``.crc`` fails its check before it is parsed; one
+    without a ``.crc`` (a checkpoint older than lockgate's checksums) fails its parse. Both
+    name the file, and neither writes or repairs anything."""
     relative, content, words = CORRUPTIONS[corruption]
     target = rate_checkpoint / relative
+    crc = target.with_name(target.name + ".crc")
+    assert crc.exists()
     target.write_bytes(content)
+    if checksum == "with-checksum":
+        words = ["Checksum verification failed", "new checkpoint location"]
+    else:
+        crc.unlink()
     before = _snapshot(rate_checkpoint)
     q = _run_once(_rate(ls), rate_checkpoint)
     exc = _await_failure(q)
