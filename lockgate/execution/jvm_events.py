@@ -62,7 +62,15 @@ class JvmListenerBus:
         # Touching the manager creates it (it is lazy in Spark's SessionState), and with
         # it the Structured Streaming UI tab, which then shows even a session whose only
         # streaming queries are lockgate's.
-        self._jsqm = spark._jsparkSession.streams()  # type: ignore[attr-defined]
+        try:
+            self._jsqm: Any = spark._jsparkSession.streams()  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - e.g. a session without a JVM of its own
+            logger.warning(
+                "spark.streams' listener bus is out of reach: lockgate's queries will not "
+                "show on spark.streams listeners, the Spark UI or the metrics system",
+                exc_info=True,
+            )
+            self._jsqm = None
         self._warned: set[str] = set()
         self._lock = threading.Lock()
         self._metrics: dict[str, QueryMetricsSource] = {}
@@ -134,6 +142,8 @@ class JvmListenerBus:
         self._guard(run_id, f"{kind} event", lambda: self._jsqm.postListenerEvent(build()))
 
     def _guard(self, run_id: str, what: str, action: Any) -> None:
+        if self._jsqm is None:
+            return
         try:
             action()
         except Exception:  # noqa: BLE001 - observability must never fail a query
