@@ -397,8 +397,8 @@ def test_listener_events(diff, inp, spark, ls):
         d.run()
         write_json(inp, rows(0, 2))
         d.run()
-        d.stop()
         ids = {"native": str(d.native.query.id), "lockgate": str(d.lockgate.query.id)}
+        d.stop()
         deadline = time.monotonic() + 30  # native listener events arrive asynchronously
         while time.monotonic() < deadline and any(
             logs[name].by_query.get(ids[name], [])[-1:] != ["terminated"] for name in logs
