@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from pyspark.sql.streaming.listener import (
 
 from lockgate.api.listener import ListenerBus
 from lockgate.errors import AnalysisError, StreamingQueryException, error_class_of
+from lockgate.execution.jvm_events import JvmListenerBus
 from lockgate.execution.progress import format_timestamp
 
 if TYPE_CHECKING:
@@ -51,6 +53,8 @@ class StreamingQueryManager:
         self._last_terminated: StreamingQuery | None = None
         self._handles: dict[str, StreamingQuery] = {}
         self.listener_bus = ListenerBus()
+        # The same events on spark.streams' bus: its listeners, Spark's UI tab, the event log.
+        self.jvm_listener_bus = JvmListenerBus(session.spark)
 
     # -- queries -----------------------------------------------------------------------
     @property
@@ -148,24 +152,26 @@ class StreamingQueryManager:
             self._terminated.notify_all()
 
     def _post_started(self, execution: StreamExecution) -> None:
+        timestamp = format_timestamp(execution.clock.get_time_millis())
         event = QueryStartedEvent.fromJson(
-            {
-                "id": execution.id,
-                "runId": execution.run_id,
-                "name": execution.name,
-                "timestamp": format_timestamp(execution.clock.get_time_millis()),
-            }
+            {"id": execution.id, "runId": execution.run_id, "name": execution.name, "timestamp": timestamp}
         )
         self.listener_bus.post(event)
+        self.jvm_listener_bus.post_started(execution.id, execution.run_id, execution.name, timestamp)
 
     def _post_progress(self, execution: StreamExecution, progress: StreamingQueryProgress) -> None:
         self.listener_bus.post(QueryProgressEvent(progress))
+        self.jvm_listener_bus.post_progress(json.loads(progress.json))
 
     def _post_idle(self, execution: StreamExecution, now_ms: int) -> None:
         event = QueryIdleEvent.fromJson(
             {"id": execution.id, "runId": execution.run_id, "timestamp": format_timestamp(now_ms)}
         )
         self.listener_bus.post(event)
+        last = execution.last_progress()
+        self.jvm_listener_bus.post_idle(
+            execution.id, execution.run_id, format_timestamp(now_ms), json.loads(last.json) if last else None
+        )
 
     def _post_terminated(self, execution: StreamExecution) -> None:
         cause: StreamingQueryException | None = execution.stream_death_cause
@@ -177,3 +183,6 @@ class StreamingQueryManager:
             "errorClassOnException": error_class_of(cause.cause) if cause is not None else None,
         }
         self.listener_bus.post(QueryTerminatedEvent.fromJson(payload))
+        self.jvm_listener_bus.post_terminated(
+            execution.id, execution.run_id, payload["exception"], payload["errorClassOnException"]
+        )
