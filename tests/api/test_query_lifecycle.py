@@ -496,8 +496,9 @@ def test_temporary_checkpoint_is_deleted_on_clean_stop(ls, spark, caplog):
     try:
         feed(q, stream, [1])
         assert os.path.isdir(checkpoint)
-        assert sorted(os.listdir(os.path.join(checkpoint, "offsets"))) == ["0"]
-        assert sorted(os.listdir(os.path.join(checkpoint, "commits"))) == ["0"]
+        # each log file with its checksum file (docs/checkpoint.md)
+        assert sorted(os.listdir(os.path.join(checkpoint, "offsets"))) == ["0", "0.crc"]
+        assert sorted(os.listdir(os.path.join(checkpoint, "commits"))) == ["0", "0.crc"]
     finally:
         q.stop()
     assert not os.path.exists(checkpoint)
@@ -541,7 +542,15 @@ def test_user_checkpoint_is_kept_on_stop(ls, tmp_path):
     ).start()
     feed(q, stream, [1])
     q.stop()
-    assert sorted(os.listdir(checkpoint)) == ["commits", "metadata", "offsets"]
+    # the run lock and the last run's record stay beside the logs (docs/checkpoint.md)
+    assert sorted(os.listdir(checkpoint)) == [
+        ".lockgate-run",
+        ".lockgate-run.lock",
+        "commits",
+        "metadata",
+        "metadata.crc",
+        "offsets",
+    ]
 
 
 # -- triggers ------------------------------------------------------------------------------
@@ -702,8 +711,10 @@ def test_min_batches_to_retain_purges_old_log_files(ls, spark, tmp_path):
     for i in range(6):
         feed(q, stream, [i])
     q.stop()
-    assert sorted(os.listdir(checkpoint / "offsets"), key=int) == ["3", "4", "5"]
-    assert sorted(os.listdir(checkpoint / "commits"), key=int) == ["3", "4", "5"]
+    # purged with their checksum files
+    kept = ["3", "3.crc", "4", "4.crc", "5", "5.crc"]
+    assert sorted(os.listdir(checkpoint / "offsets")) == kept
+    assert sorted(os.listdir(checkpoint / "commits")) == kept
 
     # The purged checkpoint still restarts where it left off.
     q = start()
