@@ -236,10 +236,11 @@ class _Translator:
         return self._static(node)
 
     def _UnresolvedWith(self, node: Any) -> Any:  # noqa: N802
-        for pair in _seq(node.cteRelations()):
-            name, relation = str(pair._1()), pair._2()
-            self.ctes[name.lower()] = self.apply(relation)
-        return self.apply(node.child())
+        raise NotSupportedYetError(
+            "WITH (common table expressions) in SQL over a streaming view",
+            "register the CTE's query as a streaming view of its own (ls.sql(...)."
+            "createOrReplaceTempView(name)) and read that view.",
+        )
 
     # -- unary -------------------------------------------------------------------------
     def _SubqueryAlias(self, node: Any) -> Any:  # noqa: N802

@@ -67,7 +67,6 @@ def inp(tmp_path):
     [
         "SELECT id, upper(name) AS n, score * 2 AS s FROM {ev} WHERE id % 2 = 0",
         "SELECT * FROM {ev} e WHERE e.score > 3",
-        "WITH f AS (SELECT * FROM {ev} WHERE id > 1) SELECT id, name FROM f",
     ],
 )
 def test_stateless_sql(spark, ls, tmp_path, inp, query):
