@@ -121,10 +121,6 @@ _ACTIONS = (
     "persist",
     "checkpoint",
     "localCheckpoint",
-    "createOrReplaceTempView",
-    "createTempView",
-    "createGlobalTempView",
-    "createOrReplaceGlobalTempView",
     "rdd",
     "isEmpty",
 )
@@ -299,6 +295,27 @@ class StreamingDataFrame:
         return self._transform("where", condition)
 
     filter = where
+
+    # -- streaming views, for ls.sql (lockgate/api/sql.py) ------------------------------
+    def createOrReplaceTempView(self, name: str) -> None:
+        from lockgate.api.sql import create_view
+
+        create_view(self, name, replace=True, global_=False)
+
+    def createTempView(self, name: str) -> None:
+        from lockgate.api.sql import create_view
+
+        create_view(self, name, replace=False, global_=False)
+
+    def createOrReplaceGlobalTempView(self, name: str) -> None:
+        from lockgate.api.sql import create_view
+
+        create_view(self, name, replace=True, global_=True)
+
+    def createGlobalTempView(self, name: str) -> None:
+        from lockgate.api.sql import create_view
+
+        create_view(self, name, replace=False, global_=True)
 
     def transform(self, func: Any, *args: Any, **kwargs: Any) -> StreamingDataFrame:
         result = func(self, *args, **kwargs)

@@ -128,7 +128,7 @@ class DataStreamReader:
                     "spark.sql.sources.default", "parquet"
                 ) or "parquet"
             name = self._format
-            provider = lookup_source(name)
+            provider = lookup_source(name, self._session.spark)
         opts = Options(self._options, owner=f"{name} source option")
         schema_out = provider.sourceSchema(self._session.spark, opts, self._schema)
         relation = StreamingRelation(

@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -62,6 +62,12 @@ class StreamingSession:
         from lockgate.api.read import LockgateReader
 
         return LockgateReader(self)
+
+    def sql(self, sqlQuery: str, args: Any = None, **kwargs: Any) -> Any:
+        """``spark.sql`` that also reads lockgate's streaming views (``docs/sql.md``)."""
+        from lockgate.api.sql import sql
+
+        return sql(self, sqlQuery, args, **kwargs)
 
     @property
     def streams(self) -> StreamingQueryManager:

@@ -337,7 +337,7 @@ class DataStreamWriter:
             name = self._spark.conf.get("spark.sql.sources.default", "parquet") or "parquet"
         if name in ("foreachBatch", "foreach"):
             return _ForeachProvider(name), name
-        return lookup_sink(name), name
+        return lookup_sink(name, self._spark), name
 
     def _check_output_mode(self, provider: SinkProvider, sink_name: str) -> None:
         from lockgate.plan.checks import check_for_streaming

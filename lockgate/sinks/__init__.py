@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import importlib
 import threading
+from typing import TYPE_CHECKING
 
 from lockgate.errors import OptionError
 from lockgate.sinks.base import OUTPUT_MODES, Sink, SinkContext, SinkProvider
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 _BUILTIN: dict[str, str] = {
     "console": "lockgate.sinks.console:ConsoleSinkProvider",
@@ -32,7 +36,9 @@ def register_sink(name: str, provider: SinkProvider) -> None:
         _registered[name.lower()] = provider
 
 
-def lookup_sink(name: str) -> SinkProvider:
+def lookup_sink(name: str, spark: SparkSession | None = None) -> SinkProvider:
+    """The provider of ``name``: lockgate's own, then a Python data source registered
+    in ``spark`` (``spark.dataSource.register``), written with its ``streamWriter``."""
     key = name.lower()
     with _lock:
         if key in _registered:
@@ -43,10 +49,18 @@ def lookup_sink(name: str) -> SinkProvider:
         with _lock:
             _registered.setdefault(key, provider)
             return _registered[key]
+    if spark is not None:
+        from lockgate.sinks.python_datasource import PythonDataSourceSinkProvider
+        from lockgate.sources.python_datasource import find_python_data_source
+
+        cls = find_python_data_source(spark, name)
+        if cls is not None:
+            return PythonDataSourceSinkProvider(cls, name)
     known = sorted(set(_BUILTIN) | set(_registered) | {"foreach", "foreachBatch"})
     raise OptionError(
         f"Failed to find data source: {name}. lockgate streaming sinks are: "
-        f"{', '.join(known)}; register your own with lockgate.register_sink(name, provider).",
+        f"{', '.join(known)}; register your own with lockgate.register_sink(name, provider) or "
+        "spark.dataSource.register(MyDataSource).",
         option="format",
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from typing import TYPE_CHECKING
 
 from lockgate.errors import OptionError
 from lockgate.sources.base import (
@@ -13,6 +14,9 @@ from lockgate.sources.base import (
     SourceContext,
     SourceProvider,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # Built-in providers, imported on first use: name -> "module:attribute".
 _BUILTIN: dict[str, str] = {
@@ -38,7 +42,9 @@ def register_source(name: str, provider: SourceProvider) -> None:
         _registered[name.lower()] = provider
 
 
-def lookup_source(name: str) -> SourceProvider:
+def lookup_source(name: str, spark: SparkSession | None = None) -> SourceProvider:
+    """The provider of ``name``: lockgate's own, then a Python data source registered
+    in ``spark`` (``spark.dataSource.register``)."""
     key = name.lower()
     with _lock:
         if key in _registered:
@@ -49,10 +55,20 @@ def lookup_source(name: str) -> SourceProvider:
         with _lock:
             _registered.setdefault(key, provider)
             return _registered[key]
+    if spark is not None:
+        from lockgate.sources.python_datasource import (
+            PythonDataSourceProvider,
+            find_python_data_source,
+        )
+
+        cls = find_python_data_source(spark, name)
+        if cls is not None:
+            return PythonDataSourceProvider(cls, name)
     known = sorted(set(_BUILTIN) | set(_registered))
     raise OptionError(
         f"Failed to find data source: {name}. lockgate streaming sources are: "
-        f"{', '.join(known)}; register your own with lockgate.register_source(name, provider).",
+        f"{', '.join(known)}; register your own with lockgate.register_source(name, provider) or "
+        "spark.dataSource.register(MyDataSource).",
         option="format",
     )
 

@@ -1,0 +1,405 @@
+"""SQL over streaming views: ``sdf.createOrReplaceTempView(name)`` and ``ls.sql(query)``.
+
+A lockgate streaming view is kept by lockgate (per SparkSession), not in Spark's
+catalog: Spark's catalog can only hold a batch plan, and a query over the view's
+template (an empty DataFrame of its schema) would run and silently return no rows.
+So ``spark.sql`` does not see lockgate's views (it fails with Spark's
+``TABLE_OR_VIEW_NOT_FOUND``), and ``ls.sql`` runs SQL over them.
+
+``ls.sql`` parses the query with Spark's own parser and applies the parsed plan, node
+by node, as the DataFrame operations a user would write (``Project`` as ``select``,
+``Aggregate`` as ``groupBy(...).agg(...)``, ``Join`` as ``join``, ...), with Spark's
+parsed expressions as Columns. So the result is a lockgate streaming DataFrame that
+runs, checks and fails exactly as the DataFrame API does, and Spark's analyser resolves
+every name and function, with its messages. A query that reads no streaming view is
+Spark's own ``spark.sql``. Plan nodes that have no DataFrame counterpart in lockgate
+fail with :class:`~lockgate.errors.NotSupportedYetError` naming the node.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from py4j.protocol import Py4JJavaError
+from pyspark.sql import functions as F
+from pyspark.sql.classic.column import Column
+
+from lockgate.errors import AnalysisError, NotSupportedYetError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from lockgate.api.dataframe import StreamingDataFrame
+    from lockgate.api.session import StreamingSession
+
+_GLOBAL_TEMP_DATABASE = "spark.sql.globalTempDatabase"
+_views: weakref.WeakKeyDictionary[Any, dict[str, StreamingDataFrame]] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def _key(spark: SparkSession, name: str, global_: bool) -> str:
+    if global_:
+        db = spark.conf.get(_GLOBAL_TEMP_DATABASE, "global_temp") or "global_temp"
+        return f"{db.lower()}.{name.lower()}"
+    return name.lower()
+
+
+def _spark_has_temp_view(spark: SparkSession, key: str) -> bool:
+    catalog = spark._jsparkSession.sessionState().catalog()
+    parts = key.split(".")
+    if len(parts) == 2:
+        return bool(catalog.getGlobalTempView(parts[1]).isDefined())
+    return bool(catalog.getTempView(parts[0]).isDefined())
+
+
+def create_view(sdf: StreamingDataFrame, name: str, *, replace: bool, global_: bool) -> None:
+    """Register ``sdf`` as a streaming view named ``name`` for :func:`sql`."""
+    if not isinstance(name, str) or not name.strip() or "." in name:
+        raise AnalysisError(
+            f"[INVALID_VIEW_TEXT] Invalid view name {name!r}: a temporary view name is one "
+            "identifier, without a database."
+        )
+    spark = sdf.sparkSession
+    key = _key(spark, name, global_)
+    with _lock:
+        views = _views.setdefault(spark, {})
+        if not replace and (key in views or _spark_has_temp_view(spark, key)):
+            shown = key if global_ else f"`{name}`"
+            raise AnalysisError(
+                f"[TEMP_TABLE_OR_VIEW_ALREADY_EXISTS] Cannot create the temporary view {shown} "
+                "because it already exists.\nChoose a different name, drop or replace the existing "
+                "view, or add the IF NOT EXISTS clause to tolerate pre-existing views. SQLSTATE: 42P07"
+            )
+        # One namespace, as in Spark: a streaming view replaces a batch temp view of its name.
+        if _spark_has_temp_view(spark, key):
+            if global_:
+                spark.catalog.dropGlobalTempView(name)
+            else:
+                spark.catalog.dropTempView(name)
+        views[key] = sdf
+
+
+def _lookup(spark: SparkSession, parts: list[str]) -> StreamingDataFrame | None:
+    with _lock:
+        views = _views.get(spark, {})
+        return views.get(".".join(p.lower() for p in parts))
+
+
+def sql(session: StreamingSession, query: str, args: Any = None, **kwargs: Any) -> DataFrame | StreamingDataFrame:
+    """Run ``query``: a streaming DataFrame when it reads a streaming view, else ``spark.sql``."""
+    spark = session.spark
+    if not isinstance(query, str):
+        raise TypeError(f"sqlQuery should be a string, got {type(query).__name__}")
+    if args is not None or kwargs:
+        if _reads_views(spark, query):
+            raise NotSupportedYetError(
+                "parameters in ls.sql over streaming views",
+                "format the values into the query, or use the DataFrame API.",
+            )
+        return spark.sql(query, args, **kwargs)
+    try:
+        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(query)
+    except Py4JJavaError:
+        return spark.sql(query)  # raises Spark's own ParseException
+    if not _reads_views(spark, query, plan):
+        return spark.sql(query)
+    result = _Translator(session).apply(plan)
+    from lockgate.api.dataframe import StreamingDataFrame
+
+    if not isinstance(result, StreamingDataFrame):  # pragma: no cover - checked above
+        return spark.sql(query)
+    return result
+
+
+def _reads_views(spark: SparkSession, query: str, plan: Any = None) -> bool:
+    if plan is None:
+        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(query)
+    found = False
+
+    def visit(node: Any) -> None:
+        nonlocal found
+        if _kind(node) == "UnresolvedRelation" and _lookup(spark, _parts(node)) is not None:
+            found = True
+        for child in _children(node):
+            visit(child)
+        for sub in _subqueries(node):
+            visit(sub)
+
+    visit(plan)
+    return found
+
+
+# -- py4j helpers ----------------------------------------------------------------------
+def _kind(node: Any) -> str:
+    return str(node.getClass().getSimpleName())
+
+
+def _seq(seq: Any) -> list[Any]:
+    out = []
+    it = seq.iterator()
+    while it.hasNext():
+        out.append(it.next())
+    return out
+
+
+def _children(node: Any) -> list[Any]:
+    return _seq(node.children())
+
+
+def _subqueries(node: Any) -> list[Any]:
+    try:
+        return _seq(node.subqueries())
+    except Exception:  # noqa: BLE001 - a node without expressions
+        return []
+
+
+def _parts(relation: Any) -> list[str]:
+    return [str(p) for p in _seq(relation.multipartIdentifier())]
+
+
+def _has_aggregate(expr: Any) -> bool:
+    if _kind(expr) == "AggregateExpression":
+        return True
+    return any(_has_aggregate(c) for c in _seq(expr.children()))
+
+
+def _col(expr: Any, spark: SparkSession) -> Column:
+    jvm = spark._jvm
+    node = jvm.org.apache.spark.sql.classic.ExpressionColumnNode.apply(expr)
+    return Column(jvm.org.apache.spark.sql.Column(node))
+
+
+_JOIN_TYPES = {
+    "Inner": "inner",
+    "Cross": "cross",
+    "LeftOuter": "left_outer",
+    "RightOuter": "right_outer",
+    "FullOuter": "full_outer",
+    "LeftSemi": "left_semi",
+    "LeftAnti": "left_anti",
+}
+
+
+class _Translator:
+    """Applies a parsed plan as DataFrame operations, bottom-up."""
+
+    def __init__(self, session: StreamingSession) -> None:
+        self.session = session
+        self.spark = session.spark
+        self.ctes: dict[str, Any] = {}
+
+    def c(self, expr: Any) -> Column:
+        return _col(expr, self.spark)
+
+    def apply(self, node: Any) -> Any:
+        kind = _kind(node)
+        handler = getattr(self, f"_{kind}", None)
+        if handler is None:
+            if not _reads_views_node(self, node):
+                return self._static(node)
+            raise NotSupportedYetError(
+                f"{kind} in SQL over a streaming view",
+                "lockgate runs SELECT, WHERE, GROUP BY (incl. window), HAVING, JOIN, UNION, "
+                "DISTINCT, ORDER BY and LIMIT over streaming views; write the rest with the "
+                "DataFrame API.",
+            )
+        for sub in _subqueries(node):
+            if _reads_views_node(self, sub):
+                raise NotSupportedYetError(
+                    "a subquery over a streaming view",
+                    "join the view instead, or read it with the DataFrame API.",
+                )
+        return handler(node)
+
+    def _static(self, node: Any) -> DataFrame:
+        from pyspark.errors.exceptions.captured import convert_exception
+        from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
+
+        if _kind(node) == "UnresolvedRelation":
+            return self.spark.table(".".join(f"`{p}`" for p in _parts(node)))
+        try:
+            jdf = self.spark._jvm.org.apache.spark.sql.classic.Dataset.ofRows(self.spark._jsparkSession, node)
+        except Py4JJavaError as exc:
+            raise convert_exception(exc.java_exception) from None
+        return ClassicDataFrame(jdf, self.spark)
+
+    # -- leaves ----------------------------------------------------------------------------
+    def _UnresolvedRelation(self, node: Any) -> Any:
+        parts = _parts(node)
+        if len(parts) == 1 and parts[0].lower() in self.ctes:
+            return self.ctes[parts[0].lower()]
+        view = _lookup(self.spark, parts)
+        if view is not None:
+            return view
+        return self._static(node)
+
+    def _UnresolvedWith(self, node: Any) -> Any:
+        raise NotSupportedYetError(
+            "WITH (common table expressions) in SQL over a streaming view",
+            "register the CTE's query as a streaming view of its own (ls.sql(...)."
+            "createOrReplaceTempView(name)) and read that view.",
+        )
+
+    # -- unary -------------------------------------------------------------------------
+    def _SubqueryAlias(self, node: Any) -> Any:
+        return self.apply(node.child()).alias(str(node.alias()))
+
+    def _Project(self, node: Any) -> Any:
+        child = self.apply(node.child())
+        return child.select(*[self.c(e) for e in _seq(node.projectList())])
+
+    def _Filter(self, node: Any) -> Any:
+        child = node.child()
+        if _kind(child) == "Aggregate":
+            return self._aggregate(child, having=node.condition())
+        return self.apply(child).where(self.c(node.condition()))
+
+    def _UnresolvedHaving(self, node: Any) -> Any:
+        child = node.child()
+        if _kind(child) != "Aggregate":
+            return self.apply(child).where(self.c(node.havingCondition()))
+        return self._aggregate(child, having=node.havingCondition())
+
+    def _Aggregate(self, node: Any) -> Any:
+        return self._aggregate(node, having=None)
+
+    def _aggregate(self, node: Any, having: Any) -> Any:
+        child = self.apply(node.child())
+        select = _seq(node.aggregateExpressions())
+        items = [self.c(e) for e in select]
+        grouping = []
+        for g in _seq(node.groupingExpressions()):
+            if _kind(g) == "Literal" and str(g.dataType().typeName()) == "integer":
+                index = int(g.value())
+                if not 1 <= index <= len(items):
+                    raise AnalysisError(
+                        f"[GROUP_BY_POS_OUT_OF_RANGE] GROUP BY position {index} is not in select "
+                        f"list (valid range is [1, {len(items)}]). SQLSTATE: 42805"
+                    )
+                target = select[index - 1]
+                grouping.append(self.c(target.child() if _kind(target) == "Alias" else target))
+            else:
+                grouping.append(self.c(g))
+        having_col = self.c(having) if having is not None else None
+        # Spark's analyser (on the template) tells which items aggregate and which are
+        # grouping expressions; the DataFrame API aggregates only the former.
+        extra = [having_col.alias("__lg_having")] if having_col is not None else []
+        template = child._template.groupBy(*grouping).agg(*items, *extra)
+        analysed = template._jdf.queryExecution().analyzed()
+        while _kind(analysed) != "Aggregate":
+            analysed = _children(analysed)[0]
+        resolved_groups = _seq(analysed.groupingExpressions())
+        resolved = _seq(analysed.aggregateExpressions())
+        keys = len(template.columns) - len(items) - len(extra)
+        names = template.columns[keys : keys + len(items)]
+        plan: list[tuple[str, Any]] = []
+        aggregates: list[Column] = []
+        for i, (item, expr) in enumerate(zip(items, resolved[keys : keys + len(items)])):
+            inner = expr.child() if _kind(expr) == "Alias" else expr
+            if _has_aggregate(inner):
+                plan.append(("agg", len(aggregates)))
+                aggregates.append(item.alias(f"__lg_a{len(aggregates)}"))
+            else:
+                match = next((j for j, g in enumerate(resolved_groups) if inner.semanticEquals(g)), None)
+                plan.append(("key", match) if match is not None else ("expr", i))
+        having_is_agg = having is not None and _has_aggregate(resolved[-1])
+        if having_is_agg:
+            aggregates.append(having_col.alias("__lg_having"))  # type: ignore[union-attr]
+        out = child.groupBy(*grouping).agg(*aggregates) if aggregates else child.groupBy(*grouping).count()
+        key_names = out.columns[:keys]
+        if len(set(key_names)) != len(key_names):
+            raise NotSupportedYetError(
+                "GROUP BY expressions whose columns share a name in SQL over a streaming view",
+                "alias the grouping expressions in a subquery first.",
+            )
+        if having is not None:
+            out = out.where(F.col("__lg_having") if having_is_agg else having_col)
+        columns = []
+        for (kind, index), name in zip(plan, names):
+            if kind == "agg":
+                columns.append(F.col(f"__lg_a{index}").alias(name))
+            elif kind == "key":
+                columns.append(F.col(f"`{key_names[index]}`").alias(name))
+            else:
+                columns.append(items[index])
+        return out.select(*columns)
+
+    def _Distinct(self, node: Any) -> Any:
+        return self.apply(node.child()).distinct()
+
+    def _Deduplicate(self, node: Any) -> Any:
+        return self.apply(node.child()).distinct()
+
+    def _Sort(self, node: Any) -> Any:
+        child = self.apply(node.child())
+        order = [self.c(o) for o in _seq(node.order())]
+        return child.orderBy(*order) if getattr(node, "global")() else child.sortWithinPartitions(*order)
+
+    def _GlobalLimit(self, node: Any) -> Any:
+        local = node.child()
+        inner = local.child() if _kind(local) == "LocalLimit" else local
+        limit = node.limitExpr()
+        if _kind(limit) != "Literal":
+            raise NotSupportedYetError("LIMIT of an expression in SQL over a streaming view", "use a number.")
+        return self.apply(inner).limit(int(limit.value()))
+
+    # -- binary ------------------------------------------------------------------------
+    def _Join(self, node: Any) -> Any:
+        left, right = self.apply(node.left()), self.apply(node.right())
+        join_type = node.joinType()
+        kind = _kind(join_type).rstrip("$")
+        on: Any = None
+        if kind == "UsingJoin":
+            on = [str(c) for c in _seq(join_type.usingColumns())]
+            kind = _kind(join_type.tpe()).rstrip("$")
+        elif kind == "NaturalJoin":
+            raise NotSupportedYetError("NATURAL JOIN over a streaming view", "name the join columns with USING.")
+        how = _JOIN_TYPES.get(kind)
+        if how is None:
+            raise NotSupportedYetError(f"{kind} join over a streaming view", "use an inner, outer, semi or anti join.")
+        if node.condition().isDefined():
+            on = self.c(node.condition().get())
+        from lockgate.api.dataframe import StreamingDataFrame
+
+        if not isinstance(left, StreamingDataFrame):
+            raise NotSupportedYetError(
+                "a join with a static table on the left of a streaming view in SQL",
+                "put the streaming view on the left of the join (lockgate streams the left side "
+                "of a stream-static join).",
+            )
+        if on is None:
+            return left.crossJoin(right)
+        return left.join(right, on, how)
+
+    def _Intersect(self, node: Any) -> Any:
+        left, right = self.apply(node.left()), self.apply(node.right())
+        return left.intersectAll(right) if node.isAll() else left.intersect(right)
+
+    def _Except(self, node: Any) -> Any:
+        left, right = self.apply(node.left()), self.apply(node.right())
+        return left.exceptAll(right) if node.isAll() else left.subtract(right)
+
+    def _Union(self, node: Any) -> Any:
+        children = [self.apply(c) for c in _seq(node.children())]
+        result = children[0]
+        for other in children[1:]:
+            if node.byName():
+                result = result.unionByName(other, allowMissingColumns=bool(node.allowMissingCol()))
+            else:
+                result = result.union(other)
+        return result
+
+
+def _reads_views_node(translator: _Translator, node: Any) -> bool:
+    if _kind(node) == "UnresolvedRelation":
+        parts = _parts(node)
+        if len(parts) == 1 and parts[0].lower() in translator.ctes:
+            from lockgate.api.dataframe import StreamingDataFrame
+
+            return isinstance(translator.ctes[parts[0].lower()], StreamingDataFrame)
+        return _lookup(translator.spark, parts) is not None
+    return any(_reads_views_node(translator, c) for c in _children(node)) or any(
+        _reads_views_node(translator, s) for s in _subqueries(node)
+    )
