@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,9 @@ class _FakeContext:
     def __init__(self, master: str) -> None:
         self.master = master
         self.added: list[str] = []
+        # the workers' interpreter (SparkContext.pythonExec): the driver's own, so a
+        # local master has nothing to ship (lockgate.api.shipping._local_workers_python)
+        self.pythonExec = sys.executable
 
     def addPyFile(self, path: str) -> None:  # SparkContext's name
         self.added.append(path)
