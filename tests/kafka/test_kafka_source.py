@@ -249,7 +249,7 @@ def make_source(spark, root: Path, clock, **options):
 
 
 def test_min_offsets_per_trigger_waits_at_most_max_trigger_delay(spark, kafka, names, tmp_path):
-    from lockgate.clock import ManualClock
+    from lockgate.testing import ManualClock
 
     topic = names("min")
     kafka.create_topic(topic, partitions=2)
