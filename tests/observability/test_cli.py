@@ -120,9 +120,17 @@ def test_corrupt_checkpoint_is_a_clear_error(aggregation_checkpoint, tmp_path):
     result = run_cli("checkpoint", str(broken))
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
+    # the file no longer matches its checksum file (docs/checkpoint.md)
+    assert "offsets/1" in result.stderr and "Checksum verification failed" in result.stderr
+
+    (broken / "offsets" / "1.crc").unlink()  # as in a checkpoint older than checksums
+    result = run_cli("checkpoint", str(broken))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
     assert "offsets/1" in result.stderr and "malformed metadata" in result.stderr
 
     (broken / "metadata").write_text("garbage")
+    (broken / "metadata.crc").unlink()
     result = run_cli("checkpoint", str(broken))
     assert result.returncode == 2
     assert "metadata" in result.stderr and "corrupt" in result.stderr
