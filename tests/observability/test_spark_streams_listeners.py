@@ -128,7 +128,7 @@ def test_spark_streams_listener_gets_the_failure(ls, on_spark_streams):
     terminated = on_spark_streams.of(q)[-1][1]
     assert "seen on spark.streams" in terminated.exception
     assert terminated.exception == str(q.exception())
-    assert terminated.errorClassOnException == "STREAM_FAILED"
+    assert terminated.errorClassOnException == "FOREACH_BATCH_USER_FUNCTION_ERROR"  # as Spark's
     assert on_spark_streams.kinds(q) == ["started", "terminated"]
 
 
