@@ -136,56 +136,18 @@ def test_expressions_over_aggregates_match_native(spark, bench, tmp_path):
     assert sum(op[2] for batch in progress for op in batch[3]) > 0, "no late rows dropped"
 
 
-def test_expressions_over_grouping_sets_and_pivot_match_native(spark, bench, tmp_path):
-    """rollup, cube and pivot (both of Spark's plans: numeric results through
-    PivotFirst, others by one aggregation) with expressions over aggregates."""
-    inp = tmp_path / "in"
-    inp.mkdir()
-
-    def rollup(reader: Any) -> Any:
-        df = _source(reader, inp, watermark=False).withColumn("g", F.col("v") > 2)
-        return df.rollup("k", "g").agg(
-            F.round(F.avg("v"), 2), F.count("*") + 1, (F.sum("v") / F.count("v")).alias("r")
-        )
-
-    def cube(reader: Any) -> Any:
-        df = _source(reader, inp, watermark=False).withColumn("g", F.col("v") > 2)
-        return df.cube("k", "g").agg(
-            F.size(F.collect_list("v")).alias("n"), F.max("v") - F.min("v")
-        )
-
-    def pivot_numeric(reader: Any) -> Any:
-        df = _source(reader, inp)
-        return (
-            df.groupBy(F.window("ts", "10 seconds"))
-            .pivot("k", ["a", "b", "c"])
-            .agg(F.round(F.avg("v"), 2), F.count("*") + 1)
-        )
-
-    def pivot_other(reader: Any) -> Any:
-        df = _source(reader, inp, watermark=False)
-        return (
-            df.groupBy(F.second("ts") % 2)
-            .pivot("k", ["a", "b"])
-            .agg(
-                F.concat_ws(",", F.sort_array(F.collect_list(F.col("v").cast("string")))).alias(
-                    "vs"
-                ),
-                F.size(F.collect_set("v")),
-            )
-        )
-
-    pairs = [
-        bench.add("update_rollup", rollup, "update"),
-        bench.add("complete_cube", cube, "complete"),
-        bench.add("append_pivot", pivot_numeric),
-        bench.add("complete_pivot_other", pivot_other, "complete"),
-    ]
-    bench.start()
-    for pair in pairs:
-        assert _columns(spark, pair.lockgate) == _columns(spark, pair.native), pair.name
-    for i, rows in enumerate(AGG_STEPS[:4]):
-        bench.step(f"step {i}", {inp: rows})
+def test_expressions_over_grouping_sets_and_pivot_are_refused(ls, tmp_path):
+    """Not verified against Spark yet (docs/state-store.md): refused when defined, never
+    run with rows that might differ."""
+    df = ls.readStream.schema(SCHEMA).json(str(tmp_path)).withColumn("g", F.col("v") > 1)
+    with pytest.raises(NotSupportedYetError, match="rollup/cube/groupingSets"):
+        df.rollup("k", "g").agg(F.round(F.avg("v"), 2))
+    with pytest.raises(NotSupportedYetError, match="rollup/cube/groupingSets"):
+        df.cube("k").agg(F.count("*") + 1)
+    with pytest.raises(NotSupportedYetError, match="pivot"):
+        df.groupBy("g").pivot("k", ["a", "b"]).agg(F.sum("v") / F.count("v"))
+    # plain aggregate functions still run there
+    df.rollup("k", "g").agg(F.avg("v"))
 
 
 @pytest.mark.parametrize(
