@@ -193,7 +193,7 @@ def test_transform_and_dir(sdf):
 
 
 @pytest.mark.parametrize("action", ["count", "collect", "show", "first", "head", "take", "toPandas",
-                                    "foreach", "write", "cache", "createOrReplaceTempView", "rdd",
+                                    "foreach", "write", "cache", "rdd",
                                     "isEmpty", "describe"])
 def test_batch_actions_are_refused(sdf, action):
     with pytest.raises(AnalysisException, match="Queries with streaming sources must be executed with writeStream.start"):

@@ -263,7 +263,9 @@ def test_session_state_readable_explained_and_checked_on_restart(ls, tmp_path):
     write_json(inp, [ev(20, "a", 1.0)])
     with pytest.raises((lockgate.CheckpointError, lockgate.StreamingQueryException)) as refused:
         q.processAllAvailable()
-    assert "operator 0 (sessionWindowStateStoreSaveExec) is incompatible" in str(refused.value)
+    message = str(refused.value)
+    assert "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE" in message, message
+    assert "operator 0 (sessionWindowStateStoreSaveExec)" in message, message
 
 
 def test_merge_sessions_follows_sparks_order():

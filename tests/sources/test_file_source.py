@@ -420,7 +420,9 @@ def test_restart_never_returns_logged_files_again(spark, tmp_path, src_dir):
     end2 = third.latestOffset(end1, READ_ALL_AVAILABLE)
     assert end2 == {"logOffset": 2}
     assert ids_of(third.getBatch(end1, end2)) == [3]
-    assert sorted(os.listdir(tmp_path / "ck" / "sources" / "0")) == ["0", "1", "2"]
+    assert sorted(os.listdir(tmp_path / "ck" / "sources" / "0")) == [
+        "0", "0.crc", "1", "1.crc", "2", "2.crc"
+    ]
 
 
 def test_source_log_behind_the_offsets_is_an_error(spark, tmp_path, src_dir):
@@ -539,6 +541,12 @@ def test_corrupt_log_file_names_the_file(spark, tmp_path, src_dir):
     log_file = tmp_path / "ck" / "sources" / "0" / "0"
     text = log_file.read_text()
     log_file.write_text(text[: len(text) - 10])  # truncated mid-line
+    # Its checksum catches it first, naming the file and the fix.
+    with pytest.raises(CheckpointError, match=f"{log_file}.*corrupt.*Checksum verification failed"):
+        make_source(spark, tmp_path)
+
+    # Without the checksum file (a checkpoint older than checksums) the parse catches it.
+    log_file.with_name("0.crc").unlink()
     with pytest.raises(CheckpointError, match=f"{log_file}.*corrupt"):
         make_source(spark, tmp_path)
 
