@@ -14,8 +14,8 @@ import time
 import pyarrow as pa
 from pyspark.sql.types import LongType, StructField, StructType, TimestampType
 
-from lockgate.plan.aggregate import schema_to_arrow
 from lockgate.plan.dedup import DedupTask, run_dedup_task
+from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.store import StateStoreConf
 
 

@@ -47,17 +47,8 @@ KNOWN: set[tuple[str, ...]] = {
     ("lockgate.execution.stream", "lockgate.api.manager"),
     # The state reader (ls.read.state) reads each operator's state layout from the
     # operators' modules: it moves with the stateful-operator contract.
-    ("lockgate.state.reader", "lockgate.plan.aggregate"),
     ("lockgate.state.reader", "lockgate.plan.join.planner"),
     ("lockgate.state.reader", "lockgate.plan.session_window"),
-    # plan/aggregate.py as the accidental base module of the stateful operators
-    # (StatefulContext, _micros, _UniqueNames): the stateful-operator contract.
-    ("lockgate.plan.dedup", "lockgate.plan.aggregate", "_micros"),
-    ("lockgate.plan.session_window", "lockgate.plan.aggregate", "_micros"),
-    ("lockgate.plan.session_window", "lockgate.plan.aggregate", "_UniqueNames"),
-    ("lockgate.plan.join.condition", "lockgate.plan.aggregate", "_micros"),
-    ("lockgate.plan.join.task", "lockgate.plan.join.condition", "_micros"),
-    ("lockgate.plan.join.planner", "lockgate.plan.aggregate", "_UniqueNames"),
     # Aggregate functions' Catalyst reads, used by the API's agg(): Catalyst reads move to
     # plan/ with a public name (issue 20, "api/ is a thin facade").
     ("lockgate.plan.aggregate", "lockgate.plan.aggregate_functions", "_as_column"),

@@ -502,8 +502,8 @@ class StreamingDataFrame:
         print(self._explain_string(bool(extended) or mode == "extended"))
 
     def _explain_string(self, extended: bool) -> str:
-        from lockgate.plan.checks import stateful_operators
         from lockgate.plan.explain import stateful_tree
+        from lockgate.plan.stateful import stateful_operators
 
         lines = []
         if extended:

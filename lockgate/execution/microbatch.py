@@ -35,9 +35,7 @@ from lockgate.execution.triggers import (
 )
 from lockgate.execution.watermark import WatermarkTracker, propagate_watermark
 from lockgate.options import Options, time_string_ms
-from lockgate.plan.aggregate import StatefulContext
 from lockgate.plan.cache import PlanCache
-from lockgate.plan.checks import stateful_operators
 from lockgate.plan.incremental import (
     IncrementalExecution,
     ObservationRole,
@@ -47,7 +45,8 @@ from lockgate.plan.incremental import (
     row_count,
 )
 from lockgate.plan.nodes import PlanNode, observed_nodes, source_relations, watermark_nodes
-from lockgate.plan.state_udf import TASKS_CONF, encode_params, property_key, state_task_count
+from lockgate.plan.state_udf import TASKS_CONF, encode_params, property_key
+from lockgate.plan.stateful import StatefulContext, state_task_count, stateful_operators
 from lockgate.plan.template import NotReusable, PlanTemplate
 from lockgate.sources.base import READ_ALL_AVAILABLE, ReadLimit, Source, SourceContext
 
@@ -428,7 +427,7 @@ class MicroBatchExecution(StreamExecution):
         new = propagate_watermark(self.plan, self.watermark_tracker.current_watermark_ms)
         current = propagate_watermark(self.plan, self.offset_metadata.batchWatermarkMs)
         return any(
-            op.needs_no_data_batch(self.output_mode, has_watermark) and new[id(op)] > current[id(op)]
+            op.should_run_another_batch(new[id(op)], current[id(op)] if has_watermark else None, self.output_mode)
             for op in self._stateful_ops
         )
 
@@ -486,40 +485,15 @@ class MicroBatchExecution(StreamExecution):
         if stateful is None:
             return []
         values: dict[str, int] = dict(self._state_metrics.value or {})
-        progress = []
-        for op_id, op in enumerate(self._stateful_ops):
-            prefix = f"{op_id}."
-
-            def get(name: str, _p: str = prefix) -> int:
-                return int(values.get(_p + name, 0))
-
-            progress.append(
-                {
-                    "operatorName": op.operator_name,
-                    "numRowsTotal": get("numRowsTotal"),
-                    "numRowsUpdated": get("numRowsUpdated"),
-                    "allUpdatesTimeMs": get("allUpdatesTimeMs"),
-                    "numRowsRemoved": get("numRowsRemoved"),
-                    "allRemovalsTimeMs": get("allRemovalsTimeMs"),
-                    "commitTimeMs": get("commitTimeMs"),
-                    "memoryUsedBytes": get("memoryUsedBytes"),
-                    "numRowsDroppedByWatermark": get("numRowsDroppedByWatermark"),
-                    "numShufflePartitions": stateful.num_partitions,
-                    "numStateStoreInstances": get("numStateStoreInstances"),
-                    "customMetrics": {
-                        **(
-                            {"numDroppedDuplicateRows": get("numDroppedDuplicateRows")}
-                            if op.operator_name.startswith("dedupe")
-                            else {}
-                        ),
-                        "loadedFromCache": get("loadedFromCache"),
-                        "loadedFromFiles": get("loadedFromFiles"),
-                        "stateFilesReplayed": get("stateFilesReplayed"),
-                        "snapshotsWritten": get("snapshotsWritten"),
-                    },
-                }
-            )
-        return progress
+        per_operator: dict[int, dict[str, int]] = {}
+        for name, value in values.items():
+            op_id, _, metric = name.partition(".")
+            if op_id.isdigit():
+                per_operator.setdefault(int(op_id), {})[metric] = value
+        return [
+            op.progress(per_operator.get(op_id, {}), stateful.num_partitions)
+            for op_id, op in enumerate(self._stateful_ops)
+        ]
 
     # -- running a batch ---------------------------------------------------------------
     def _on_stream_session(self, frame: DataFrame) -> DataFrame:

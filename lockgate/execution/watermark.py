@@ -8,6 +8,10 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from lockgate.errors import OptionError
+from lockgate.plan.nodes import EventTimeWatermark
+from lockgate.plan.stateful import StatefulOperator
+
 if TYPE_CHECKING:
     from lockgate.plan.nodes import PlanNode
 
@@ -28,8 +32,6 @@ class WatermarkTracker:
     def __init__(self, delays_ms: Sequence[int], policy: str = MIN_POLICY) -> None:
         policy = policy.lower()
         if policy not in (MIN_POLICY, MAX_POLICY):
-            from lockgate.errors import OptionError
-
             raise OptionError(
                 f"Invalid value {policy!r} for spark.sql.streaming.multipleWatermarkPolicy: "
                 "expected 'min' or 'max'.",
@@ -84,12 +86,6 @@ def propagate_watermark(plan: PlanNode, global_ms: int) -> dict[int, int]:
     propagation of its own global watermark, the late-row watermark that of the previous
     batch's.
     """
-    from lockgate.plan.aggregate import Aggregate
-    from lockgate.plan.dedup import Deduplicate
-    from lockgate.plan.join import StreamJoin
-    from lockgate.plan.limit import StreamingLimit
-    from lockgate.plan.nodes import EventTimeWatermark
-
     inputs: dict[int, int] = {}
     outputs: dict[int, int | None] = {}
 
@@ -102,14 +98,9 @@ def propagate_watermark(plan: PlanNode, global_ms: int) -> dict[int, int]:
         result: int | None
         if isinstance(node, EventTimeWatermark):
             result = global_ms
-        elif isinstance(node, (Aggregate, Deduplicate, StreamingLimit, StreamJoin)):
+        elif isinstance(node, StatefulOperator):
             inputs[key] = 0 if global_ms == 0 else max(incoming or 0, 0)
-            if incoming is None:
-                result = None
-            elif isinstance(node, StreamJoin):
-                result = node.output_watermark_ms(incoming)
-            else:
-                result = incoming
+            result = None if incoming is None else node.output_watermark_ms(incoming)
         else:
             result = incoming
         outputs[key] = result

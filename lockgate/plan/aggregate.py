@@ -21,17 +21,16 @@ One batch of ``groupBy(keys).agg(fns)`` runs as, in Spark's words::
 
 from __future__ import annotations
 
-import datetime as _dt
 import time
-from collections.abc import Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, StructType
+from pyspark.sql.types import StructType
 
+from lockgate.compat import override
 from lockgate.plan.aggregate_functions import (
     AggSpec,
     _as_column,  # noqa: F401 (lockgate.api.grouped imports it from here)
@@ -43,16 +42,25 @@ from lockgate.plan.aggregate_functions import (
     finish_after_state,
     finished_after_state,
 )
-from lockgate.plan.cache import PlanCache, frame
+from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
+from lockgate.plan.stateful import (
+    StatefulContext,
+    StatefulOperator,
+    UniqueNames,
+    report_store_metrics,
+)
+from lockgate.state.arrow_types import schema_to_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from lockgate.state.schema import OperatorStateSchema
+
 
 # -- the plan node ----------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
-class Aggregate(PlanNode):
+class Aggregate(StatefulOperator):
     """``groupBy(keys).agg(fns)`` on a stream."""
 
     child: PlanNode
@@ -96,15 +104,63 @@ class Aggregate(PlanNode):
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
 
-    operator_name = "stateStoreSave"
+    @property
+    @override
+    def operator_name(self) -> str:
+        return "stateStoreSave"
 
     @property
     def evicts_by_watermark(self) -> bool:
         return self.event_time_key is not None
 
-    def needs_no_data_batch(self, output_mode: str, has_watermark: bool) -> bool:
-        """Spark's StateStoreSaveExec.shouldRunAnotherBatch, given the watermark advanced."""
-        return has_watermark and output_mode in ("append", "update")
+    @override
+    def build_state(
+        self, inputs: list[DataFrame], ctx: StatefulContext, operator_id: int, batch_id: int
+    ) -> tuple[DataFrame, OperatorStateSchema]:
+        return build_aggregate(self, inputs[0], ctx, operator_id, batch_id)
+
+    @property
+    @override
+    def reuses_state_step(self) -> bool:
+        return True
+
+    @override
+    def batch_params(self, ctx: StatefulContext, batch_id: int) -> dict[str, Any]:
+        return aggregate_params(self, ctx, batch_id)
+
+    @override
+    def should_run_another_batch(
+        self, new_input_watermark_ms: int, eviction_watermark_ms: int | None, output_mode: str
+    ) -> bool:
+        """Spark's StateStoreSaveExec: in Append and Update mode, when the watermark moves."""
+        return output_mode in ("append", "update") and self.watermark_advanced(
+            new_input_watermark_ms, eviction_watermark_ms
+        )
+
+    @property
+    @override
+    def counts_for_watermark_correctness(self) -> bool:
+        return True
+
+    @override
+    def may_emit_late_rows(self, output_mode: str) -> bool:
+        """Spark 4: with watermark propagation only an aggregation outside Append mode."""
+        return output_mode != "append"
+
+    @override
+    def explain_steps(
+        self, state_info: str, output_mode: str, watermark_ms: int | None, num_partitions: int
+    ) -> list[str]:
+        keys = ", ".join(self.key_names)
+        fns = ", ".join(s.kind for s in self.specs)
+        wm = "" if watermark_ms is None or self.event_time_key is None else f", {watermark_ms}"
+        return [
+            f"StateStoreSave [{keys}], {state_info}, {output_mode.capitalize()}{wm}",
+            f"Aggregate(merge buffers) [{keys}], [{fns}]",
+            f"StateStoreRestore [{keys}], {state_info}",
+            f"Exchange hashpartitioning({keys}, {num_partitions})",
+            f"Aggregate(partial) [{keys}], [{fns}]",
+        ]
 
     def describe(self) -> str:
         keys = ", ".join(self.key_names)
@@ -157,54 +213,6 @@ class AggregateTask:
     out_schema: pa.Schema
     accumulator: Any
     operator_id: int
-
-
-_EPOCH_UTC = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
-_EPOCH_NAIVE = _dt.datetime(1970, 1, 1)
-_MICROSECOND = _dt.timedelta(microseconds=1)
-
-
-def _micros(value: Any) -> int | None:
-    """Microseconds since the epoch of a timestamp value (a naive datetime is UTC, as
-    Spark hands timestamp_ntz values to Python), or of an int of microseconds."""
-    if value is None:
-        return None
-    if isinstance(value, _dt.datetime):
-        return (value - (_EPOCH_NAIVE if value.tzinfo is None else _EPOCH_UTC)) // _MICROSECOND
-    return int(value)
-
-
-def report_store_metrics(
-    accumulator: Any,
-    operator_id: int,
-    store: Any,
-    *,
-    total: int,
-    updated: int,
-    removed: int,
-    dropped: int,
-    update_ms: float,
-    remove_ms: float,
-    started: float,
-) -> None:
-    """Add one task's ``stateOperators[]`` metrics to the query's accumulator."""
-    metrics = {
-        "numRowsTotal": total,
-        "numRowsUpdated": updated,
-        "numRowsRemoved": removed,
-        "numRowsDroppedByWatermark": dropped,
-        "allUpdatesTimeMs": int(update_ms),
-        "allRemovalsTimeMs": int(remove_ms),
-        "commitTimeMs": int(store.metrics.commit_ms),
-        "memoryUsedBytes": store.memory_bytes(),
-        "numStateStoreInstances": 1,
-        "loadedFromCache": int(store.metrics.loaded_from_cache),
-        "loadedFromFiles": int(not store.metrics.loaded_from_cache),
-        "stateFilesReplayed": store.metrics.files_replayed,
-        "snapshotsWritten": int(store.metrics.snapshot_written),
-        "taskTimeMs": int((time.perf_counter() - started) * 1000),
-    }
-    accumulator.add({f"{operator_id}.{name}": value for name, value in metrics.items()})
 
 
 def batch_values(column: Any, micros: bool = True) -> list[Any]:
@@ -300,43 +308,7 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
     yield pa.RecordBatch.from_arrays(arrays, schema=task.out_schema)
 
 
-def spark_type_to_arrow(data_type: DataType, timezone: str) -> pa.DataType:
-    from pyspark.sql.pandas.types import to_arrow_type
-
-    try:
-        return to_arrow_type(data_type, timezone=timezone)
-    except TypeError:  # older signature
-        return to_arrow_type(data_type)
-
-
-def schema_to_arrow(schema: StructType, timezone: str) -> pa.Schema:
-    return pa.schema([pa.field(f.name, spark_type_to_arrow(f.dataType, timezone), True) for f in schema.fields])
-
-
-def _sanitize(name: str) -> str:
-    import re
-
-    cleaned = re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_")
-    return cleaned or "col"
-
-
-class _UniqueNames:
-    """Readable, unique column names for state files (``window_start``, ``avg_value_sum``)."""
-
-    def __init__(self) -> None:
-        self._used: set[str] = {"__lockgate_pid"}
-
-    def take(self, base: str) -> str:
-        name = _sanitize(base)
-        candidate, n = name, 1
-        while candidate.lower() in self._used:
-            n += 1
-            candidate = f"{name}_{n}"
-        self._used.add(candidate.lower())
-        return candidate
-
-
-def buffer_names(specs: tuple[AggSpec, ...], output_names: list[str], names: _UniqueNames) -> list[str]:
+def buffer_names(specs: tuple[AggSpec, ...], output_names: list[str], names: UniqueNames) -> list[str]:
     result = []
     for spec, out in zip(specs, output_names):
         result += [names.take(f"{out}_{role}") for role in buffer_roles(spec)]
@@ -350,7 +322,7 @@ def aliased_partials(specs: tuple[AggSpec, ...], buffers: list[str]) -> list[Col
 
 
 def flatten_keys(
-    df: DataFrame, key_count: int, names: _UniqueNames | None = None
+    df: DataFrame, key_count: int, names: UniqueNames | None = None
 ) -> tuple[DataFrame, list[KeyLayout]]:
     """Give the first ``key_count`` columns readable unique names and flatten struct keys."""
     selected, layouts = flatten_columns(df.schema, key_count, names)
@@ -358,10 +330,10 @@ def flatten_keys(
 
 
 def flatten_columns(
-    schema: StructType, key_count: int, names: _UniqueNames | None = None
+    schema: StructType, key_count: int, names: UniqueNames | None = None
 ) -> tuple[list[Column], list[KeyLayout]]:
     """The columns of :func:`flatten_keys` for a DataFrame of ``schema``."""
-    names = names or _UniqueNames()
+    names = names or UniqueNames()
     layouts: list[KeyLayout] = []
     selected: list[Column] = []
     for key_field in schema.fields[:key_count]:
@@ -379,63 +351,6 @@ def flatten_columns(
     return selected + rest, layouts
 
 
-@dataclass(frozen=True)
-class StatefulContext:
-    """Per-batch facts every stateful step needs, built by the engine."""
-
-    state_root: str
-    num_partitions: int
-    output_mode: str
-    batch_watermark_ms: int | None
-    """None when the query has no watermark."""
-    accumulator: Any
-    session_timezone: str
-    snapshot_interval: int = 10
-    min_versions_to_retain: int = 100
-    late_events_watermark_ms: int | None = None
-    """The previous batch's watermark: Spark drops late input rows by it, and evicts
-    state by the current one (0 on the first batch)."""
-    checkpoint_id: str = ""
-    """The query id of the checkpoint: worker caches of state are keyed by it, so a
-    deleted and recreated checkpoint never sees another query's cached state."""
-    cache: PlanCache = field(default_factory=PlanCache)
-    """Expressions and schemas shared by the run's batches (:mod:`lockgate.plan.cache`)."""
-    shape: Hashable = frozenset()
-    """Which sources have an empty batch: the key of cached schemas."""
-    batch_params: dict[int, dict[str, Any]] = field(default_factory=dict)
-    """Operator id -> this batch's values for its state step, which the engine hands to
-    the tasks as a local property (:mod:`lockgate.plan.state_udf`)."""
-
-    operator_watermarks: dict[int, tuple[int, int]] | None = None
-    """Operator id -> (eviction, late-row) input watermark from Spark's watermark
-    propagation (``lockgate.execution.watermark.propagate_watermark``); None: every
-    operator uses the global pair above."""
-    max_state_tasks: int | None = None
-    """At most this many tasks run an operator's state step (None: one per partition);
-    see :func:`lockgate.plan.state_udf.state_task_count`."""
-
-    def state_tasks(self, num_partitions: int) -> int:
-        """How many tasks serve an operator with ``num_partitions`` state partitions:
-        the number of parts its batch is shuffled into."""
-        from lockgate.plan.state_udf import state_task_count
-
-        return state_task_count(num_partitions, self.max_state_tasks)
-
-    def schema_of(self, owner: object, df: DataFrame, part: str) -> StructType:
-        """``df.schema``, from an earlier batch of the same shape when there was one."""
-        self.cache.prime_schema(owner, self.shape, df, part)
-        return self.cache.remember_schema(owner, self.shape, df, part)
-
-    def for_operator(self, operator_id: int) -> StatefulContext:
-        """This context with ``operator_id``'s own input watermarks (Spark's
-        ``getInputWatermarkForEviction`` / ``getInputWatermarkForLateEvents``)."""
-        marks = self.operator_watermarks
-        if self.batch_watermark_ms is None or not marks or operator_id not in marks:
-            return self
-        evict, late = marks[operator_id]
-        return replace(self, batch_watermark_ms=evict, late_events_watermark_ms=late)
-
-
 def aggregate_state_layout(
     node: Aggregate, child: DataFrame, ctx: StatefulContext
 ) -> tuple[DataFrame, list[KeyLayout], list[str]]:
@@ -443,7 +358,7 @@ def aggregate_state_layout(
     key_count = len(node.key_names)
 
     def partial_columns() -> tuple[list[str], list[Column]]:
-        names = _UniqueNames()
+        names = UniqueNames()
         # Keys first, so buffers never take a name a key column needs.
         for key in node.key_names:
             names.take(key)
@@ -480,7 +395,7 @@ def aggregate_state_layout(
     ctx.schema_of(node, partial, "partitioned")
 
     def flat_columns() -> tuple[list[Column], list[KeyLayout]]:
-        key_names = _UniqueNames()
+        key_names = UniqueNames()
         for b in buffers:
             key_names.take(b)
         return flatten_columns(partial.schema, key_count, key_names)

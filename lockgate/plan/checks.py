@@ -7,28 +7,13 @@ from __future__ import annotations
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate
-from lockgate.plan.dedup import Deduplicate
 from lockgate.plan.join import StreamJoin, check_stream_join
 from lockgate.plan.limit import StreamingLimit
 from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
 from lockgate.plan.session_window import SessionWindowAggregate
+from lockgate.plan.stateful import StatefulOperator, stateful_operators
 
 _SORTS = ("orderBy", "sort", "sortWithinPartitions")
-
-
-StatefulNode = Aggregate | Deduplicate | StreamingLimit | StreamJoin
-
-
-def stateful_operators(plan: PlanNode) -> list[StatefulNode]:
-    """Stateful operators in operator-id order: top-down (pre-order), left to right, as
-    Spark's IncrementalExecution numbers them (the last operator of a chain is 0)."""
-    found: list[StatefulNode] = []
-    seen: set[int] = set()
-    for node in plan.walk():
-        if isinstance(node, (Aggregate, Deduplicate, StreamingLimit, StreamJoin)) and id(node) not in seen:
-            seen.add(id(node))
-            found.append(node)
-    return found
 
 
 CORRECTNESS_ERROR = (
@@ -82,32 +67,18 @@ def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: boo
         _check_redefined_watermark(plan)
 
 
-def _is_correctness_checked(op: StatefulNode) -> bool:
-    """Spark's isStatefulOperation of the global-watermark check: deduplication counts
-    only when its keys carry event time."""
-    if isinstance(op, Deduplicate):
-        return op.event_time_key is not None
-    return isinstance(op, (Aggregate, StreamJoin))
-
-
-def _may_emit_late_rows(op: StatefulNode, output_mode: str) -> bool:
-    """Spark 4's isStatefulOperationPossiblyEmitLateRows: with watermark propagation only
-    an aggregation outside Append mode (outer joins are accepted)."""
-    return isinstance(op, Aggregate) and output_mode != "append"
-
-
-def _stateful_below(node: PlanNode) -> list[StatefulNode]:
+def _stateful_below(node: PlanNode) -> list[StatefulOperator]:
     return [n for child in node.children for n in stateful_operators(child)]
 
 
-def _check_chain(operators: list[StatefulNode], output_mode: str, check_correctness: bool) -> None:
+def _check_chain(operators: list[StatefulOperator], output_mode: str, check_correctness: bool) -> None:
     """Several stateful operators in one query (Spark's
     ``spark.sql.streaming.statefulOperator.allowMultiple``): Spark's global-watermark
     correctness check. With the check turned off Spark runs such a chain, dropping the
     rows it warns of as late; lockgate does not run it."""
     for op in operators:
-        if _is_correctness_checked(op) and any(
-            _may_emit_late_rows(below, output_mode) for below in _stateful_below(op)
+        if op.counts_for_watermark_correctness and any(
+            below.may_emit_late_rows(output_mode) for below in _stateful_below(op)
         ):
             if check_correctness:
                 raise AnalysisError(CORRECTNESS_ERROR)

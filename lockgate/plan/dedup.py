@@ -26,19 +26,23 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
+from lockgate.compat import override
 from lockgate.errors import AnalysisError
-from lockgate.plan.aggregate import StatefulContext, _micros, schema_to_arrow
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
+from lockgate.plan.stateful import StatefulContext, StatefulOperator, micros
+from lockgate.state.arrow_types import schema_to_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+    from lockgate.state.schema import OperatorStateSchema
 
 Key = tuple[Any, ...]
 
 
 @dataclass(frozen=True, eq=False)
-class Deduplicate(PlanNode):
+class Deduplicate(StatefulOperator):
     child: PlanNode
     keys: tuple[str, ...]
     event_time_key: int | None
@@ -54,6 +58,7 @@ class Deduplicate(PlanNode):
         return (self.child,)
 
     @property
+    @override
     def operator_name(self) -> str:
         return "dedupeWithinWatermark" if self.within_watermark else "dedupe"
 
@@ -61,8 +66,46 @@ class Deduplicate(PlanNode):
     def evicts_by_watermark(self) -> bool:
         return self.within_watermark or self.event_time_key is not None
 
-    def needs_no_data_batch(self, output_mode: str, has_watermark: bool) -> bool:
-        return has_watermark
+    @override
+    def build_state(
+        self, inputs: list[DataFrame], ctx: StatefulContext, operator_id: int, batch_id: int
+    ) -> tuple[DataFrame, OperatorStateSchema]:
+        return build_deduplicate(self, inputs[0], ctx, operator_id, batch_id)
+
+    @property
+    @override
+    def reuses_state_step(self) -> bool:
+        return True
+
+    @override
+    def batch_params(self, ctx: StatefulContext, batch_id: int) -> dict[str, Any]:
+        return dedup_params(self, ctx, batch_id)
+
+    @override
+    def should_run_another_batch(
+        self, new_input_watermark_ms: int, eviction_watermark_ms: int | None, output_mode: str
+    ) -> bool:
+        return self.watermark_advanced(new_input_watermark_ms, eviction_watermark_ms)
+
+    @property
+    @override
+    def custom_metric_names(self) -> tuple[str, ...]:
+        """Spark's StreamingDeduplicateExec: the rows dropped as duplicates."""
+        return ("numDroppedDuplicateRows",)
+
+    @property
+    @override
+    def counts_for_watermark_correctness(self) -> bool:
+        """Spark counts a deduplication only when its keys carry event time."""
+        return self.event_time_key is not None
+
+    @override
+    def explain_steps(
+        self, state_info: str, output_mode: str, watermark_ms: int | None, num_partitions: int
+    ) -> list[str]:
+        name = "StreamingDeduplicateWithinWatermark" if self.within_watermark else "StreamingDeduplicate"
+        keys = ", ".join(self.keys)
+        return [f"{name} [{keys}], {state_info}", f"Exchange hashpartitioning({keys}, {num_partitions})"]
 
     def describe(self) -> str:
         name = "DeduplicateWithinWatermark" if self.within_watermark else "Deduplicate"
@@ -180,7 +223,7 @@ def _key_micros(value: Any) -> Any:
     """The event time of an event-time key (int microseconds): a time window, held in a
     key as its hashable ((field, value), ...) pairs, counts by its end, as Spark's
     ``WatermarkSupport.watermarkExpression`` compares field 1 of a struct."""
-    return _micros(value[1][1] if isinstance(value, tuple) else value)
+    return micros(value[1][1] if isinstance(value, tuple) else value)
 
 
 def _expiry_index(task: DedupTask, store: Any) -> _ExpiryIndex:

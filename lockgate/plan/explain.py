@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lockgate.plan.aggregate import Aggregate
-from lockgate.plan.dedup import Deduplicate
 from lockgate.plan.nodes import PlanNode
-from lockgate.plan.session_window import SessionWindowAggregate
+from lockgate.plan.stateful import StatefulOperator
 
 if TYPE_CHECKING:
     from lockgate.plan.incremental import IncrementalExecution
@@ -47,56 +45,16 @@ def stateful_tree(
         )
 
     def visit(node: PlanNode, depth: int) -> None:
-        pad = "   " * depth + ("+- " if depth else "")
-        sub = "   " * (depth + 1) + "+- "
-        if isinstance(node, SessionWindowAggregate):
+        if isinstance(node, StatefulOperator):
             op_id = operator_ids.get(id(node), 0)
-            keys = ", ".join(node.keys_without_session)
-            session = node.session_name
-            fns = ", ".join(s.kind for s in node.specs)
-            watermarked = watermark_ms is not None and node.event_time_key is not None
-            wm = f", {eviction_watermark(op_id)}" if watermarked else ""
-            mode = output_mode.capitalize()
-            steps = [
-                f"SessionWindowStateStoreSave [{keys}], {session}, {info(op_id)}, {mode}{wm}",
-                f"MergingSessions [{keys}], {session}, [{fns}]",
-                f"SessionWindowStateStoreRestore [{keys}], {session}, {info(op_id)}{wm}",
-                f"Aggregate(partial, per input partition) [{keys}, {session}], [{fns}]",
-                f"Exchange hashpartitioning({keys}, {num_partitions})",
-                f"Project [per-row {session}]",
-            ]
-            for i, step in enumerate(steps):
-                lines.append(("   " * (depth + i) + "+- " if depth + i else "") + step)
-            for child in node.children:
-                visit(child, depth + len(steps))
-            return
-        if isinstance(node, Aggregate):
-            op_id = operator_ids.get(id(node), 0)
-            keys = ", ".join(node.key_names)
-            fns = ", ".join(s.kind for s in node.specs)
-            wm = "" if watermark_ms is None or node.event_time_key is None else f", {eviction_watermark(op_id)}"
-            lines.append(f"{pad}StateStoreSave [{keys}], {info(op_id)}, {output_mode.capitalize()}{wm}")
-            lines.append(f"{sub}Aggregate(merge buffers) [{keys}], [{fns}]")
-            lines.append("   " * (depth + 2) + f"+- StateStoreRestore [{keys}], {info(op_id)}")
-            lines.append(
-                "   " * (depth + 3)
-                + f"+- Exchange hashpartitioning({keys}, {num_partitions})"
-            )
-            lines.append("   " * (depth + 4) + f"+- Aggregate(partial) [{keys}], [{fns}]")
-            for child in node.children:
-                visit(child, depth + 5)
-            return
-        if isinstance(node, Deduplicate):
-            op_id = operator_ids.get(id(node), 0)
-            name = "StreamingDeduplicateWithinWatermark" if node.within_watermark else "StreamingDeduplicate"
-            lines.append(f"{pad}{name} [{', '.join(node.keys)}], {info(op_id)}")
-            lines.append(f"{sub}Exchange hashpartitioning({', '.join(node.keys)}, {num_partitions})")
-            for child in node.children:
-                visit(child, depth + 2)
-            return
-        lines.append(pad + node.describe())
+            wm = None if watermark_ms is None else eviction_watermark(op_id)
+            steps = node.explain_steps(info(op_id), output_mode, wm, num_partitions)
+        else:
+            steps = [node.describe()]
+        for i, step in enumerate(steps):
+            lines.append(("   " * (depth + i) + "+- " if depth + i else "") + step)
         for child in node.children:
-            visit(child, depth + 1)
+            visit(child, depth + len(steps))
 
     visit(plan, 0)
     return "\n".join(lines)

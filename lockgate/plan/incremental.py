@@ -16,13 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
-from lockgate.plan.aggregate import Aggregate, StatefulContext, aggregate_params, build_aggregate
 from lockgate.plan.cache import PlanCache, frame
-from lockgate.plan.checks import stateful_operators
-from lockgate.plan.dedup import Deduplicate, build_deduplicate, dedup_params
-from lockgate.plan.join import StreamJoin, build_stream_join
-from lockgate.plan.join.planner import join_params
-from lockgate.plan.limit import StreamingLimit, build_limit
 from lockgate.plan.nodes import (
     EventTimeWatermark,
     Observed,
@@ -33,7 +27,7 @@ from lockgate.plan.nodes import (
     Union,
 )
 from lockgate.plan.pushdown import all_of, filters_below_metrics
-from lockgate.plan.session_window import SessionWindowAggregate, build_session_aggregate
+from lockgate.plan.stateful import StatefulContext, StatefulOperator, stateful_operators
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -57,23 +51,13 @@ def observation_name(role: ObservationRole, batch_id: int) -> str:
     return f"lockgate_output_rows_b{batch_id}"
 
 
-STATE_PARAMS: dict[type, Any] = {
-    Aggregate: aggregate_params,
-    Deduplicate: dedup_params,
-    StreamJoin: join_params,
-}
-"""Stateful operators whose plan is the same every batch: their per-batch values come
-from these functions, through a local property. (Session windows and limits build a new
-state step each batch.)"""
-
-
 def reusable(plan: PlanNode) -> bool:
     """Whether later batches of ``plan`` may reuse an earlier batch's analysed plan
     (:mod:`lockgate.plan.template`): no per-batch literals, no per-batch state steps."""
     for node in plan.walk():
         if isinstance(node, Transform) and node.uses_current_time:
             return False
-        if isinstance(node, (Aggregate, Deduplicate, StreamJoin, StreamingLimit)) and type(node) not in STATE_PARAMS:
+        if isinstance(node, StatefulOperator) and not node.reuses_state_step:
             return False
     return True
 
@@ -239,12 +223,11 @@ class IncrementalExecution:
         """This batch's values for every state step, as :meth:`build` sets them, for a
         batch whose plan comes from a :class:`~lockgate.plan.template.PlanTemplate`."""
         assert self.stateful is not None
-        for node in self.plan.walk():
-            params = STATE_PARAMS.get(type(node))
-            if params is not None:
+        for node in stateful_operators(self.plan):
+            if node.reuses_state_step:
                 op_id = self.operator_ids[id(node)]
                 ctx = self.stateful.for_operator(op_id)
-                self.stateful.batch_params[op_id] = params(node, ctx, self.batch_id)
+                self.stateful.batch_params[op_id] = node.batch_params(ctx, self.batch_id)
 
     def observation_roles(self) -> dict[str, ObservationRole]:
         """Name -> role of the observations :meth:`build` attached."""
@@ -320,29 +303,12 @@ class IncrementalExecution:
             return self._build(node.child).join(node.other, node.on, node.how)
         if isinstance(node, EventTimeWatermark):
             return self._observe_event_time(node, self._pushed_down(node, self._build(node.child)))
-
-        if isinstance(node, StreamJoin):
+        if isinstance(node, StatefulOperator):
             if self.stateful is None:
                 raise RuntimeError("a stateful plan needs a StatefulContext")
             op_id = self.operator_ids[id(node)]
-            df, schema = build_stream_join(
-                node, self._build(node.left), self._build(node.right),
-                self.stateful.for_operator(op_id), op_id, self.batch_id,
-            )
-            self.state_schemas[op_id] = schema
-            return df
-        if isinstance(node, (Aggregate, Deduplicate, StreamingLimit)):
-            if self.stateful is None:
-                raise RuntimeError("a stateful plan needs a StatefulContext")
-            op_id = self.operator_ids[id(node)]
-            build: Any = {
-                Aggregate: build_aggregate,
-                SessionWindowAggregate: build_session_aggregate,
-                Deduplicate: build_deduplicate,
-                StreamingLimit: build_limit,
-            }[type(node)]
-            ctx = self.stateful.for_operator(op_id)
-            df, schema = build(node, self._build(node.child), ctx, op_id, self.batch_id)
+            inputs = [self._build(child) for child in node.children]
+            df, schema = node.build_state(inputs, self.stateful.for_operator(op_id), op_id, self.batch_id)
             self.state_schemas[op_id] = schema
             return df
         raise TypeError(f"Unknown plan node {type(node).__name__}")

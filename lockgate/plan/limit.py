@@ -14,22 +14,34 @@ import pyarrow as pa
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
-from lockgate.plan.aggregate import StatefulContext, schema_to_arrow
+from lockgate.compat import override
 from lockgate.plan.nodes import PlanNode
+from lockgate.plan.stateful import StatefulContext, StatefulOperator, stateful_operators
+from lockgate.state.arrow_types import schema_to_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from lockgate.state.schema import OperatorStateSchema
+
 
 @dataclass(frozen=True, eq=False)
-class StreamingLimit(PlanNode):
+class StreamingLimit(StatefulOperator):
     child: PlanNode
     limit: int
-    operator_name = "globalLimit"
     evicts_by_watermark = False
 
-    def needs_no_data_batch(self, output_mode: str, has_watermark: bool) -> bool:
-        return False
+    @property
+    @override
+    def operator_name(self) -> str:
+        return "globalLimit"
+
+    @override
+    def build_state(
+        self, inputs: list[DataFrame], ctx: StatefulContext, operator_id: int, batch_id: int
+    ) -> tuple[DataFrame, OperatorStateSchema]:
+        """A state step built each batch (its version baked in): not reused."""
+        return build_limit(self, inputs[0], ctx, operator_id, batch_id)
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -112,8 +124,6 @@ def build_limit(
     # another stateful operator's output there is no local limit: it would stop reading
     # that operator's task before its state is committed (Spark's StreamingLocalLimitExec
     # drains its input for the same reason).
-    from lockgate.plan.checks import stateful_operators
-
     local = child if stateful_operators(node.child) else child.limit(node.limit)
     staged = local.repartition(1).withColumn("__lockgate_pid", F.lit(0))
     result = staged.mapInArrow(bind(run_limit_task, task), child.schema)

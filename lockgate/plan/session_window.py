@@ -53,22 +53,17 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
+from lockgate.compat import override
 from lockgate.errors import NotSupportedYetError
 from lockgate.plan.aggregate import (
     Aggregate,
-    StatefulContext,
-    _micros,
-    _UniqueNames,
     aggregate_column,
     aliased_partials,
     batch_values,
     buffer_names,
     filtered_input,
     flatten_keys,
-    report_store_metrics,
     result_columns,
-    schema_to_arrow,
-    spark_type_to_arrow,
 )
 from lockgate.plan.aggregate_functions import (
     AggSpec,
@@ -77,11 +72,14 @@ from lockgate.plan.aggregate_functions import (
     finished_after_state,
     merge_buffers,
 )
+from lockgate.plan.stateful import StatefulContext, UniqueNames, micros, report_store_metrics
+from lockgate.state.arrow_types import schema_to_arrow, spark_type_to_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from lockgate.plan.nodes import PlanNode
+    from lockgate.state.schema import OperatorStateSchema
 
 OPERATOR_NAME = "sessionWindowStateStoreSaveExec"
 """Spark's ``shortName`` of SessionWindowStateStoreSaveExec (progress, state schema)."""
@@ -106,7 +104,22 @@ class SessionWindowAggregate(Aggregate):
     session_key: int = 0
     """Index of the session window among the grouping keys."""
 
-    operator_name = OPERATOR_NAME
+    @property
+    @override
+    def operator_name(self) -> str:
+        return OPERATOR_NAME
+
+    @override
+    def build_state(
+        self, inputs: list[DataFrame], ctx: StatefulContext, operator_id: int, batch_id: int
+    ) -> tuple[DataFrame, OperatorStateSchema]:
+        return build_session_aggregate(self, inputs[0], ctx, operator_id, batch_id)
+
+    @property
+    @override
+    def reuses_state_step(self) -> bool:
+        """Session windows build their state step each batch."""
+        return False
 
     @property
     def keys_without_session(self) -> tuple[str, ...]:
@@ -115,6 +128,23 @@ class SessionWindowAggregate(Aggregate):
     @property
     def session_name(self) -> str:
         return self.key_names[self.session_key]
+
+    @override
+    def explain_steps(
+        self, state_info: str, output_mode: str, watermark_ms: int | None, num_partitions: int
+    ) -> list[str]:
+        keys = ", ".join(self.keys_without_session)
+        session = self.session_name
+        fns = ", ".join(s.kind for s in self.specs)
+        wm = f", {watermark_ms}" if watermark_ms is not None and self.event_time_key is not None else ""
+        return [
+            f"SessionWindowStateStoreSave [{keys}], {session}, {state_info}, {output_mode.capitalize()}{wm}",
+            f"MergingSessions [{keys}], {session}, [{fns}]",
+            f"SessionWindowStateStoreRestore [{keys}], {session}, {state_info}{wm}",
+            f"Aggregate(partial, per input partition) [{keys}, {session}], [{fns}]",
+            f"Exchange hashpartitioning({keys}, {num_partitions})",
+            f"Project [per-row {session}]",
+        ]
 
     def describe(self) -> str:
         keys = ", ".join(self.keys_without_session)
@@ -226,7 +256,7 @@ def _decode(value: Any) -> list[Session]:
     """A key's state value (``[starts], [ends], [buffer 0 per session], ...``) as sessions."""
     starts, ends, buffers = value[0], value[1], value[2:]
     return [
-        [_micros(start), _micros(end), [column[i] for column in buffers]]
+        [micros(start), micros(end), [column[i] for column in buffers]]
         for i, (start, end) in enumerate(zip(starts, ends))
     ]
 
@@ -332,7 +362,7 @@ def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
     elif task.eviction_watermark_ms is not None:
         watermark_us = task.eviction_watermark_ms * 1000
         for key, value in store.items():
-            if all(_micros(end) > watermark_us for end in value[1]):
+            if all(micros(end) > watermark_us for end in value[1]):
                 continue
             sessions = _decode(value)
             open_sessions = [s for s in sessions if s[1] > watermark_us]
@@ -408,7 +438,7 @@ def build_session_aggregate(
     others = [i for i in range(key_count) if i != node.session_key]
     if not others:  # checked when the query starts; kept for direct callers
         raise NotSupportedYetError("Streaming session window aggregation without other keys")
-    names = _UniqueNames()
+    names = UniqueNames()
     for key in node.key_names:
         names.take(key)
     agg_fields = node.aggregate_fields
@@ -448,7 +478,7 @@ def build_session_aggregate(
         *[F.col(b) for b in buffers],
         pid.alias(_PID),
     )
-    flat_names = _UniqueNames()
+    flat_names = UniqueNames()
     for b in buffers:
         flat_names.take(b)
     flat, layouts = flatten_keys(partial, len(others), flat_names)

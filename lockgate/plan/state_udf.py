@@ -13,7 +13,8 @@ was executed outside the micro-batch that built it (kept and reused after
 ``foreachBatch`` returned, or run from a thread that does not inherit the stream
 thread's properties), and state must never be written for the wrong batch.
 
-A task may serve several state partitions (:func:`state_task_count`): on a machine
+A task may serve several state partitions
+(:func:`~lockgate.plan.stateful.state_task_count`): on a machine
 with fewer cores than state partitions, one Spark task per core runs the state step of
 ``num_partitions / tasks`` partitions in turn (:func:`run_state_partitions`). Every
 Python task has a fixed cost in Spark (~25-50 ms on a 2-core machine: the JVM's Python
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-    from lockgate.plan.aggregate import StatefulContext
+    from lockgate.plan.stateful import StatefulContext
 
 _PROPERTY = "lockgate.stateBatch."
 _PID = "__lockgate_pid"
@@ -41,21 +42,6 @@ TASKS_CONF = "spark.lockgate.stateTasks"
 """How many Spark tasks run a state step at most (default: the cluster's cores,
 ``defaultParallelism``); set it to ``spark.sql.shuffle.partitions`` or more for one task
 per state partition, as Spark's own engine runs."""
-
-
-def state_task_count(num_partitions: int, max_tasks: int | None) -> int:
-    """How many tasks serve ``num_partitions`` state partitions with at most ``max_tasks``
-    running at once: the largest divisor of ``num_partitions`` that fits and keeps more
-    than half of the slots busy, else one task per partition.
-
-    A divisor, because the batch reaches the tasks by a hash partitioning into ``tasks``
-    parts (an aggregation's own shuffle): ``pmod(hash, tasks)`` is then
-    ``partition % tasks`` for every key, so each task receives exactly its partitions.
-    """
-    if max_tasks is None or max_tasks >= num_partitions:
-        return num_partitions
-    best = max(d for d in range(1, max(1, max_tasks) + 1) if num_partitions % d == 0)
-    return best if 2 * best > max_tasks else num_partitions
 
 
 def run_state_partitions(

@@ -135,3 +135,19 @@ def _flat_type(text: str) -> pa.DataType:
         return pa.type_for_alias(text)
     except (ValueError, KeyError):
         raise CheckpointError(f"Unsupported state column type {text!r} in the state schema file.") from None
+
+
+# -- from Spark's types -------------------------------------------------------------------
+def spark_type_to_arrow(data_type: Any, timezone: str) -> pa.DataType:
+    """The Arrow type PySpark gives a Spark SQL ``data_type`` (timestamps in ``timezone``)."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    try:
+        return to_arrow_type(data_type, timezone=timezone)
+    except TypeError:  # older signature
+        return to_arrow_type(data_type)
+
+
+def schema_to_arrow(schema: Any, timezone: str) -> pa.Schema:
+    """The Arrow schema of a Spark ``StructType``, every field nullable (state columns)."""
+    return pa.schema([pa.field(f.name, spark_type_to_arrow(f.dataType, timezone), True) for f in schema.fields])

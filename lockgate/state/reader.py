@@ -15,6 +15,7 @@ import pyarrow as pa
 from lockgate.checkpoint import CommitLog
 from lockgate.checkpoint.fs import resolve_filesystem
 from lockgate.errors import CheckpointError
+from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import read_schema_file, stored_schema
 
 if TYPE_CHECKING:
@@ -110,10 +111,10 @@ def read_state(
         batch_id = latest
     key_schema, value_schema = _stored_schema(meta, "key"), _stored_schema(meta, "value")
     num_partitions = int(meta["numPartitions"])
-    from lockgate.plan.join.planner import StreamJoin
+    from lockgate.plan.join.planner import OPERATOR_NAME as JOIN_OPERATOR_NAME
 
     store_name = None
-    if meta.get("operatorName") == StreamJoin.operator_name:
+    if meta.get("operatorName") == JOIN_OPERATOR_NAME:
         if join_side not in ("left", "right"):
             raise ValueError(
                 f"Stateful operator {operator_id} is a stream-stream join, which keeps the state "
@@ -160,8 +161,6 @@ def read_state(
             StructField("partition_id", IntegerType(), True),
         ]
     )
-    from lockgate.plan.aggregate import schema_to_arrow
-
     tz = str(spark.conf.get("spark.sql.session.timeZone", "UTC"))
     out_arrow = schema_to_arrow(out, tz)
     ids = spark.range(0, num_partitions, 1, num_partitions).selectExpr("cast(id as int) as id")

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from lockgate.plan.aggregate import _UniqueNames, aliased_partials, batch_values, buffer_names
+from lockgate.plan.aggregate import aliased_partials, batch_values, buffer_names
 from lockgate.plan.aggregate_functions import decompose, final_column, merge_buffers
+from lockgate.plan.stateful import UniqueNames
 
 NAN = float("nan")
 
@@ -114,7 +115,7 @@ def test_two_batches_merged_give_sparks_answer_under_legacy_statistics(spark):
     finally:
         spark.conf.unset(key)
     names = [f"f{i}" for i in range(len(columns))]
-    buffers = buffer_names(specs, names, _UniqueNames())
+    buffers = buffer_names(specs, names, UniqueNames())
     partials = aliased_partials(specs, buffers)
     merges = tuple(m for spec in specs for m in spec.merges)
     per_batch = df.groupBy("batch", "k").agg(*partials).orderBy("batch").collect()

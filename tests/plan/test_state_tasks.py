@@ -19,7 +19,8 @@ from differential import SCHEMA, Bench, ev
 from pyspark.sql import functions as F
 
 from lockgate.errors import OptionError
-from lockgate.plan.state_udf import TASKS_CONF, run_state_partitions, state_task_count
+from lockgate.plan.state_udf import TASKS_CONF, run_state_partitions
+from lockgate.plan.stateful import state_task_count
 
 
 @pytest.mark.parametrize(

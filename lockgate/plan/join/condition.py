@@ -16,8 +16,8 @@ from typing import Any
 
 from lockgate.errors import NotSupportedYetError
 from lockgate.jvm import scala_list
-from lockgate.plan.aggregate import _micros as _to_micros
 from lockgate.plan.row_expressions import build_expression, compile_expression
+from lockgate.plan.stateful import micros
 
 LEFT, RIGHT = 0, 1
 MICROS_PER_DAY = 86_400_000_000
@@ -301,9 +301,6 @@ def _float_key(x: float) -> tuple[int, float]:
     return (1, 0.0) if math.isnan(x) else (0, x + 0.0)
 
 
-_micros = _to_micros
-
-
 def compile_expr(expr: tuple[Any, ...]) -> Callable[[Any, Any], Any]:
     """A function (left_row, right_row) -> True / False / None (SQL three-valued)."""
     tag = expr[0]
@@ -311,8 +308,8 @@ def compile_expr(expr: tuple[Any, ...]) -> Callable[[Any, Any], Any]:
         _, side, index, kind = expr
         if kind == "ts":
             if side == LEFT:
-                return lambda lr, rr: _micros(lr[index])
-            return lambda lr, rr: _micros(rr[index])
+                return lambda lr, rr: micros(lr[index])
+            return lambda lr, rr: micros(rr[index])
         if side == LEFT:
             return lambda lr, rr: lr[index]
         return lambda lr, rr: rr[index]
@@ -328,7 +325,7 @@ def compile_expr(expr: tuple[Any, ...]) -> Callable[[Any, Any], Any]:
             if value is None:
                 return None
             value = value[ordinal][1]
-            return _micros(value) if to_micros else value
+            return micros(value) if to_micros else value
 
         return field
     if tag == "cmp":
@@ -419,7 +416,7 @@ def _compile_row_expression(program: Any, inputs: tuple[tuple[int, int, str], ..
 
     def internal(side: int, index: int, kind: str) -> Callable[[Any, Any], Any]:
         if kind == "ts":
-            return (lambda lr, rr: _micros(lr[index])) if side == LEFT else (lambda lr, rr: _micros(rr[index]))
+            return (lambda lr, rr: micros(lr[index])) if side == LEFT else (lambda lr, rr: micros(rr[index]))
         if kind == "date":
             def days(value: Any) -> Any:
                 return None if value is None else (value - _EPOCH_DAY).days

@@ -23,6 +23,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from lockgate.compat import override
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.jvm import unresolved_column
 from lockgate.plan.cache import frame
@@ -42,12 +43,19 @@ from lockgate.plan.join.condition import (
 from lockgate.plan.join.task import JoinTask, run_join_task
 from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
 from lockgate.plan.pushdown import all_of, push_inferred_into_join
+from lockgate.plan.stateful import (
+    StatefulContext,
+    StatefulOperator,
+    UniqueNames,
+    stateful_operators,
+)
+from lockgate.state.arrow_types import schema_to_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from lockgate.api.dataframe import StreamingDataFrame
-    from lockgate.plan.aggregate import StatefulContext
+    from lockgate.state.schema import OperatorStateSchema
 
 _SPARK_JOIN_NAMES = {
     "inner": "Inner",
@@ -73,13 +81,16 @@ _HOW = {
 }
 
 
+OPERATOR_NAME = "symmetricHashJoin"
+"""Spark's ``shortName`` of StreamingSymmetricHashJoinExec (progress, state schema)."""
+
+
 # -- the plan node ----------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
-class StreamJoin(PlanNode):
+class StreamJoin(StatefulOperator):
     left: PlanNode
     right: PlanNode
     join_type: str
-    operator_name = "symmetricHashJoin"
     left_schema: StructType = field(default_factory=StructType)
     right_schema: StructType = field(default_factory=StructType)
     left_keys: tuple[int, ...] = ()
@@ -151,8 +162,37 @@ class StreamJoin(PlanNode):
     def evicts_by_watermark(self) -> bool:
         return self.side_has_predicate(LEFT) or self.side_has_predicate(RIGHT)
 
-    def needs_no_data_batch(self, output_mode: str, has_watermark: bool) -> bool:
-        return has_watermark and self.evicts_by_watermark
+    @property
+    @override
+    def operator_name(self) -> str:
+        return OPERATOR_NAME
+
+    @override
+    def build_state(
+        self, inputs: list[DataFrame], ctx: StatefulContext, operator_id: int, batch_id: int
+    ) -> tuple[DataFrame, OperatorStateSchema]:
+        left, right = inputs
+        return build_stream_join(self, left, right, ctx, operator_id, batch_id)
+
+    @property
+    @override
+    def reuses_state_step(self) -> bool:
+        return True
+
+    @override
+    def batch_params(self, ctx: StatefulContext, batch_id: int) -> dict[str, Any]:
+        return join_params(self, ctx, batch_id)
+
+    @override
+    def should_run_another_batch(
+        self, new_input_watermark_ms: int, eviction_watermark_ms: int | None, output_mode: str
+    ) -> bool:
+        return self.evicts_by_watermark and self.watermark_advanced(new_input_watermark_ms, eviction_watermark_ms)
+
+    @property
+    @override
+    def counts_for_watermark_correctness(self) -> bool:
+        return True
 
     def state_watermarks_ms(self, input_ms: int) -> tuple[int | None, int | None]:
         """Each side's state watermark for the join's input watermark (Spark's
@@ -168,6 +208,7 @@ class StreamJoin(PlanNode):
                 marks[side] = state_watermark_ms(forms, input_ms)
         return (marks[LEFT], marks[RIGHT])
 
+    @override
     def output_watermark_ms(self, input_ms: int) -> int:
         """Spark's ``produceOutputWatermark``: the minimum of the input watermark and both
         sides' state watermarks (the join may still emit rows down to them)."""
@@ -952,8 +993,6 @@ def join_params(node: StreamJoin, ctx: StatefulContext, batch_id: int) -> dict[s
 
 
 def _reads_stateful(plan: PlanNode) -> bool:
-    from lockgate.plan.checks import stateful_operators
-
     return bool(stateful_operators(plan))
 
 
@@ -965,7 +1004,6 @@ def build_stream_join(
     operator_id: int,
     batch_id: int,
 ) -> tuple[DataFrame, Any]:
-    from lockgate.plan.aggregate import _UniqueNames, schema_to_arrow
     from lockgate.plan.state_udf import map_with_state
     from lockgate.state.schema import OperatorStateSchema
     from lockgate.state.store import StateStoreConf
@@ -1029,7 +1067,7 @@ def build_stream_join(
     def store_conf(
         name: str, fields: list[StructField], derived: tuple[Any, ...], key_idx: tuple[int, ...]
     ) -> StateStoreConf:
-        names = _UniqueNames()
+        names = UniqueNames()
         key_fields = [
             StructField(names.take(f"key_{fields[i].name}"), fields[i].dataType, True)
             if i >= 0

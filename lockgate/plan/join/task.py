@@ -16,7 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from lockgate.plan.join.condition import LEFT, RIGHT, _micros, all_true, compile_expr
+from lockgate.plan.join.condition import LEFT, RIGHT, all_true, compile_expr
+from lockgate.plan.stateful import micros
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def _event_micros(value: Any) -> int | None:
     ``WatermarkSupport.watermarkExpression`` compares field 1 of a struct."""
     if isinstance(value, tuple):
         value = value[1][1]
-    return _micros(value)
+    return micros(value)
 
 
 def _eviction_time(task: JoinTask, side: int) -> TimeOf | None:
