@@ -55,10 +55,6 @@ KNOWN: set[tuple[str, ...]] = {
     ("lockgate.plan.aggregate", "lockgate.plan.aggregate_functions", "_function_parts"),
     ("lockgate.api.grouped", "lockgate.plan.aggregate", "_as_column"),
     ("lockgate.api.grouped", "lockgate.plan.aggregate", "_function_parts"),
-    # Event-time lineage, today in the join planner: one owner for it.
-    ("lockgate.api.dataframe", "lockgate.plan.join.planner", "_KEEPS"),
-    ("lockgate.api.dataframe", "lockgate.plan.join.planner", "_event_time_outputs"),
-    ("lockgate.api.grouped", "lockgate.plan.join.planner", "_event_time_outputs"),
     # The join planner's use of the condition module's internals.
     ("lockgate.plan.join.planner", "lockgate.plan.join.condition", "_Conjunct"),
     ("lockgate.plan.join.planner", "lockgate.plan.join.condition", "_Converter"),

@@ -9,7 +9,6 @@ recorded as a plan node; at run time the engine replays the plan on each batch.
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
@@ -17,6 +16,7 @@ from pyspark.sql import functions as F
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.options import watermark_delay_ms
+from lockgate.plan.event_time import event_time_columns, with_event_time
 from lockgate.plan.nodes import (
     EventTimeWatermark,
     Observed,
@@ -35,22 +35,6 @@ if TYPE_CHECKING:
     from lockgate.api.writer import DataStreamWriter
 
 _STREAMING_ACTION_ERROR = "Queries with streaming sources must be executed with writeStream.start();"
-
-def _with_event_time(node: Transform, before: DataFrame, after: DataFrame) -> Transform:
-    """``node``, with the columns that carry event time after it as Spark's optimizer
-    decides (``Transform.event_time``) when lockgate's rules cannot tell."""
-    from lockgate.plan.join.planner import _KEEPS, _event_time_outputs, event_time_by_optimizer
-
-    if node.method in _KEEPS:
-        return node
-    below = _event_time_outputs(node.child)
-    if not below or _event_time_outputs(node) is not None:
-        return node
-    found = event_time_by_optimizer(before, after, below)
-    if found is None:
-        return node
-    return replace(node, event_time=tuple(sorted(found.items())))
-
 
 # Methods Spark runs without state on a stream: recorded as they are.
 _STATELESS = (
@@ -200,7 +184,7 @@ class StreamingDataFrame:
             # aggregation, and single-side ones into a join's sides, through projections
             node = push_into_stateful(node, base._template, template) or node
         else:
-            node = _with_event_time(node, base._template, template)
+            node = with_event_time(node, base._template, template)
         return self._derive(node, template)
 
     # -- schema ------------------------------------------------------------------------
@@ -481,7 +465,6 @@ class StreamingDataFrame:
         return self._dedup(subset, within_watermark=True)
 
     def _dedup(self, subset: Any, within_watermark: bool) -> StreamingDataFrame:
-        from lockgate.api.grouped import event_time_columns
         from lockgate.plan.dedup import make_deduplicate
 
         if subset is not None and not isinstance(subset, (list, tuple)):

@@ -13,53 +13,12 @@ from pyspark.sql.types import NumericType, StructField, StructType
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate, _as_column, _function_parts, decompose
 from lockgate.plan.aggregate_functions import is_plain_aggregate, map_aggregates
-from lockgate.plan.nodes import EventTimeWatermark, GroupedMap, PlanNode, Transform
+from lockgate.plan.event_time import event_time_columns, grouping_event_time_key
+from lockgate.plan.nodes import GroupedMap, Transform
 from lockgate.plan.session_window import session_key_index, session_window_aggregate
 
 if TYPE_CHECKING:
     from lockgate.api.dataframe import StreamingDataFrame
-
-
-def event_time_columns(plan: PlanNode) -> dict[str, int]:
-    """The output columns of ``plan`` that carry event time (those Spark marks with
-    watermark metadata), by name, with the delay of the watermark they derive from.
-
-    A ``withWatermark`` column passes through row-by-row operations, deduplication and
-    joins; an aggregation's output carries event time only in its event-time grouping
-    key (a watermarked column, or a window over one), so a second stateful operator
-    can use it as its own event time.
-
-    Projections are followed as Spark propagates watermark metadata (an alias or a
-    rename keeps it, ``window()`` over the column carries it; the rules of
-    ``_event_time_outputs`` in :mod:`lockgate.plan.join.planner`); where those cannot
-    tell, every ``withWatermark`` column below that is still present counts.
-    """
-    from lockgate.plan.join.planner import _event_time_outputs
-
-    followed = _event_time_outputs(plan)
-    if followed is not None:
-        return followed
-    return _event_time_columns_below(plan)
-
-
-def _event_time_columns_below(plan: PlanNode) -> dict[str, int]:
-    if isinstance(plan, EventTimeWatermark):
-        return {**_event_time_columns_below(plan.child), plan.column: plan.delay_ms}
-    if isinstance(plan, Aggregate):
-        if plan.event_time_key is None:
-            return {}
-        below = _event_time_columns_below(plan.child)
-        keys = {name: below[name] for name in plan.key_names if name in below}
-        keys[plan.key_names[plan.event_time_key]] = max(below.values(), default=0)
-        return keys
-    found: dict[str, int] = {}
-    for child in plan.children:
-        found.update(_event_time_columns_below(child))
-    return found
-
-
-def watermarked_columns(df: StreamingDataFrame) -> set[str]:
-    return set(event_time_columns(df._plan))
 
 
 def _refuse_expressions_over_aggregates(spark: Any, columns: list[Column], what: str) -> None:
@@ -322,7 +281,7 @@ class StreamingGroupedData:
                 output_schema=template.schema,
                 key_names=key_names,
                 session_key=session_key,
-                watermarked=watermarked_columns(self._df),
+                watermarked=event_time_columns(self._df._plan),
                 other_event_time_key=None if event_time_key == session_key else event_time_key,
                 input_plan=input_plan,
             )
@@ -426,17 +385,7 @@ class StreamingGroupedData:
         return aggregates, results, schema
 
     def _event_time_key(self, schema: StructType, key_count: int) -> int | None:
-        watermarked = watermarked_columns(self._df)
-        if not watermarked:
-            return None
-        for i, field in enumerate(schema.fields[:key_count]):
-            if field.name in watermarked:
-                return i
-            if field.metadata.get("spark.timeWindow"):
-                source = str(self._grouping[i]) if i < len(self._grouping) else ""
-                if any(w in source for w in watermarked):
-                    return i
-        return None
+        return grouping_event_time_key(schema, key_count, self._grouping, event_time_columns(self._df._plan))
 
     def count(self) -> StreamingDataFrame:
         return self.agg(F.count(F.lit(1)).alias("count"))

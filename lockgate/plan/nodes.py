@@ -70,7 +70,7 @@ class Transform(PlanNode):
     event_time: tuple[tuple[str, int], ...] | None = None
     """The output columns that carry event time, with their delays, as Spark's optimizer
     makes them, where lockgate's rules cannot tell from the method and its arguments
-    (see ``event_time_by_optimizer`` in :mod:`lockgate.plan.join.planner`)."""
+    (see ``event_time_by_optimizer`` in :mod:`lockgate.plan.event_time`)."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:

@@ -187,6 +187,18 @@ def _session_time_column(spark: SparkSession, item: Any) -> str | None:
     return str(parts.apply(parts.size() - 1))
 
 
+def _carries_event_time(item: Any, time_column: str | None, watermarked: dict[str, int]) -> bool:
+    """Whether a ``session_window`` grouping item is event time: over an event-time
+    column, or over ``window_time`` of an upstream window (Spark's analysis gives both
+    the watermark metadata)."""
+    if time_column is not None:
+        return time_column in watermarked
+    from lockgate.plan.event_time import column_event_time
+
+    made = column_event_time(item, watermarked)
+    return made is not None and made[1] is not None
+
+
 def session_window_aggregate(
     spark: SparkSession,
     *,
@@ -197,7 +209,7 @@ def session_window_aggregate(
     output_schema: StructType,
     key_names: tuple[str, ...],
     session_key: int,
-    watermarked: set[str],
+    watermarked: dict[str, int],
     other_event_time_key: int | None,
     input_plan: Any,
 ) -> SessionWindowAggregate:
@@ -217,7 +229,7 @@ def session_window_aggregate(
         specs=specs,
         output_schema=output_schema,
         key_names=key_names,
-        event_time_key=session_key if time_column in watermarked else None,
+        event_time_key=session_key if _carries_event_time(grouping[session_key], time_column, watermarked) else None,
         session_key=session_key,
         input_plan=input_plan,
     )

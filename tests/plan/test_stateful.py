@@ -526,7 +526,7 @@ EVENT_TIME_STEPS = {
 def test_event_time_columns_follow_sparks_watermark_metadata(spark, ls, tmp_path, step):
     """The columns lockgate treats as event time after a step are those to which Spark
     gives the watermark's metadata (seen in a native streaming DataFrame's schema)."""
-    from lockgate.api.grouped import event_time_columns
+    from lockgate.plan.event_time import event_time_columns
 
     native = step(_src(spark.readStream, str(tmp_path)).withWatermark("ts", "10 seconds"))
     delay = "spark.watermarkDelayMs"

@@ -7,7 +7,6 @@ defined), :func:`check_stream_join` (start-time checks) and :func:`build_stream_
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import partial as bind
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ from lockgate.compat import override
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.jvm import unresolved_column
 from lockgate.plan.cache import frame
+from lockgate.plan.event_time import event_time_outputs
 from lockgate.plan.join.condition import (
     LEFT,
     RIGHT,
@@ -41,7 +41,7 @@ from lockgate.plan.join.condition import (
     state_watermark_ms,
 )
 from lockgate.plan.join.task import JoinTask, run_join_task
-from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
+from lockgate.plan.nodes import PlanNode
 from lockgate.plan.pushdown import all_of, push_inferred_into_join
 from lockgate.plan.stateful import (
     StatefulContext,
@@ -222,7 +222,7 @@ def _side_watermark_column(sdf: StreamingDataFrame) -> tuple[int | None, dict[st
     """Index of the side's event-time column (the one carrying Spark's watermark metadata),
     and all of the side's event-time columns with their delays (more than one is Spark's
     MULTIPLE_EVENT_TIME_COLUMNS, raised when the query starts)."""
-    found = _event_time_outputs(sdf._plan)
+    found = event_time_outputs(sdf._plan)
     if found is None:
         raise NotSupportedYetError(
             "A stream-stream join side whose watermark column is transformed after "
@@ -234,312 +234,6 @@ def _side_watermark_column(sdf: StreamingDataFrame) -> tuple[int | None, dict[st
     if len(present) != 1:
         return None, present
     return cols.index(next(iter(present))), present
-
-
-def _event_time_outputs(node: PlanNode) -> dict[str, int] | None:
-    """The output columns of ``node`` that carry event time (Spark's watermark metadata),
-    with their watermark delay in ms; None when a step lockgate cannot follow transforms
-    one of them.
-
-    A ``withWatermark`` column (Spark strips the metadata of the others there) passes
-    through filters, deduplications, limits, joins and plain column selections; an
-    aggregation's output carries it in its event-time grouping key (a watermarked column
-    or a window over one).
-    """
-    from lockgate.plan.aggregate import Aggregate
-    from lockgate.plan.dedup import Deduplicate
-    from lockgate.plan.limit import StreamingLimit
-
-    if isinstance(node, EventTimeWatermark):
-        return {node.column: node.delay_ms}
-    if isinstance(node, Aggregate):
-        below = _event_time_outputs(node.child)
-        if below is None or node.event_time_key is None:
-            return None if below is None and node.event_time_key is not None else {}
-        keys = {name: below[name] for name in node.key_names if name in below}
-        keys.setdefault(node.key_names[node.event_time_key], max(below.values(), default=0))
-        return keys
-    if isinstance(node, (Deduplicate, StreamingLimit)):
-        return _event_time_outputs(node.children[0])
-    if isinstance(node, StreamJoin):
-        left = _event_time_outputs(node.left)
-        right = {} if node.join_type == "left_semi" else _event_time_outputs(node.right)
-        if left is None or right is None:
-            return None
-        merged = {**right, **left}
-        return {n: merged[n] for n in node.output_names if n in merged}
-    if not isinstance(node, Transform):
-        found: dict[str, int] = {}
-        for child in node.children:
-            below = _event_time_outputs(child)
-            if below is None:
-                return None
-            found.update(below)
-        return found
-    below = _event_time_outputs(node.child)
-    if below is None or not below:
-        return below
-    if node.event_time is not None:
-        return dict(node.event_time)
-    if node.method in _KEEPS:
-        return below
-    if node.method in ("mapInPandas", "mapInArrow"):
-        return {}  # new output attributes, without Spark's watermark metadata
-    if node.method == "withColumnsRenamed" and len(node.args) == 1 and isinstance(node.args[0], dict):
-        renames = node.args[0]
-        if any(new in below and new not in renames for new in renames.values()):
-            return None
-        return {renames.get(n, n): d for n, d in below.items()}
-    if node.method == "withColumns" and len(node.args) == 1 and isinstance(node.args[0], dict):
-        replaced = dict(below)
-        for name, column in node.args[0].items():
-            made = _column_event_time(column, below)
-            if made is None:
-                return None
-            replaced.pop(name, None)
-            if made[1] is not None:
-                replaced[name] = made[1]
-        return replaced
-    if node.method == "drop" and all(isinstance(a, str) for a in node.args):
-        return {n: d for n, d in below.items() if n not in node.args}
-    if node.method == "withColumn" and isinstance(node.args[0], str) and len(node.args) == 2:
-        name = node.args[0]
-        made = _column_event_time(node.args[1], below)
-        if made is None:
-            return None
-        if made[1] is not None:  # e.g. withColumn("window", window("ts", ...)): Spark's
-            return {**below, name: made[1]}  # MULTIPLE_EVENT_TIME_COLUMNS if ts stays
-        # a column replaced by an expression carries no event time any more, as in Spark
-        return {n: d for n, d in below.items() if n != name}
-    if node.method == "withColumnRenamed" and len(node.args) == 2:
-        old, new = node.args
-        if new in below and new != old:
-            return None
-        if old in below:  # a rename keeps Spark's watermark metadata
-            return {(new if n == old else n): d for n, d in below.items()}
-        return below
-    if node.method == "selectExpr" and not node.kwargs and all(isinstance(a, str) for a in node.args):
-        exprs: dict[str, int] = {}
-        for text in node.args:
-            if text.strip() == "*":
-                exprs.update(below)
-                continue
-            made = _column_event_time(F.expr(text), below)
-            if made is None:
-                return None
-            if made[1] is not None:
-                exprs[made[0]] = made[1]
-        return exprs
-    if node.method == "select" and not node.kwargs:
-        args = node.args[0] if len(node.args) == 1 and isinstance(node.args[0], list) else node.args
-        out: dict[str, int] = {}
-        for arg in args:
-            if isinstance(arg, str) and arg == "*":
-                out.update(below)
-                continue
-            if isinstance(arg, str):
-                if not arg.isidentifier():
-                    return None
-                made = (arg, below.get(arg))
-            else:
-                made = _column_event_time(arg, below)
-            if made is None:
-                return None
-            if made[1] is not None:
-                out[made[0]] = made[1]
-        return out
-    return None
-
-
-_WATERMARK_KEY = "spark.watermarkDelayMs"
-
-
-def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str, int]) -> dict[str, int] | None:
-    """The columns of ``after`` (one step over ``before``) that carry event time, with
-    their delays, as Spark decides it; None when this cannot tell.
-
-    ``below`` holds ``before``'s event-time columns. In Spark they are attributes of the
-    ``EventTimeWatermark`` (or of a step that passed its metadata on), so the step
-    above sees them as attributes, and an output column carries one's metadata when the
-    optimized step outputs that very attribute, bare or under an alias: ``col("ts")``,
-    but also ``cast(ts AS TIMESTAMP)`` or ``to_timestamp(ts)``, which the optimizer
-    reduces to ``ts``. An alias with metadata of its own (``withMetadata``) carries only
-    the delay in it. Anything else (``date_trunc("minute", "ts")``, ``ts + interval``)
-    is a new attribute without it. The templates hold no ``EventTimeWatermark`` (Spark
-    drops it from batch plans), so ``before`` is put under a marker the optimizer does
-    not look through (:func:`~lockgate.plan.pushdown.with_marker`), where Spark's would
-    be, and ``after``'s plan over it is optimized with Spark's optimizer."""
-    from lockgate.jvm import scala_list
-    from lockgate.jvm import seq as _seq
-    from lockgate.plan.pushdown import all_nodes as _nodes
-    from lockgate.plan.pushdown import with_marker
-
-    target = before._jdf.queryExecution().analyzed()
-    names = [a.name() for a in _seq(target.output())]
-    if any(names.count(n) != 1 for n in below):
-        return None
-    delays = {int(a.exprId().id()): below[a.name()] for a in _seq(target.output()) if a.name() in below}
-    spark = after.sparkSession
-    jvm = spark.sparkContext._jvm
-    found = []
-
-    def mark(plan: Any) -> Any:
-        if plan.fastEquals(target):
-            found.append(plan)
-            return with_marker(spark, plan)
-        children = _seq(plan.children())
-        if not children:
-            return plan
-        return plan.withNewChildren(scala_list(jvm, [mark(c) for c in children]))
-
-    plan = mark(after._jdf.queryExecution().analyzed())
-    if len(found) != 1:
-        return None
-    try:
-        optimized = spark._jsparkSession.sessionState().optimizer().execute(plan)
-    except Exception:  # noqa: BLE001 - py4j: the optimizer refuses the plan; no answer
-        return None
-    if not any(n.getClass().getSimpleName() == "Sample" for n in _nodes(optimized)):
-        return None  # folded away (an empty relation): nothing to read
-    top = optimized
-    outputs = _seq(top.projectList() if top.getClass().getSimpleName() == "Project" else top.output())
-    if len(outputs) != len(after.columns):
-        return None
-    carried: dict[str, int] = {}
-    for name, expression in zip(after.columns, outputs):
-        metadata = None
-        if expression.getClass().getSimpleName() == "Alias":
-            if expression.explicitMetadata().isDefined():
-                metadata = expression.explicitMetadata().get()
-            expression = expression.child()
-        if expression.getClass().getSimpleName() != "AttributeReference":
-            continue
-        delay = delays.get(int(expression.exprId().id()))
-        if delay is None:
-            continue
-        if metadata is None:
-            carried[name] = delay
-        elif metadata.contains(_WATERMARK_KEY):
-            carried[name] = int(metadata.getLong(_WATERMARK_KEY))
-    return carried
-
-
-def _column_event_time(column: Any, below: dict[str, int]) -> tuple[str, int | None] | None:
-    """What a Column in a projection outputs, as Spark propagates event time (watermark
-    metadata): ``(name, delay)`` for a reference to an event-time column, a ``window()``
-    over one or a ``window_time()`` of one, aliased or not; ``(name, None)`` for a column
-    that carries no event time; None when lockgate cannot tell.
-
-    As Spark's analysis: an attribute keeps its metadata through an alias;
-    ``window``/``session_window`` carry the delay of their time column only when it is a
-    plain column (over an expression they carry none: their metadata is fixed at
-    analysis); ``window_time`` carries its window column's. Other expressions carry
-    none, but lockgate cannot tell when one that mentions an event-time column is
-    optimized back into a reference to it, and refuses those (None). A
-    ``session_window`` in a projection is the struct ``[t, t + gap]`` of each row
-    (Spark's ``SessionWindowing`` of a ``Project``) and carries ``t``'s delay, as
-    ``window`` does; the join evicts by its ``end`` as by a window's.
-    """
-    try:
-        node = column._jc.node()
-    except Exception:  # noqa: BLE001 - py4j: a Column without a Catalyst node
-        return None
-    return _expression_event_time(node, below)
-
-
-def _expression_event_time(node: Any, below: dict[str, int]) -> tuple[str, int | None] | None:
-    alias = None
-    if node.getClass().getSimpleName() == "Alias":
-        if node.name().size() != 1:
-            return None
-        alias = str(node.name().apply(0))
-        node = node.child()
-    kind = node.getClass().getSimpleName()
-    if "Star" in kind or "Regex" in kind:
-        return None  # several columns
-    if kind == "SqlExpression":  # F.expr / selectExpr text
-        return _sql_event_time(str(node.expression()), below, alias)
-    if kind == "UnresolvedAttribute":
-        if node.nameParts().size() != 1:
-            return (alias or "", None)  # a struct field: no metadata in Spark
-        name = str(node.nameParts().apply(0))
-        return (alias or name, below.get(name))
-    if kind == "UnresolvedFunction":
-        function = str(node.functionName()).lower()
-        args = node.arguments()
-        if function in ("window", "session_window") and args.size() >= 2:
-            time = _plain_column(args.apply(0))
-            delay = below.get(time) if time is not None else None
-            return (alias or function, delay)
-        if function == "window_time" and args.size() == 1:
-            window = _plain_column(args.apply(0))
-            if window is None:
-                return (alias or "", None)
-            return (alias or f"window_time({window})", below.get(window))
-    # Other expressions carry no metadata in Spark's analysis, but its optimizer can make
-    # one mentioning an event-time column a plain reference again (a cast to the same
-    # type), which then carries it: lockgate refuses those rather than guess.
-    return None if _mentions(node, below) else (alias or "", None)
-
-
-def _sql_event_time(text: str, below: dict[str, int], alias: str | None = None) -> tuple[str, int | None] | None:
-    """:func:`_expression_event_time` for SQL text, parsed by Spark's parser into
-    Catalyst's unresolved expressions (the same rules; names follow Spark's defaults
-    for a column reference, ``window``/``session_window``/``window_time`` or an alias,
-    other expressions must not mention event time). ``alias`` names the column when the
-    text is aliased outside (``F.expr(text).alias(alias)``)."""
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.getActiveSession()
-    if spark is None:
-        return None
-    try:
-        expr = spark._jsparkSession.sessionState().sqlParser().parseExpression(text)
-    except Exception:  # noqa: BLE001 - py4j: not an expression Spark parses
-        return None
-    if expr.getClass().getSimpleName() == "Alias":
-        alias = alias or str(expr.name())
-        expr = expr.child()
-    kind = expr.getClass().getSimpleName()
-    if kind == "UnresolvedAttribute" and expr.nameParts().size() == 1:
-        name = str(expr.nameParts().apply(0))
-        return (alias or name, below.get(name))
-    if kind == "UnresolvedFunction" and expr.nameParts().size() == 1 and not expr.isDistinct():
-        function = str(expr.nameParts().apply(0)).lower()
-        args = [expr.arguments().apply(i) for i in range(expr.arguments().size())]
-        if function in ("window", "session_window") and len(args) >= 2:
-            time = _plain_column(args[0])
-            return (alias or function, below.get(time) if time is not None else None)
-        if function == "window_time" and len(args) == 1:
-            window = _plain_column(args[0])
-            if window is None:
-                return (alias or "", None)
-            return (alias or f"window_time({window})", below.get(window))
-    if kind in ("UnresolvedStar", "UnresolvedRegex"):
-        return None  # several columns
-    return None if _mentions(expr, below) else (alias or "", None)
-
-
-def _mentions(expression: Any, columns: dict[str, int]) -> bool:
-    """Whether a JVM expression's text names one of ``columns``."""
-    text = str(expression.toString())
-    return any(re.search(rf"\b{re.escape(name)}\b", text) for name in columns)
-
-
-def _plain_column(node: Any) -> str | None:
-    """The name of an unqualified column reference, else None."""
-    if node.getClass().getSimpleName() == "UnresolvedAttribute" and node.nameParts().size() == 1:
-        return str(node.nameParts().apply(0))
-    return None
-
-
-_KEEPS = (
-    "alias", "filter", "where", "dropna", "fillna", "replace", "repartition", "repartitionByRange",
-    "coalesce", "hint", "sample", "orderBy", "sort", "sortWithinPartitions", "observe",
-)
-"""Row-by-row methods that keep every column as it is, with its watermark metadata
-(``fillna`` and ``replace`` change only numeric, string and boolean columns, never an
-event-time timestamp or window)."""
 
 
 def _normalize_how(how: str | None) -> str:
