@@ -8,13 +8,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from lockgate.state.provider import LOCKGATE_PROVIDER
+
 PINNED_CONFS = {
     "spark.sql.shuffle.partitions": "200",
     "spark.sql.streaming.multipleWatermarkPolicy": "min",
-    "spark.sql.streaming.stateStore.providerClass": "lockgate.state.ArrowDeltaStateStoreProvider",
+    "spark.sql.streaming.stateStore.providerClass": LOCKGATE_PROVIDER,
     "spark.sql.streaming.aggregation.stateFormatVersion": "2",
     "spark.sql.streaming.join.stateFormatVersion": "2",
 }
+
+# Recorded as lockgate's own value, neither restored from the checkpoint nor taken from
+# the session: lockgate's state store wrote the state files, whatever the session asks.
+ENGINE_OWNED = frozenset({"spark.sql.streaming.stateStore.providerClass"})
 
 
 def pin_confs(
@@ -25,6 +31,10 @@ def pin_confs(
     ``logger`` (if given) notes each value restored that differs from the session's."""
     pinned: dict[str, str] = {}
     for key, default in PINNED_CONFS.items():
+        if key in ENGINE_OWNED:
+            # what wrote the files, never the session's wish (lockgate.state.provider)
+            pinned[key] = default
+            continue
         if recorded is not None and key in recorded:
             value = recorded[key]
             if logger is not None and str(conf.get(key, default)) != value:

@@ -137,11 +137,32 @@ class StreamExecution:
             self.fs, self.checkpoint_root, self.run_id, f"query {self.pretty_id_string}"
         )
         try:
+            self._check_state_provider()
             self._thread.start()
         except BaseException:
             self._run_lock.release()
             raise
         self._start_latch.wait()
+
+    def _check_state_provider(self) -> None:
+        """Warn once about a state store provider conf lockgate does not honour, and
+        refuse a checkpoint whose state native Spark wrote (lockgate.state.provider)."""
+        from lockgate.state.provider import (
+            PROVIDER_CONF,
+            check_state_written_by_lockgate,
+            warn_unhonoured_provider,
+        )
+
+        warn_unhonoured_provider(self.spark.conf, self.pretty_id_string)
+        recorded = None
+        log = getattr(self, "offset_log", None)
+        try:
+            latest = log.get_latest() if log is not None else None
+        except Exception:  # noqa: BLE001 - the run reports a bad offsets log itself
+            latest = None
+        if latest is not None:
+            recorded = latest[1].metadata.conf.get(PROVIDER_CONF)
+        check_state_written_by_lockgate(self.fs, self.checkpoint_root, recorded)
 
     def _run_stream(self) -> None:
         sc = self.spark.sparkContext

@@ -501,7 +501,10 @@ def build_aggregate(
         return out
 
     out = ctx.cache.java_columns(node, "final", final_columns)
-    schema = OperatorStateSchema(operator_id, "stateStoreSave", key_schema, value_schema, num_partitions)
+    schema = OperatorStateSchema(
+        operator_id, "stateStoreSave", key_schema, value_schema, num_partitions,
+        metadata_partitions=ctx.num_partitions,
+    )
     finished = frame(stateful, stateful._jdf.select(out))
     if node.results is not None:
         results = ctx.cache.java_columns(node, "results", lambda: result_columns(node))

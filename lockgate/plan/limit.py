@@ -127,4 +127,6 @@ def build_limit(
     local = child if stateful_operators(node.child) else child.limit(node.limit)
     staged = local.repartition(1).withColumn("__lockgate_pid", F.lit(0))
     result = staged.mapInArrow(bind(run_limit_task, task), child.schema)
-    return result, OperatorStateSchema(operator_id, node.operator_name, key_schema, value_schema, 1)
+    return result, OperatorStateSchema(
+        operator_id, node.operator_name, key_schema, value_schema, 1, metadata_partitions=ctx.num_partitions
+    )

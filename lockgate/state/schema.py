@@ -18,6 +18,7 @@ from lockgate.checkpoint.checksum import ChecksumMismatchError, read_checked, wr
 from lockgate.checkpoint.fs import CheckpointFileSystem
 from lockgate.errors import CheckpointError
 from lockgate.state.arrow_types import field_from_json, field_to_json, parse_arrow_type
+from lockgate.state.operator_metadata import OperatorMetadata, write_operator_metadata
 
 FORMAT_VERSION = 1
 
@@ -33,6 +34,10 @@ class OperatorStateSchema:
     key_schema: pa.Schema
     value_schema: pa.Schema
     num_partitions: int
+    metadata_partitions: int | None = None
+    """The partition count Spark's operator metadata records (``_metadata/metadata``):
+    the query's state partitions, also for operators lockgate keeps in one partition
+    (``limit``, an aggregation without keys); None: ``num_partitions``."""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -84,7 +89,22 @@ def check_or_write(
     """Write the operator's schema file on its first batch; on a restart refuse a query
     whose operator or partition count changed, and (unless ``check_schemas`` is off:
     ``spark.sql.streaming.stateStore.stateSchemaCheck=false``) whose key or value
-    schema is incompatible by Spark's rules. The file keeps the first run's schema."""
+    schema is incompatible by Spark's rules. The file keeps the first run's schema.
+
+    Then (every run, as Spark) the operator's metadata file in Spark's format, which
+    Spark's ``state-metadata`` source and state tools read
+    (:mod:`lockgate.state.operator_metadata`)."""
+    _check_or_write_schema(fs, state_root, schema, check_schemas=check_schemas)
+    write_operator_metadata(
+        fs, state_root, OperatorMetadata(
+            schema.operator_id, schema.operator_name, schema.metadata_partitions or schema.num_partitions
+        )
+    )
+
+
+def _check_or_write_schema(
+    fs: CheckpointFileSystem, state_root: str, schema: OperatorStateSchema, *, check_schemas: bool
+) -> None:
     path = fs.join(state_root, str(schema.operator_id), "_metadata", "schema")
     stored = read_schema_file(fs, path, schema.operator_id)
     if stored is None:
