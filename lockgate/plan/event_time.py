@@ -266,6 +266,8 @@ def _expression_event_time(node: Any, below: dict[str, int]) -> tuple[str, int |
         return None  # several columns
     if kind == "SqlExpression":  # F.expr / selectExpr text
         return _sql_event_time(str(node.expression()), below, alias)
+    if kind == "ExpressionColumnNode":  # a parsed Catalyst expression (ls.sql)
+        return _catalyst_event_time(node.expression(), below, alias)
     if kind == "UnresolvedAttribute":
         if node.nameParts().size() != 1:
             return (alias or "", None)  # a struct field: no metadata in Spark
@@ -306,6 +308,11 @@ def _sql_event_time(text: str, below: dict[str, int], alias: str | None = None) 
         expr = spark._jsparkSession.sessionState().sqlParser().parseExpression(text)
     except Exception:  # noqa: BLE001 - py4j: not an expression Spark parses
         return None
+    return _catalyst_event_time(expr, below, alias)
+
+
+def _catalyst_event_time(expr: Any, below: dict[str, int], alias: str | None = None) -> tuple[str, int | None] | None:
+    """:func:`_sql_event_time` of an unresolved Catalyst expression."""
     if expr.getClass().getSimpleName() == "Alias":
         alias = alias or str(expr.name())
         expr = expr.child()
