@@ -76,13 +76,13 @@ _STATEFUL_NOT_YET = {
     "applyInPandasWithState": "Arbitrary stateful processing (applyInPandasWithState)",
 }
 
-# Operations Spark itself refuses on streaming DataFrames.
+# Operations Spark itself refuses on streaming DataFrames (UnsupportedOperationChecker's
+# words).
 _SPARK_UNSUPPORTED = {
-    "intersect": "Intersect is not supported with streaming DataFrames/Datasets",
-    "intersectAll": "Intersect is not supported with streaming DataFrames/Datasets",
-    "subtract": "Except on a streaming DataFrame/Dataset on the left is not supported",
-    "exceptAll": "Except on a streaming DataFrame/Dataset on the left is not supported",
+    "intersect": "Intersect of streaming DataFrames/Datasets is not supported",
+    "intersectAll": "Intersect of streaming DataFrames/Datasets is not supported",
 }
+_EXCEPT_OF_STREAMS = "Except on a streaming DataFrame/Dataset on the right is not supported"
 
 _ACTIONS = (
     "count",
@@ -246,6 +246,8 @@ class StreamingDataFrame:
             )
         if name in _SPARK_UNSUPPORTED:
             raise AnalysisError(_SPARK_UNSUPPORTED[name])
+        if name in ("subtract", "exceptAll"):
+            return lambda other: self._except(name, other)
         if name in _ACTIONS:
             raise AnalysisError(_STREAMING_ACTION_ERROR)
         if name in _STATELESS:
@@ -266,6 +268,17 @@ class StreamingDataFrame:
     def __repr__(self) -> str:
         cols = ", ".join(f"{n}: {t}" for n, t in self.dtypes)
         return f"StreamingDataFrame[{cols}]"
+
+    def _except(self, name: str, other: Any) -> StreamingDataFrame:
+        """``subtract``/``exceptAll``: Spark refuses a stream on the right; a stream minus
+        a static DataFrame Spark runs as an anti join under an aggregation."""
+        if isinstance(other, StreamingDataFrame):
+            raise AnalysisError(_EXCEPT_OF_STREAMS)
+        raise NotSupportedYetError(
+            f"{name} of a streaming DataFrame and a static one (EXCEPT)",
+            "write it as a left_anti join with the static DataFrame, followed by "
+            "dropDuplicates() for subtract.",
+        )
 
     # -- operations with their own nodes -------------------------------------------------
     def toDF(self, *cols: str) -> StreamingDataFrame:

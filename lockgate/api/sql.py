@@ -122,7 +122,7 @@ def _reads_views(spark: SparkSession, query: str, plan: Any = None) -> bool:
         nonlocal found
         if _kind(node) == "UnresolvedRelation" and _lookup(spark, _parts(node)) is not None:
             found = True
-        for child in _children(node):
+        for child in _children(node) + _cte_relations(node):
             visit(child)
         for sub in _subqueries(node):
             visit(sub)
@@ -146,6 +146,20 @@ def _seq(seq: Any) -> list[Any]:
 
 def _children(node: Any) -> list[Any]:
     return _seq(node.children())
+
+
+def _attribute_names(expr: Any) -> list[str]:
+    """The (last parts of the) names of the columns a parsed expression reads."""
+    if _kind(expr) == "UnresolvedAttribute":
+        return [str(_seq(expr.nameParts())[-1]).lower()]
+    return [n for child in _children(expr) for n in _attribute_names(child)]
+
+
+def _cte_relations(node: Any) -> list[Any]:
+    """The queries a ``WITH`` defines (not among its children)."""
+    if _kind(node) != "UnresolvedWith":
+        return []
+    return [pair._2() for pair in _seq(node.cteRelations())]
 
 
 def _subqueries(node: Any) -> list[Any]:
@@ -236,11 +250,15 @@ class _Translator:
         return self._static(node)
 
     def _UnresolvedWith(self, node: Any) -> Any:
-        raise NotSupportedYetError(
-            "WITH (common table expressions) in SQL over a streaming view",
-            "register the CTE's query as a streaming view of its own (ls.sql(...)."
-            "createOrReplaceTempView(name)) and read that view.",
-        )
+        # WITH name AS (query), ...: each later one and the body may read the earlier ones.
+        outer = dict(self.ctes)
+        try:
+            for pair in _seq(node.cteRelations()):
+                name, relation = str(pair._1()), pair._2()
+                self.ctes[name.lower()] = self.apply(relation) if _reads_views_node(self, relation) else self._static(relation)
+            return self.apply(node.child())
+        finally:
+            self.ctes = outer
 
     # -- unary -------------------------------------------------------------------------
     def _SubqueryAlias(self, node: Any) -> Any:
@@ -270,9 +288,17 @@ class _Translator:
         select = _seq(node.aggregateExpressions())
         items = [self.c(e) for e in select]
         grouping = []
+        inputs = {c.lower() for c in child.columns}
+        by_alias = {str(e.name()).lower(): e.child() for e in select if _kind(e) == "Alias"}
         for g in _seq(node.groupingExpressions()):
-            if _kind(g) == "Literal" and str(g.dataType().typeName()) == "integer":
-                index = int(g.value())
+            if _kind(g) == "UnresolvedAttribute" and len(_seq(g.nameParts())) == 1:
+                name = str(_seq(g.nameParts())[0]).lower()
+                if name in by_alias and name not in inputs:  # GROUP BY a select-list alias
+                    grouping.append(self.c(by_alias[name]))
+                    continue
+            ordinal = _kind(g) == "UnresolvedOrdinal"
+            if ordinal or (_kind(g) == "Literal" and str(g.dataType().typeName()) == "integer"):
+                index = int(g.ordinal()) if ordinal else int(g.value())
                 if not 1 <= index <= len(items):
                     raise AnalysisError(
                         f"[GROUP_BY_POS_OUT_OF_RANGE] GROUP BY position {index} is not in select "
@@ -285,7 +311,13 @@ class _Translator:
         having_col = self.c(having) if having is not None else None
         # Spark's analyser (on the template) tells which items aggregate and which are
         # grouping expressions; the DataFrame API aggregates only the former.
-        extra = [having_col.alias("__lg_having")] if having_col is not None else []
+        # HAVING that reads the select list's aliases (HAVING c > 2): Spark resolves them
+        # to the aggregate's output, so the condition applies to the output rows.
+        aliases = set(by_alias)
+        having_on_output = having is not None and any(
+            name in aliases and name not in inputs for name in _attribute_names(having)
+        )
+        extra = [having_col.alias("__lg_having")] if having_col is not None and not having_on_output else []
         template = child._template.groupBy(*grouping).agg(*items, *extra)
         analysed = template._jdf.queryExecution().analyzed()
         while _kind(analysed) != "Aggregate":
@@ -304,7 +336,7 @@ class _Translator:
             else:
                 match = next((j for j, g in enumerate(resolved_groups) if inner.semanticEquals(g)), None)
                 plan.append(("key", match) if match is not None else ("expr", i))
-        having_is_agg = having is not None and _has_aggregate(resolved[-1])
+        having_is_agg = having is not None and not having_on_output and _has_aggregate(resolved[-1])
         if having_is_agg:
             aggregates.append(having_col.alias("__lg_having"))  # type: ignore[union-attr]
         out = child.groupBy(*grouping).agg(*aggregates) if aggregates else child.groupBy(*grouping).count()
@@ -314,7 +346,7 @@ class _Translator:
                 "GROUP BY expressions whose columns share a name in SQL over a streaming view",
                 "alias the grouping expressions in a subquery first.",
             )
-        if having is not None:
+        if having is not None and not having_on_output:
             out = out.where(F.col("__lg_having") if having_is_agg else having_col)
         columns = []
         for (kind, index), name in zip(plan, names):
@@ -324,10 +356,16 @@ class _Translator:
                 columns.append(F.col(f"`{key_names[index]}`").alias(name))
             else:
                 columns.append(items[index])
-        return out.select(*columns)
+        result = out.select(*columns)
+        return result.where(having_col) if having_on_output else result
 
     def _Distinct(self, node: Any) -> Any:
-        return self.apply(node.child()).distinct()
+        # SELECT DISTINCT is an aggregation in Spark (ReplaceDistinctWithAggregate), with
+        # its output modes, unlike DataFrame.distinct() (dropDuplicates).
+        child = self.apply(node.child())
+        names = child.columns
+        counted = child.groupBy(*[F.col(f"`{n}`") for n in names]).agg(F.count(F.lit(1)).alias("__lg_distinct"))
+        return counted.select(*[F.col(f"`{n}`") for n in names])
 
     def _Deduplicate(self, node: Any) -> Any:
         return self.apply(node.child()).distinct()
@@ -374,11 +412,14 @@ class _Translator:
         return left.join(right, on, how)
 
     def _Intersect(self, node: Any) -> Any:
-        left, right = self.apply(node.left()), self.apply(node.right())
-        return left.intersectAll(right) if node.isAll() else left.intersect(right)
+        raise AnalysisError("Intersect of streaming DataFrames/Datasets is not supported")
 
     def _Except(self, node: Any) -> Any:
+        from lockgate.api.dataframe import StreamingDataFrame
+
         left, right = self.apply(node.left()), self.apply(node.right())
+        if isinstance(right, StreamingDataFrame):
+            raise AnalysisError("Except on a streaming DataFrame/Dataset on the right is not supported")
         return left.exceptAll(right) if node.isAll() else left.subtract(right)
 
     def _Union(self, node: Any) -> Any:
@@ -400,6 +441,6 @@ def _reads_views_node(translator: _Translator, node: Any) -> bool:
 
             return isinstance(translator.ctes[parts[0].lower()], StreamingDataFrame)
         return _lookup(translator.spark, parts) is not None
-    return any(_reads_views_node(translator, c) for c in _children(node)) or any(
+    return any(_reads_views_node(translator, c) for c in _children(node) + _cte_relations(node)) or any(
         _reads_views_node(translator, s) for s in _subqueries(node)
     )

@@ -58,38 +58,72 @@ def filters_below_metrics(
     reads only partition columns (the files are pruned) or, for JSON and CSV with their
     ``filterPushdown`` on, when it is a data source filter (the reader skips the rows);
     see :meth:`_Scan.applies`."""
-    found: dict[str, list[tuple[str, Column]]] = {}
     plan = result._jdf.queryExecution().optimizedPlan()
+    # A source or a withWatermark read twice (say, a self-union of two filtered
+    # branches) appears as several CollectMetrics of one name, each under its own Filter.
+    # Spark plans each branch's EventTimeWatermarkExec (one node id) and scan on its own,
+    # with that branch's filter below it, and its watermark is the highest of their
+    # maxima: the statistics of the rows that pass any branch's filter. So below the one
+    # observation goes the disjunction of what each branch would push, and nothing when
+    # a branch pushes nothing.
+    occurrences: dict[str, list[Any]] = {}
+    if plan.getClass().getSimpleName() == "CollectMetrics":
+        occurrences.setdefault(plan.name(), []).append(None)
     for node in all_nodes(plan):
-        if node.getClass().getSimpleName() != "Filter":
+        for child in seq(node.children()):
+            if child.getClass().getSimpleName() == "CollectMetrics":
+                parent = node if node.getClass().getSimpleName() == "Filter" else None
+                occurrences.setdefault(child.name(), []).append(parent)
+    found: dict[str, list[tuple[str, Column]]] = {}
+    for name, filters in occurrences.items():
+        if name not in event_times and name not in scans:
             continue
-        child = node.child()
-        if child.getClass().getSimpleName() != "CollectMetrics":
+        branches = [{} if node is None else _pushable(node, name, event_times, scans, result) for node in filters]
+        if not all(branches):
             continue
-        name = child.name()
-        output = seq(child.output())
-        names = [a.name().lower() for a in output]
-        if name in event_times:
-            column = event_times[name].lower()
-            event_time = [a for a in output if a.name().lower() == column]
-            if len(event_time) != 1:
-                continue
-            applies = lambda c, t=event_time[0]: not c.references().contains(t)
-        elif name in scans:
-            scan = _Scan.of(scans[name])
-            if scan is None:
-                continue
-            applies = scan.applies
-        else:
+        if len(branches) == 1:
+            found[name] = list(branches[0].items())
             continue
-        for conjunct in _conjuncts(node.condition()):
-            if not conjunct.deterministic() or _has_subquery(conjunct) or not applies(conjunct):
-                continue
-            reads = [a.name().lower() for a in seq(conjunct.references().toSeq())]
-            if any(names.count(n) != 1 for n in reads):
-                continue  # not expressible by column name over the observed frame
-            found.setdefault(name, []).append((str(conjunct.sql()), unresolved_column(conjunct, result.sparkSession)))
+        distinct = {" AND ".join(sorted(b)): all_of(list(b.values())) for b in branches}
+        if len(distinct) == 1:
+            found[name] = list(branches[0].items())
+            continue
+        texts = sorted(distinct)
+        either = distinct[texts[0]]
+        for text in texts[1:]:
+            either = either | distinct[text]
+        found[name] = [(" OR ".join(f"({t})" for t in texts), either)]
     return found
+
+
+def _pushable(
+    node: Any, name: str, event_times: dict[str, str], scans: dict[str, DataFrame], result: DataFrame
+) -> dict[str, Column]:
+    """The conjuncts of ``node`` (a Filter right above the observation ``name``) that
+    Spark would apply below the observation, by their SQL text."""
+    child = node.child()
+    output = seq(child.output())
+    names = [a.name().lower() for a in output]
+    if name in event_times:
+        column = event_times[name].lower()
+        event_time = [a for a in output if a.name().lower() == column]
+        if len(event_time) != 1:
+            return {}
+        applies = lambda c, t=event_time[0]: not c.references().contains(t)
+    else:
+        scan = _Scan.of(scans[name])
+        if scan is None:
+            return {}
+        applies = scan.applies
+    pushed: dict[str, Column] = {}
+    for conjunct in _conjuncts(node.condition()):
+        if not conjunct.deterministic() or _has_subquery(conjunct) or not applies(conjunct):
+            continue
+        reads = [a.name().lower() for a in seq(conjunct.references().toSeq())]
+        if any(names.count(n) != 1 for n in reads):
+            continue  # not expressible by column name over the observed frame
+        pushed[str(conjunct.sql())] = unresolved_column(conjunct, result.sparkSession)
+    return pushed
 
 
 class _Scan:

@@ -208,14 +208,23 @@ def test_stateful_operations_are_not_supported_yet(sdf, op):
     assert isinstance(info.value, NotImplementedError)
 
 
-@pytest.mark.parametrize(
-    ("op", "message"),
-    [("intersect", "Intersect"), ("intersectAll", "Intersect"), ("subtract", "Except"),
-     ("exceptAll", "Except")],
-)
-def test_operations_spark_refuses_on_streams(sdf, op, message):
-    with pytest.raises(AnalysisException, match=message):
+@pytest.mark.parametrize("op", ["intersect", "intersectAll"])
+def test_intersect_is_refused_as_spark(sdf, op):
+    with pytest.raises(AnalysisException, match="Intersect of streaming DataFrames/Datasets is not supported"):
         getattr(sdf, op)
+
+
+@pytest.mark.parametrize("op", ["subtract", "exceptAll"])
+def test_except_of_two_streams_is_refused_as_spark(sdf, op):
+    with pytest.raises(AnalysisException, match="Except on a streaming DataFrame/Dataset on the right is not supported"):
+        getattr(sdf, op)(sdf)
+
+
+@pytest.mark.parametrize("op", ["subtract", "exceptAll"])
+def test_except_of_a_stream_and_a_static_frame_is_not_supported_yet(spark, sdf, op):
+    static = spark.createDataFrame([(1, "x", None)], sdf.schema)
+    with pytest.raises(lockgate.NotSupportedYetError, match="left_anti"):
+        getattr(sdf, op)(static)
 
 
 def test_other_dataframe_methods_are_not_supported_yet(sdf):

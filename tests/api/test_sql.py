@@ -67,6 +67,12 @@ def inp(tmp_path):
     [
         "SELECT id, upper(name) AS n, score * 2 AS s FROM {ev} WHERE id % 2 = 0",
         "SELECT * FROM {ev} e WHERE e.score > 3",
+        # one view in both branches of a union, each with its own filter
+        "SELECT id, name FROM {ev} WHERE id < 3 UNION ALL SELECT id, name FROM {ev} WHERE id > 6",
+        (
+            "WITH a AS (SELECT id, name FROM {ev} WHERE id > 1), b AS (SELECT * FROM a WHERE id < 7) "
+            "SELECT id * 10 AS x, name FROM b"
+        ),
     ],
 )
 def test_stateless_sql(spark, ls, tmp_path, inp, query):
@@ -102,6 +108,14 @@ def test_windowed_aggregation_append_with_restart(spark, ls, tmp_path, inp):
     ("query", "mode"),
     [
         ("SELECT upper(name) AS u, max(id) AS m FROM {ev} GROUP BY name", "update"),
+        ("SELECT name, count(*), sum(score) FROM {ev} GROUP BY name", "complete"),
+        ("SELECT name, count(*) AS c FROM {ev} GROUP BY 1 HAVING c > 2", "complete"),
+        ("SELECT name, count(*) FROM {ev} GROUP BY 1 HAVING count(*) > 2", "update"),
+        ("SELECT name AS nm, max(id) AS m FROM {ev} GROUP BY nm HAVING m > 5 AND nm <> 'n2'", "complete"),
+        ("SELECT name, max(id) AS m FROM {ev} GROUP BY name HAVING min(id) > 0", "update"),
+        ("WITH t AS (SELECT * FROM {ev}) SELECT name, max(score) AS m FROM t GROUP BY name", "complete"),
+        # SELECT DISTINCT is an aggregation in Spark (DataFrame.distinct() deduplicates)
+        ("SELECT DISTINCT name, id % 2 AS p FROM {ev}", "update"),
     ],
 )
 def test_aggregations(spark, ls, tmp_path, inp, query, mode):
@@ -150,3 +164,25 @@ def test_errors_as_spark(spark, ls, inp):
     # spark.sql does not see lockgate's streaming views (a query over one would not stream)
     with pytest.raises(AnalysisException, match="TABLE_OR_VIEW_NOT_FOUND"):
         spark.sql(f"SELECT * FROM {name}")
+
+
+@pytest.mark.parametrize(
+    ("query", "mode", "message"),
+    [
+        ("SELECT id FROM {ev} INTERSECT SELECT id FROM {ev} WHERE id > 3", "append",
+         "Intersect of streaming DataFrames/Datasets is not supported"),
+        ("SELECT id FROM {ev} EXCEPT SELECT id FROM {ev} WHERE id > 3", "append",
+         "Except on a streaming DataFrame/Dataset on the right is not supported"),
+        ("SELECT DISTINCT name FROM {ev}", "append",
+         "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION"),
+    ],
+)
+def test_refusals_as_spark(spark, ls, tmp_path, inp, query, mode, message):
+    """What Spark refuses, lockgate refuses with Spark's words (at definition or start)."""
+    make = sql_query(ls, inp, query, mode=mode)
+    for reader, label in ((spark.readStream, "native"), (ls.readStream, "lockgate")):
+        with pytest.raises(AnalysisException, match=message):
+            q = make(reader).writeStream.format("noop").option(
+                "checkpointLocation", str(tmp_path / label)
+            ).start()
+            q.stop()

@@ -206,3 +206,39 @@ def test_filter_above_a_union_of_aggregations(bench, tmp_path, no_json_filter_pu
     ]
     for i, (rows_a, rows_b) in enumerate(steps):
         bench.step(f"step {i}", {a: rows_a, b: rows_b})
+
+
+def test_one_stream_read_twice_with_different_filters(bench, tmp_path):
+    """One stream (one source, one withWatermark) in both branches of a union, each
+    branch with its own filter: Spark's optimizer pushes each filter into its own
+    branch, so neither may go below the source's row count or the event-time
+    statistics the branches share (taken together they would remove every row)."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+
+    def stateless(reader: Any) -> Any:
+        stream = reader.schema(SCHEMA).json(str(inp))
+        return stream.where("v < 2").union(stream.where("v > 5"))
+
+    def windowed(reader: Any) -> Any:
+        stream = reader.schema(SCHEMA).json(str(inp)).withWatermark("ts", "5 seconds")
+        both = stream.where("k = 'a'").union(stream.where("k = 'b' AND v > 5"))
+        return both.groupBy(F.window("ts", "10 seconds"), "k").count()
+
+    def common_term(reader: Any) -> Any:
+        """A term both branches share may still go below, the others stay above."""
+        stream = reader.schema(SCHEMA).json(str(inp)).withWatermark("ts", "5 seconds")
+        both = stream.where("v < 100 AND k = 'a'").union(stream.where("v < 100 AND k = 'b'"))
+        return both.groupBy(F.window("ts", "10 seconds")).count()
+
+    bench.add("stateless", stateless, "append", sink="foreachBatch")
+    bench.add("windowed", windowed, "append", sink="foreachBatch")
+    bench.add("common_term", common_term, "update", sink="foreachBatch")
+    bench.start()
+    steps = [
+        [ev(1, "a", 1.0), ev(2, "b", 9.0), ev(3, "b", 3.0), ev(900, "c", 500.0)],
+        [ev(12, "a", 7.0), ev(14, "b", 8.0), ev(15, "a", 1.5)],
+        [ev(30, "b", 6.0), ev(31, "a", 0.5)],
+    ]
+    for i, rows in enumerate(steps):
+        bench.step(f"step {i}", {inp: rows})
