@@ -57,6 +57,7 @@ from pyspark.sql.types import (
 from lockgate.compat import override
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.cache import frame
+from lockgate.plan.event_time import event_time_columns
 from lockgate.plan.nodes import PlanNode
 from lockgate.plan.stateful import StatefulContext, StatefulOperator, stateful_operators
 from lockgate.state.arrow_types import schema_to_arrow
@@ -74,7 +75,6 @@ PROCESSING_TIME_TIMEOUT = "ProcessingTimeTimeout"
 EVENT_TIME_TIMEOUT = "EventTimeTimeout"
 TIMEOUTS = (NO_TIMEOUT, PROCESSING_TIME_TIMEOUT, EVENT_TIME_TIMEOUT)
 NO_TIMESTAMP = -1
-_WATERMARK_KEY = "spark.watermarkDelayMs"
 
 
 # -- the plan node -----------------------------------------------------------------------
@@ -90,8 +90,9 @@ class FlatMapGroupsWithState(StatefulOperator):
     output_mode: str
     """The function's output mode: ``append`` or ``update``."""
     timeout: str
-    input_schema: StructType
-    """The child's schema (with Spark's watermark metadata)."""
+    event_time_column: str | None
+    """A watermarked input column (Spark's ``watermarkPresent``; late rows are dropped by
+    it with event-time timeouts), from lockgate's event-time lineage."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -101,10 +102,6 @@ class FlatMapGroupsWithState(StatefulOperator):
     def watermark_present(self) -> bool:
         """Whether a column of the input carries a watermark (Spark's ``watermarkPresent``)."""
         return self.event_time_column is not None
-
-    @property
-    def event_time_column(self) -> str | None:
-        return next((f.name for f in self.input_schema.fields if _WATERMARK_KEY in f.metadata), None)
 
     # -- the contract ----------------------------------------------------------------------
     @property
@@ -229,7 +226,7 @@ def apply_in_pandas_with_state(
         state_schema=state_struct_type,
         output_mode=mode,
         timeout=timeout_conf,
-        input_schema=input_schema,
+        event_time_column=next((n for n in names if n in event_time_columns(child)), None),
     )
 
 
