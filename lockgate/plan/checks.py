@@ -36,8 +36,6 @@ REDEFINED_WATERMARK_ERROR = (
 def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: bool = True) -> None:
     operators = stateful_operators(plan)
     aggregates = [op for op in operators if isinstance(op, Aggregate)]
-    if len(operators) > 1:
-        _check_chain(operators, output_mode, check_correctness)
     for op in operators:
         if isinstance(op, StreamJoin):
             check_stream_join(op, output_mode)
@@ -65,6 +63,8 @@ def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: boo
     check_apply_in_pandas_with_state(plan, output_mode)  # after the output-mode checks, as Spark
     _check_session_windows(aggregates, output_mode)
     _check_sorts(plan, output_mode, under_aggregate=False)
+    if len(operators) > 1:  # last, as Spark's checkStreamingQueryGlobalWatermarkLimit
+        _check_chain(operators, output_mode, check_correctness)
     if operators:
         _check_redefined_watermark(plan)
 

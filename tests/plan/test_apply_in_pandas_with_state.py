@@ -11,7 +11,6 @@ against the semantics of Spark's ``FlatMapGroupsInPandasWithStateExec``.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Iterator
@@ -180,3 +179,215 @@ def test_event_time_timeouts_match_native(bench, tmp_path):
     assert sum(op[2] for batch in progress for op in batch[3]) >= 2, "no late row was dropped"
     timed_out = [r for _, rows in pair.lockgate.batches for r in rows if r.timed_out]
     assert len(timed_out) >= 2, "no session timed out"
+
+    # the state as Spark's state data source reads it: the key, and the row of
+    # groupState and timeoutTimestamp
+    native = pair.spark.read.format("statestore").load(pair.native.checkpoint)
+    mine = bench.ls.read.state(pair.lockgate.checkpoint)
+    assert mine.schema == native.schema
+    assert canonical(mine.collect()) == canonical(native.collect())
+
+
+# -- processing-time timeouts (lockgate alone: a manual clock) -------------------------------
+def expiring_count(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+    now = state.getCurrentProcessingTimeMs()
+    if state.hasTimedOut:
+        (count,) = state.get
+        state.remove()
+        yield pd.DataFrame({"k": [key[0]], "count": [count], "now": [now], "timed_out": [True]})
+        return
+    count = (state.get[0] if state.exists else 0) + sum(len(p) for p in pdfs)
+    state.update((count,))
+    state.setTimeoutDuration(15_000)
+    yield pd.DataFrame({"k": [key[0]], "count": [count], "now": [now], "timed_out": [False]})
+
+
+def test_processing_time_timeout_fires_in_no_data_batches(ls, tmp_path):
+    """Spark's semantics (FlatMapGroupsInPandasWithStateExec): a key times out in the
+    first batch whose timestamp is past its timeout (batch timestamp + duration, set at
+    its last call), and with processing-time timeouts every trigger runs a batch, with
+    data or without (shouldRunAnotherBatch is always true). A manual clock drives the
+    triggers, one per 10 s."""
+    t0 = 1_000_000
+    clock = lockgate.ManualClock(t0)
+    stream = lockgate.MemoryStream(ls, "k STRING, v LONG")
+    seen: dict[int, list[tuple[Any, ...]]] = {}
+
+    def collect(df: Any, batch_id: int) -> None:
+        seen[batch_id] = sorted(tuple(r) for r in df.collect())
+
+    checkpoint = str(tmp_path / "ck")
+    stream.addData([("a", 1), ("a", 2), ("b", 3)])
+    query = (
+        stream.toDF()
+        .groupBy("k")
+        .applyInPandasWithState(
+            expiring_count,
+            "k STRING, count LONG, now LONG, timed_out BOOLEAN",
+            "count LONG",
+            "update",
+            GroupStateTimeout.ProcessingTimeTimeout,
+        )
+        .writeStream.outputMode("update")
+        .foreachBatch(collect)
+        .trigger(processingTime="10 seconds")
+        .withClock(clock)
+        .option("checkpointLocation", checkpoint)
+        .start()
+    )
+
+    def ran(batch_id: int) -> bool:
+        if query.exception() is not None:
+            raise query.exception()
+        last = query.lastProgress
+        return last is not None and last["batchId"] >= batch_id and batch_id in seen
+
+    try:
+        wait_until(lambda: ran(0))
+        stream.addData([("b", 4)])
+        for batch_id in (1, 2, 3, 4):
+            clock.advance(10_000)
+            wait_until(lambda b=batch_id: ran(b))
+        state = {r.key.k: r.value.timeoutTimestamp for r in ls.read.state(checkpoint, batchId=1).collect()}
+        final = ls.read.state(checkpoint).collect()
+    finally:
+        query.stop()
+    assert {b: seen[b] for b in range(5)} == {
+        0: [("a", 2, t0, False), ("b", 1, t0, False)],
+        1: [("b", 2, t0 + 10_000, False)],  # b's timeout moves to t0 + 25 s
+        2: [("a", 2, t0 + 20_000, True)],  # a's timeout t0 + 15 s < t0 + 20 s
+        3: [("b", 2, t0 + 30_000, True)],
+        4: [],  # a no-data batch with nothing due: it runs all the same
+    }
+    assert state == {"a": t0 + 15_000, "b": t0 + 25_000}
+    assert final == []
+
+
+# -- Spark's checks at start -------------------------------------------------------------------
+def _identity(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+    for pdf in pdfs:
+        yield pdf[["k"]]
+
+
+def _misuse(case: str, reader: Any, inp: str) -> tuple[Any, str]:
+    df = source(reader, inp)
+    if case == "update_function_in_append_query":
+        return df.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "update", "NoTimeout"), "append"
+    if case == "append_function_in_update_query":
+        return df.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "append", "NoTimeout"), "update"
+    if case == "event_time_timeout_without_watermark":
+        return (
+            df.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "update", "EventTimeTimeout"),
+            "update",
+        )
+    if case == "update_function_with_aggregation":
+        out = df.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "update", "NoTimeout")
+        return out.groupBy("k").count(), "update"
+    if case == "append_function_after_aggregation":
+        counts = (
+            source(reader, inp, "10 seconds")
+            .groupBy(F.window("ts", "10 seconds").alias("w"))
+            .agg(F.count("*").alias("n"))
+            .select(F.col("n").cast("string").alias("k"))
+        )
+        return counts.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "append", "NoTimeout"), "append"
+    raise AssertionError(case)
+
+
+MISUSES = [
+    "update_function_in_append_query",
+    "append_function_in_update_query",
+    "event_time_timeout_without_watermark",
+    "update_function_with_aggregation",
+    "append_function_after_aggregation",
+]
+
+
+def test_start_time_checks_match_native(spark, ls, tmp_path):
+    """Spark's UnsupportedOperationChecker rules for applyInPandasWithState, with its
+    messages: the function's mode against the query's, aggregations around it, and
+    event-time timeouts without a watermark."""
+    inp = str(tmp_path / "in")
+    os.makedirs(inp)
+    for case in MISUSES:
+        errors = []
+        for reader in (spark.readStream, ls.readStream):
+            df, mode = _misuse(case, reader, inp)
+            with pytest.raises(AnalysisException) as info:
+                df.writeStream.outputMode(mode).format("noop").option(
+                    "checkpointLocation", str(tmp_path / case / type(reader).__name__)
+                ).start().stop()
+            errors.append(headline(info.value))
+        native, mine = errors
+        assert mine in native, (case, native, mine)
+
+
+def test_unsupported_shapes_fail_clearly(ls, tmp_path):
+    """What lockgate does not run yet fails when the query is defined or started."""
+    stream = lockgate.MemoryStream(ls, "k STRING, v LONG")
+    df = stream.toDF()
+    with pytest.raises(NotSupportedYetError, match="grouped by the expression"):
+        df.groupBy(F.upper("k")).applyInPandasWithState(_identity, "k STRING", "n LONG", "update", "NoTimeout")
+    out = df.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "append", "NoTimeout")
+    with pytest.raises(NotSupportedYetError, match=r"\(dedupe\) after applyInPandasWithState"):
+        out.dropDuplicates(["k"]).writeStream.format("noop").option(
+            "checkpointLocation", str(tmp_path / "ck")
+        ).start()
+    with pytest.raises(AssertionError):
+        df.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "update", "SomeTimeout")
+
+
+# -- misuse inside the function ---------------------------------------------------------------
+def _no_timeout_duration(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+    state.setTimeoutDuration(1_000)  # NoTimeout: PySpark refuses
+    yield pd.DataFrame({"k": [key[0]]})
+
+
+def _get_missing(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+    state.remove()
+    yield pd.DataFrame({"k": [str(state.get)]})
+
+
+def _wrong_columns(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+    yield pd.DataFrame({"k": [key[0]], "extra": [1]})
+
+
+def _not_an_iterator(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Any:
+    return pd.DataFrame({"k": [key[0]]})
+
+
+def _raises(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+    raise ValueError(f"bad row for {key[0]}")
+    yield  # pragma: no cover
+
+
+@pytest.mark.parametrize(
+    ("func", "expected"),
+    [
+        (_no_timeout_duration, "CANNOT_WITHOUT"),
+        (_get_missing, "STATE_NOT_EXISTS"),
+        (_wrong_columns, "RESULT_COLUMN_SCHEMA_MISMATCH"),
+        (_not_an_iterator, "UDF_RETURN_TYPE"),
+        (_raises, "bad row for a"),
+    ],
+)
+def test_misuse_in_the_function_fails_the_batch_with_pysparks_error(ls, tmp_path, func, expected):
+    """PySpark's own GroupState and its checks of the results: the batch fails with
+    PySpark's error class and is not committed; a restart runs it again."""
+    stream = lockgate.MemoryStream(ls, "k STRING, v LONG")
+    stream.addData([("a", 1)])
+    checkpoint = tmp_path / "ck"
+    query = (
+        stream.toDF()
+        .groupBy("k")
+        .applyInPandasWithState(func, "k STRING", "n LONG", "update", GroupStateTimeout.NoTimeout)
+        .writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    with pytest.raises(StreamingQueryException) as info:
+        query.awaitTermination(120)
+    assert expected in str(info.value)
+    assert (checkpoint / "offsets" / "0").exists()
+    assert not (checkpoint / "commits" / "0").exists()
