@@ -159,8 +159,10 @@ class FlatMapGroupsWithState(StatefulOperator):
         fields = ", ".join(f.name for f in self.output_schema.fields)
         mode = self.output_mode.capitalize()
         return [
-            f"FlatMapGroupsInPandasWithState {getattr(self.func, '__name__', 'func')}, [{keys}], "
-            f"[{fields}], {self.state_schema.simpleString()}, {state_info}, {mode}, {self.timeout}",
+            (
+                f"FlatMapGroupsInPandasWithState {getattr(self.func, '__name__', 'func')}, [{keys}], "
+                f"[{fields}], {self.state_schema.simpleString()}, {state_info}, {mode}, {self.timeout}"
+            ),
             f"Sort [{', '.join(k + ' ASC NULLS FIRST' for k in self.keys)}]",
             f"Exchange hashpartitioning({keys}, {num_partitions})",
         ]
@@ -191,9 +193,14 @@ def apply_in_pandas_with_state(
         output_struct_type = spark._parse_ddl(output_struct_type)
     if isinstance(state_struct_type, str):
         state_struct_type = spark._parse_ddl(state_struct_type)
-    for name, value in (("outputStructType", output_struct_type), ("stateStructType", state_struct_type)):
+    for name, value in (
+        ("outputStructType", output_struct_type),
+        ("stateStructType", state_struct_type),
+    ):
         if not isinstance(value, StructType):
-            raise TypeError(f"{name} must be a StructType or a DDL string, got {type(value).__name__}")
+            raise TypeError(
+                f"{name} must be a StructType or a DDL string, got {type(value).__name__}"
+            )
     mode = output_mode.lower() if isinstance(output_mode, str) else output_mode
     if mode not in ("append", "update"):
         # Spark's InternalOutputModes refuses any other mode for the function
@@ -289,10 +296,16 @@ def check_apply_in_pandas_with_state(plan: PlanNode, output_mode: str) -> None:
 
 
 # -- per-batch values ----------------------------------------------------------------------
-def flat_map_params(node: FlatMapGroupsWithState, ctx: StatefulContext, batch_id: int) -> dict[str, Any]:
+def flat_map_params(
+    node: FlatMapGroupsWithState, ctx: StatefulContext, batch_id: int
+) -> dict[str, Any]:
     """This batch's values for the state step: version, watermarks, batch timestamp."""
     has_watermark = ctx.batch_watermark_ms is not None
-    late = (ctx.late_events_watermark_ms or 0) if has_watermark and node.timeout == EVENT_TIME_TIMEOUT else None
+    late = (
+        (ctx.late_events_watermark_ms or 0)
+        if has_watermark and node.timeout == EVENT_TIME_TIMEOUT
+        else None
+    )
     return {
         "version": batch_id + 1,
         "watermark_ms": ctx.batch_watermark_ms if has_watermark else 0,
@@ -335,7 +348,10 @@ def _to_stored(value: Any, data_type: Any) -> Any:
     if isinstance(data_type, ArrayType):
         return [_to_stored(v, data_type.elementType) for v in value]
     if isinstance(data_type, MapType):
-        return [(_to_stored(k, data_type.keyType), _to_stored(v, data_type.valueType)) for k, v in value.items()]
+        return [
+            (_to_stored(k, data_type.keyType), _to_stored(v, data_type.valueType))
+            for k, v in value.items()
+        ]
     return value
 
 
@@ -350,9 +366,16 @@ def _from_stored(value: Any, data_type: Any) -> Any:
     if isinstance(data_type, ArrayType):
         return [_from_stored(v, data_type.elementType) for v in value]
     if isinstance(data_type, MapType):
-        return {_from_stored(k, data_type.keyType): _from_stored(v, data_type.valueType) for k, v in value}
+        return {
+            _from_stored(k, data_type.keyType): _from_stored(v, data_type.valueType)
+            for k, v in value
+        }
     if isinstance(data_type, (TimestampType, TimestampNTZType)) and isinstance(value, _dt.datetime):
-        epoch = _dt.datetime(1970, 1, 1, tzinfo=value.tzinfo) if value.tzinfo else _dt.datetime(1970, 1, 1)
+        epoch = (
+            _dt.datetime(1970, 1, 1, tzinfo=value.tzinfo)
+            if value.tzinfo
+            else _dt.datetime(1970, 1, 1)
+        )
         return (value - epoch) // _dt.timedelta(microseconds=1)
     if isinstance(data_type, DateType) and isinstance(value, _dt.date):
         return value.toordinal() - _dt.date(1970, 1, 1).toordinal()
@@ -388,7 +411,10 @@ def _verified(result: Any, output_schema: StructType) -> Iterator[Any]:
     if isinstance(result, pd.DataFrame):
         raise PySparkTypeError(
             errorClass="UDF_RETURN_TYPE",
-            messageParameters={"expected": "iterable of pandas.DataFrame", "actual": type(result).__name__},
+            messageParameters={
+                "expected": "iterable of pandas.DataFrame",
+                "actual": type(result).__name__,
+            },
         )
     try:
         items = iter(result)
@@ -409,7 +435,10 @@ def _verified(result: Any, output_schema: StructType) -> Iterator[Any]:
         if not (len(item.columns) == len(output_schema) or (len(item.columns) == 0 and item.empty)):
             raise PySparkRuntimeError(
                 errorClass="RESULT_COLUMN_SCHEMA_MISMATCH",
-                messageParameters={"expected": str(len(output_schema)), "actual": str(len(item.columns))},
+                messageParameters={
+                    "expected": str(len(output_schema)),
+                    "actual": str(len(item.columns)),
+                },
             )
         yield item
 
@@ -490,7 +519,9 @@ def run_flat_map_task(task: FlatMapTask, partition: int, batches: Any) -> Any:
     state_type = task.state_schema
     updated = removed = dropped = 0
 
-    def call(key: Any, key_tuple: tuple[Any, ...], chunks: Iterator[Any], timed_out: bool) -> Iterator[pa.RecordBatch]:
+    def call(
+        key: Any, key_tuple: tuple[Any, ...], chunks: Iterator[Any], timed_out: bool
+    ) -> Iterator[pa.RecordBatch]:
         nonlocal updated, removed
         stored = store.get(key)
         internal = None if stored is None else _from_stored(stored[0], state_type)
@@ -547,17 +578,22 @@ def run_flat_map_task(task: FlatMapTask, partition: int, batches: Any) -> Any:
         keys = list(zip(*[column_values(table.column(k), micros=True) for k in task.key_columns]))
         if table.num_rows:
             runs = _group_slices(table, keys)
-            if len(set(k for k, _, _ in runs)) != len(runs):  # unsortable keys: group by value
+            if len({k for k, _, _ in runs}) != len(runs):  # unsortable keys: group by value
                 order: dict[Any, list[int]] = {}
                 for i, k in enumerate(keys):
                     order.setdefault(k, []).append(i)
-                table = table.take(pa.array([i for idx in order.values() for i in idx], type=pa.int64()))
+                table = table.take(
+                    pa.array([i for idx in order.values() for i in idx], type=pa.int64())
+                )
                 keys = [k for k, idx in order.items() for _ in idx]
                 runs = _group_slices(table, keys)
             values = table.select(list(task.value_columns)).combine_chunks().to_batches()[0]
             step = max(1, task.max_records)
             for key, start, length in runs:
-                parts = [values.slice(s, min(step, start + length - s)) for s in range(start, start + length, step)]
+                parts = [
+                    values.slice(s, min(step, start + length - s))
+                    for s in range(start, start + length, step)
+                ]
                 first = _to_pandas(parts[0], task.timezone)
                 key_tuple = tuple(first[name][0] for name in task.key_columns)
                 chunks = iter([first, *(_to_pandas(p, task.timezone) for p in parts[1:])])
@@ -567,13 +603,26 @@ def run_flat_map_task(task: FlatMapTask, partition: int, batches: Any) -> Any:
     update_ms = (time.perf_counter() - started) * 1000
     t1 = time.perf_counter()
     if timeouts:
-        threshold = task.batch_timestamp_ms if task.timeout == PROCESSING_TIME_TIMEOUT else task.watermark_ms
-        due = [k for k, v in store.items() if v[1] is not None and v[1] != NO_TIMESTAMP and v[1] < threshold]
+        threshold = (
+            task.batch_timestamp_ms
+            if task.timeout == PROCESSING_TIME_TIMEOUT
+            else task.watermark_ms
+        )
+        due = [
+            k
+            for k, v in store.items()
+            if v[1] is not None and v[1] != NO_TIMESTAMP and v[1] < threshold
+        ]
         key_arrow = schema_to_arrow(task.key_schema, task.timezone)
         empty = list(task.value_columns)
         for key in due:
-            columns = [pa.array(arrow_values([part], f.type), type=f.type) for part, f in zip(key, key_arrow)]
-            key_pdf = _to_pandas(pa.RecordBatch.from_arrays(columns, schema=key_arrow), task.timezone)
+            columns = [
+                pa.array(arrow_values([part], f.type), type=f.type)
+                for part, f in zip(key, key_arrow)
+            ]
+            key_pdf = _to_pandas(
+                pa.RecordBatch.from_arrays(columns, schema=key_arrow), task.timezone
+            )
             key_tuple = tuple(key_pdf[name][0] for name in task.key_columns)
             yield from call(key, key_tuple, iter([pd.DataFrame(columns=empty)]), True)
     if output.pending:
@@ -606,7 +655,11 @@ def state_value_schema(node: FlatMapGroupsWithState) -> StructType:
 
 
 def build_flat_map(
-    node: FlatMapGroupsWithState, child: DataFrame, ctx: StatefulContext, operator_id: int, batch_id: int
+    node: FlatMapGroupsWithState,
+    child: DataFrame,
+    ctx: StatefulContext,
+    operator_id: int,
+    batch_id: int,
 ) -> tuple[DataFrame, Any]:
     from lockgate.plan.state_udf import map_with_state
     from lockgate.state.schema import OperatorStateSchema
@@ -621,7 +674,9 @@ def build_flat_map(
     key_cols, pid = ctx.cache.get(node, f"partitioning/{n}", partitioning)
     java_keys = ctx.cache.java_columns(node, f"partitioning/{n}", lambda: key_cols)
     tasks = ctx.state_tasks(n)
-    staged = frame(child, child._jdf.repartition(tasks, java_keys)).withColumn("__lockgate_pid", pid)
+    staged = frame(child, child._jdf.repartition(tasks, java_keys)).withColumn(
+        "__lockgate_pid", pid
+    )
     ctx.schema_of(node, staged, "staged")
     tz = ctx.session_timezone
     key_type = StructType([child.schema[k] for k in node.keys])
@@ -656,16 +711,27 @@ def build_flat_map(
         watermark_present=node.watermark_present,
         event_time_column=node.event_time_column,
         timezone=tz,
-        safecheck=setting("spark.sql.execution.pandas.convertToArrowArraySafely", "false") == "true",
-        assign_cols_by_name=setting("spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName", "true")
+        safecheck=setting("spark.sql.execution.pandas.convertToArrowArraySafely", "false")
         == "true",
-        max_records=int(setting("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")) or 2**31 - 1,
+        assign_cols_by_name=setting(
+            "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName", "true"
+        )
+        == "true",
+        max_records=int(setting("spark.sql.execution.arrow.maxRecordsPerBatch", "10000"))
+        or 2**31 - 1,
         accumulator=ctx.accumulator,
         operator_id=operator_id,
     )
     params = flat_map_params(node, ctx, batch_id)
     result = map_with_state(
-        staged, ctx, node, lambda: bind(run_flat_map_task, task), node.output_schema, operator_id, params, n
+        staged,
+        ctx,
+        node,
+        lambda: bind(run_flat_map_task, task),
+        node.output_schema,
+        operator_id,
+        params,
+        n,
     )
     schema = OperatorStateSchema(operator_id, node.operator_name, key_schema, value_schema, n)
     return result, schema

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from differential import SCHEMA, canonical, ev, headline, wait_until, write_json
+from differential import SCHEMA, canonical, ev, headline, wait_until
 from pyspark import cloudpickle
 from pyspark.errors import AnalysisException, StreamingQueryException
 from pyspark.sql import functions as F
@@ -34,7 +34,9 @@ OUTPUT = "k STRING, count LONG, total DOUBLE, first_seen TIMESTAMP"
 STATE = "count LONG, total DOUBLE, first_seen TIMESTAMP"
 
 
-def running_count(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+def running_count(
+    key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState
+) -> Iterator[pd.DataFrame]:
     """Count and sum per key, kept in the state; one row per key and batch."""
     count, total, first = state.get if state.exists else (0, 0.0, None)
     for pdf in pdfs:
@@ -46,7 +48,9 @@ def running_count(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Gro
     yield pd.DataFrame({"k": [key[0]], "count": [count], "total": [total], "first_seen": [first]})
 
 
-def emit_at_three(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+def emit_at_three(
+    key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState
+) -> Iterator[pd.DataFrame]:
     """Append mode: a key is emitted once it has three rows, and its state removed;
     a batch whose rows are all without a value leaves the state as it was."""
     count, total, first = state.get if state.exists else (0, 0.0, None)
@@ -58,7 +62,9 @@ def emit_at_three(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Gro
     first = rows["ts"].min() if first is None else first
     if count >= 3:
         state.remove()
-        yield pd.DataFrame({"k": [key[0]], "count": [count], "total": [total], "first_seen": [first]})
+        yield pd.DataFrame(
+            {"k": [key[0]], "count": [count], "total": [total], "first_seen": [first]}
+        )
     else:
         state.update((count, total, first))
 
@@ -86,13 +92,21 @@ def test_running_count_and_append_with_removal_match_native(bench, tmp_path):
     os.makedirs(inp)
 
     def counts(reader: Any) -> Any:
-        return source(reader, inp).groupBy("k").applyInPandasWithState(
-            running_count, OUTPUT, STATE, "update", GroupStateTimeout.NoTimeout
+        return (
+            source(reader, inp)
+            .groupBy("k")
+            .applyInPandasWithState(
+                running_count, OUTPUT, STATE, "update", GroupStateTimeout.NoTimeout
+            )
         )
 
     def emitted(reader: Any) -> Any:
-        return source(reader, inp).groupBy(F.col("k")).applyInPandasWithState(
-            emit_at_three, OUTPUT, STATE, "append", GroupStateTimeout.NoTimeout
+        return (
+            source(reader, inp)
+            .groupBy(F.col("k"))
+            .applyInPandasWithState(
+                emit_at_three, OUTPUT, STATE, "append", GroupStateTimeout.NoTimeout
+            )
         )
 
     bench.add("update_count", counts, "update", sink="foreachBatch")
@@ -108,16 +122,22 @@ def test_running_count_and_append_with_removal_match_native(bench, tmp_path):
     ops = [op for batch in progress["append_remove"] for op in batch[3]]
     assert {op[0] for op in ops} == {"applyInPandasWithState"}
     assert sum(op[5] for op in ops) >= 2, "no state was removed"
-    assert sum(len(rows) for _, rows in bench.pairs[1].lockgate.batches) >= 2, "append mode emitted nothing"
+    assert sum(len(rows) for _, rows in bench.pairs[1].lockgate.batches) >= 2, (
+        "append mode emitted nothing"
+    )
 
 
 # -- event-time timeouts ---------------------------------------------------------------------
-SESSION_OUTPUT = "k STRING, count LONG, start TIMESTAMP, last TIMESTAMP, timed_out BOOLEAN, watermark LONG"
+SESSION_OUTPUT = (
+    "k STRING, count LONG, start TIMESTAMP, last TIMESTAMP, timed_out BOOLEAN, watermark LONG"
+)
 SESSION_STATE = "count LONG, start TIMESTAMP, last TIMESTAMP"
 GAP_MS = 5_000
 
 
-def sessions(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+def sessions(
+    key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState
+) -> Iterator[pd.DataFrame]:
     """A session per key that ends GAP_MS after its last event (event-time timeout):
     emitted and removed when it times out; a batch with only valueless rows leaves the
     state (and its timeout) untouched."""
@@ -126,7 +146,14 @@ def sessions(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupSta
         count, start, last = state.get
         state.remove()
         yield pd.DataFrame(
-            {"k": [key[0]], "count": [count], "start": [start], "last": [last], "timed_out": [True], "watermark": [watermark]}
+            {
+                "k": [key[0]],
+                "count": [count],
+                "start": [start],
+                "last": [last],
+                "timed_out": [True],
+                "watermark": [watermark],
+            }
         )
         return
     rows = pd.concat(list(pdfs))
@@ -140,7 +167,14 @@ def sessions(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupSta
     last_ms = int(pd.Timestamp(last).value // 1_000_000)
     state.setTimeoutTimestamp(max(last_ms + GAP_MS, watermark))
     yield pd.DataFrame(
-        {"k": [key[0]], "count": [count], "start": [start], "last": [last], "timed_out": [False], "watermark": [watermark]}
+        {
+            "k": [key[0]],
+            "count": [count],
+            "start": [start],
+            "last": [last],
+            "timed_out": [False],
+            "watermark": [watermark],
+        }
     )
 
 
@@ -162,8 +196,16 @@ def test_event_time_timeouts_match_native(bench, tmp_path):
     os.makedirs(inp)
 
     def build(reader: Any) -> Any:
-        return source(reader, inp, "10 seconds").groupBy("k").applyInPandasWithState(
-            sessions, SESSION_OUTPUT, SESSION_STATE, "update", GroupStateTimeout.EventTimeTimeout
+        return (
+            source(reader, inp, "10 seconds")
+            .groupBy("k")
+            .applyInPandasWithState(
+                sessions,
+                SESSION_OUTPUT,
+                SESSION_STATE,
+                "update",
+                GroupStateTimeout.EventTimeTimeout,
+            )
         )
 
     bench.add("sessions", build, "update", sink="foreachBatch")
@@ -189,7 +231,9 @@ def test_event_time_timeouts_match_native(bench, tmp_path):
 
 
 # -- processing-time timeouts (lockgate alone: a manual clock) -------------------------------
-def expiring_count(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+def expiring_count(
+    key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState
+) -> Iterator[pd.DataFrame]:
     now = state.getCurrentProcessingTimeMs()
     if state.hasTimedOut:
         (count,) = state.get
@@ -248,7 +292,10 @@ def test_processing_time_timeout_fires_in_no_data_batches(ls, tmp_path):
         for batch_id in (1, 2, 3, 4):
             clock.advance(10_000)
             wait_until(lambda b=batch_id: ran(b))
-        state = {r.key.k: r.value.timeoutTimestamp for r in ls.read.state(checkpoint, batchId=1).collect()}
+        state = {
+            r.key.k: r.value.timeoutTimestamp
+            for r in ls.read.state(checkpoint, batchId=1).collect()
+        }
         final = ls.read.state(checkpoint).collect()
     finally:
         query.stop()
@@ -264,7 +311,9 @@ def test_processing_time_timeout_fires_in_no_data_batches(ls, tmp_path):
 
 
 # -- Spark's checks at start -------------------------------------------------------------------
-def _identity(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+def _identity(
+    key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState
+) -> Iterator[pd.DataFrame]:
     for pdf in pdfs:
         yield pdf[["k"]]
 
@@ -272,16 +321,24 @@ def _identity(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupSt
 def _misuse(case: str, reader: Any, inp: str) -> tuple[Any, str]:
     df = source(reader, inp)
     if case == "update_function_in_append_query":
-        return df.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "update", "NoTimeout"), "append"
+        return df.groupBy("k").applyInPandasWithState(
+            _identity, "k STRING", "n LONG", "update", "NoTimeout"
+        ), "append"
     if case == "append_function_in_update_query":
-        return df.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "append", "NoTimeout"), "update"
+        return df.groupBy("k").applyInPandasWithState(
+            _identity, "k STRING", "n LONG", "append", "NoTimeout"
+        ), "update"
     if case == "event_time_timeout_without_watermark":
         return (
-            df.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "update", "EventTimeTimeout"),
+            df.groupBy("k").applyInPandasWithState(
+                _identity, "k STRING", "n LONG", "update", "EventTimeTimeout"
+            ),
             "update",
         )
     if case == "update_function_with_aggregation":
-        out = df.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "update", "NoTimeout")
+        out = df.groupBy("k").applyInPandasWithState(
+            _identity, "k STRING", "n LONG", "update", "NoTimeout"
+        )
         return out.groupBy("k").count(), "update"
     if case == "append_function_after_aggregation":
         counts = (
@@ -290,7 +347,9 @@ def _misuse(case: str, reader: Any, inp: str) -> tuple[Any, str]:
             .agg(F.count("*").alias("n"))
             .select(F.col("n").cast("string").alias("k"))
         )
-        return counts.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "append", "NoTimeout"), "append"
+        return counts.groupBy("k").applyInPandasWithState(
+            _identity, "k STRING", "n LONG", "append", "NoTimeout"
+        ), "append"
     raise AssertionError(case)
 
 
@@ -327,28 +386,40 @@ def test_unsupported_shapes_fail_clearly(ls, tmp_path):
     stream = lockgate.MemoryStream(ls, "k STRING, v LONG")
     df = stream.toDF()
     with pytest.raises(NotSupportedYetError, match="grouped by the expression"):
-        df.groupBy(F.upper("k")).applyInPandasWithState(_identity, "k STRING", "n LONG", "update", "NoTimeout")
-    out = df.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "append", "NoTimeout")
+        df.groupBy(F.upper("k")).applyInPandasWithState(
+            _identity, "k STRING", "n LONG", "update", "NoTimeout"
+        )
+    out = df.groupBy("k").applyInPandasWithState(
+        _identity, "k STRING", "n LONG", "append", "NoTimeout"
+    )
     with pytest.raises(NotSupportedYetError, match=r"\(dedupe\) after applyInPandasWithState"):
         out.dropDuplicates(["k"]).writeStream.format("noop").option(
             "checkpointLocation", str(tmp_path / "ck")
         ).start()
     with pytest.raises(AssertionError):
-        df.groupBy("k").applyInPandasWithState(_identity, "k STRING", "n LONG", "update", "SomeTimeout")
+        df.groupBy("k").applyInPandasWithState(
+            _identity, "k STRING", "n LONG", "update", "SomeTimeout"
+        )
 
 
 # -- misuse inside the function ---------------------------------------------------------------
-def _no_timeout_duration(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+def _no_timeout_duration(
+    key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState
+) -> Iterator[pd.DataFrame]:
     state.setTimeoutDuration(1_000)  # NoTimeout: PySpark refuses
     yield pd.DataFrame({"k": [key[0]]})
 
 
-def _get_missing(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+def _get_missing(
+    key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState
+) -> Iterator[pd.DataFrame]:
     state.remove()
     yield pd.DataFrame({"k": [str(state.get)]})
 
 
-def _wrong_columns(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+def _wrong_columns(
+    key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState
+) -> Iterator[pd.DataFrame]:
     yield pd.DataFrame({"k": [key[0]], "extra": [1]})
 
 
@@ -356,7 +427,9 @@ def _not_an_iterator(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: 
     return pd.DataFrame({"k": [key[0]]})
 
 
-def _raises(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+def _raises(
+    key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState
+) -> Iterator[pd.DataFrame]:
     raise ValueError(f"bad row for {key[0]}")
     yield  # pragma: no cover
 
