@@ -464,3 +464,58 @@ def test_misuse_in_the_function_fails_the_batch_with_pysparks_error(ls, tmp_path
     assert expected in str(info.value)
     assert (checkpoint / "offsets" / "0").exists()
     assert not (checkpoint / "commits" / "0").exists()
+
+
+def _count_rows(
+    key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState
+) -> Iterator[pd.DataFrame]:
+    count = (state.get[0] if state.exists else 0) + sum(len(p) for p in pdfs)
+    state.update((count,))
+    yield pd.DataFrame({"k": [key[0]], "count": [count]})
+
+
+def test_restart_keeps_the_state_and_refuses_another_state_schema(spark, ls, tmp_path):
+    """A restart continues from the state in the checkpoint; its operator metadata is
+    Spark's (``state-metadata``); a restart whose stateStructType differs is refused
+    with Spark's error class before any state is touched."""
+    stream = lockgate.MemoryStream(ls, "k STRING, v LONG")
+    checkpoint = str(tmp_path / "ck")
+    seen: dict[int, list[tuple[Any, ...]]] = {}
+
+    def collect(df: Any, batch_id: int) -> None:
+        seen[batch_id] = sorted(tuple(r) for r in df.collect())
+
+    def start(state_type: str) -> Any:
+        return (
+            stream.toDF()
+            .groupBy("k")
+            .applyInPandasWithState(
+                _count_rows, "k STRING, count LONG", state_type, "update", "NoTimeout"
+            )
+            .writeStream.outputMode("update")
+            .foreachBatch(collect)
+            .option("checkpointLocation", checkpoint)
+            .start()
+        )
+
+    query = start("count LONG")
+    try:
+        stream.addData([("a", 1), ("b", 2), ("a", 3)])
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    query = start("count LONG")
+    try:
+        stream.addData([("a", 4)])
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert seen == {0: [("a", 2), ("b", 1)], 1: [("a", 3)]}
+    metadata = spark.read.format("state-metadata").load(checkpoint).collect()
+    assert [(r.operatorId, r.operatorName) for r in metadata] == [(0, "applyInPandasWithState")]
+
+    stream.addData([("b", 5)])
+    query = start("count STRING")
+    with pytest.raises(StreamingQueryException, match="STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE"):
+        query.awaitTermination(120)
+    assert 2 not in seen
