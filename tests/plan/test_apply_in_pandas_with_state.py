@@ -474,9 +474,9 @@ def _count_rows(
     yield pd.DataFrame({"k": [key[0]], "count": [count]})
 
 
-def test_restart_keeps_the_state_and_refuses_another_state_schema(spark, ls, tmp_path):
-    """A restart continues from the state in the checkpoint; its operator metadata is
-    Spark's (``state-metadata``); a restart whose stateStructType differs is refused
+def test_restart_keeps_the_state_and_refuses_another_state_schema(spark, ls, tmp_path, capsys):
+    """A restart continues from the state in the checkpoint; ``explain()`` shows the
+    operator; its operator metadata is Spark's (``state-metadata``); a restart whose stateStructType differs is refused
     with Spark's error class before any state is touched."""
     stream = lockgate.MemoryStream(ls, "k STRING, v LONG")
     checkpoint = str(tmp_path / "ck")
@@ -508,8 +508,10 @@ def test_restart_keeps_the_state_and_refuses_another_state_schema(spark, ls, tmp
     try:
         stream.addData([("a", 4)])
         query.processAllAvailable()
+        query.explain()
     finally:
         query.stop()
+    assert "FlatMapGroupsInPandasWithState _count_rows, [k], [k, count]" in capsys.readouterr().out
     assert seen == {0: [("a", 2), ("b", 1)], 1: [("a", 3)]}
     metadata = spark.read.format("state-metadata").load(checkpoint).collect()
     assert [(r.operatorId, r.operatorName) for r in metadata] == [(0, "applyInPandasWithState")]
