@@ -125,6 +125,11 @@ def test_running_count_and_append_with_removal_match_native(bench, tmp_path):
     assert sum(len(rows) for _, rows in bench.pairs[1].lockgate.batches) >= 2, (
         "append mode emitted nothing"
     )
+    for pair in bench.pairs:  # without timeouts the state row is groupState alone
+        native = pair.spark.read.format("statestore").load(pair.native.checkpoint)
+        mine = bench.ls.read.state(pair.lockgate.checkpoint)
+        assert mine.schema == native.schema
+        assert canonical(mine.collect()) == canonical(native.collect())
 
 
 # -- event-time timeouts ---------------------------------------------------------------------
