@@ -496,7 +496,10 @@ def _sorted_by_keys(table: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
     """The rows in ascending key order, nulls first (Spark's ``SortOrder(Ascending)``);
     keys Arrow cannot sort (structs, lists) keep their order and are grouped by value."""
     try:
-        return table.sort_by([(k, "ascending") for k in key_columns], null_placement="at_start")
+        try:  # pyarrow >= 25 takes the null placement per key
+            return table.sort_by([(k, "ascending", "at_start") for k in key_columns])
+        except (TypeError, ValueError):
+            return table.sort_by([(k, "ascending") for k in key_columns], null_placement="at_start")
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid, TypeError):
         return table
 

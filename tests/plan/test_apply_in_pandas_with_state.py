@@ -144,12 +144,14 @@ def sessions(
     key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState
 ) -> Iterator[pd.DataFrame]:
     """A session per key that ends GAP_MS after its last event (event-time timeout):
-    emitted and removed when it times out; a batch with only valueless rows leaves the
-    state (and its timeout) untouched."""
+    emitted when it times out, and removed unless it has one event; a batch with only
+    valueless rows leaves the state (and its timeout) untouched."""
     watermark = state.getCurrentWatermarkMs()
     if state.hasTimedOut:
         count, start, last = state.get
-        state.remove()
+        if count > 1:
+            state.remove()
+        # a single-event session is left as it is: it times out again in every batch
         yield pd.DataFrame(
             {
                 "k": [key[0]],
@@ -226,6 +228,8 @@ def test_event_time_timeouts_match_native(bench, tmp_path):
     assert sum(op[2] for batch in progress for op in batch[3]) >= 2, "no late row was dropped"
     timed_out = [r for _, rows in pair.lockgate.batches for r in rows if r.timed_out]
     assert len(timed_out) >= 2, "no session timed out"
+    repeated = [r.k for r in timed_out if r["count"] == 1]
+    assert len(repeated) > len(set(repeated)), "no untouched session timed out again"
 
     # the state as Spark's state data source reads it: the key, and the row of
     # groupState and timeoutTimestamp
