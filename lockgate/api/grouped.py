@@ -429,10 +429,24 @@ class StreamingGroupedData:
         node = GroupedMap(self._df._plan, method, (func, schema), event_time=(), grouping=self._grouping)
         return self._df._derive(node, template)
 
+    def applyInPandasWithState(
+        self, func: Any, outputStructType: Any, stateStructType: Any, outputMode: str, timeoutConf: str
+    ) -> StreamingDataFrame:
+        """PySpark's ``applyInPandasWithState`` on lockgate's state store
+        (:mod:`lockgate.plan.flat_map_groups`; ``docs/explicit-state.md``)."""
+        from lockgate.plan.flat_map_groups import apply_in_pandas_with_state
+
+        spark = self._df._session.spark
+        node = apply_in_pandas_with_state(
+            spark, self._df._plan, self._df._template.schema, self._grouping,
+            func, outputStructType, stateStructType, outputMode, timeoutConf,
+        )
+        return self._df._derive(node, spark.createDataFrame([], node.output_schema))
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        if "WithState" in name:  # applyInPandasWithState, transformWithState(InPandas)
+        if "WithState" in name:  # transformWithState(InPandas)
             raise NotSupportedYetError(
                 f"GroupedData.{name} on a streaming DataFrame (arbitrary stateful processing)",
                 "Run a stateless function per micro-batch with applyInPandas or foreachBatch.",

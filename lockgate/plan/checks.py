@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate
+from lockgate.plan.flat_map_groups import check_apply_in_pandas_with_state
 from lockgate.plan.join import StreamJoin, check_stream_join
 from lockgate.plan.limit import StreamingLimit
 from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
@@ -35,8 +36,6 @@ REDEFINED_WATERMARK_ERROR = (
 def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: bool = True) -> None:
     operators = stateful_operators(plan)
     aggregates = [op for op in operators if isinstance(op, Aggregate)]
-    if len(operators) > 1:
-        _check_chain(operators, output_mode, check_correctness)
     for op in operators:
         if isinstance(op, StreamJoin):
             check_stream_join(op, output_mode)
@@ -61,8 +60,11 @@ def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: boo
             "append. This output mode is not supported for streaming aggregations without "
             "watermark on streaming DataFrames/DataSets."
         )
+    check_apply_in_pandas_with_state(plan, output_mode)  # after the output-mode checks, as Spark
     _check_session_windows(aggregates, output_mode)
     _check_sorts(plan, output_mode, under_aggregate=False)
+    if len(operators) > 1:  # last, as Spark's checkStreamingQueryGlobalWatermarkLimit
+        _check_chain(operators, output_mode, check_correctness)
     if operators:
         _check_redefined_watermark(plan)
 

@@ -457,12 +457,6 @@ def test_bad_column_fails_at_definition_time(ls: Any, define: Any) -> None:
             lambda df: df.groupBy("value").pivot("value", [1, 2]).agg(F.sum("value")),
             "pivot whose keys, pivot column and aggregates share names",
         ),
-        (
-            lambda df: df.groupBy("value").applyInPandasWithState(
-                lambda k, pdf, state: pdf, "value LONG", "n LONG", "append", "NoTimeout"
-            ),
-            "applyInPandasWithState",
-        ),
     ],
     ids=[
         "rollup",
@@ -471,7 +465,6 @@ def test_bad_column_fails_at_definition_time(ls: Any, define: Any) -> None:
         "groupingSets-hidden-key",
         "groupingSets-twice",
         "pivot",
-        "applyInPandasWithState",
     ],
 )
 def test_stateful_operation_is_not_supported_yet(ls: Any, define: Any, operation: str) -> None:
