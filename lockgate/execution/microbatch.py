@@ -140,6 +140,9 @@ class MicroBatchExecution(StreamExecution):
         self.watermark_tracker = WatermarkTracker([w.delay_ms for w in self._watermark_nodes])
         self._last_batch: dict[str, Any] | None = None
         self._available_now_caps: dict[int, Any] | None = None
+        self._backlog_start: dict[int, int] = {}
+        """Trigger.AvailableNow: what each source had left when this run started."""
+        self._backlog_batches = 0
         self.last_execution: IncrementalExecution | None = None
         self.plan_cache = PlanCache()
         self._reuse_plans = _reuse_plans(self.spark) and reusable(plan)
@@ -231,6 +234,38 @@ class MicroBatchExecution(StreamExecution):
             if slot.source.supportsTriggerAvailableNow:
                 slot.source.prepareForTriggerAvailableNow()
 
+    def _backlog(self, slot: Any, end: Any) -> tuple[int, str] | None:
+        try:
+            return slot.source.availableNowBacklog(end)
+        except Exception:  # progress logging must never fail a query
+            logger.debug("Cannot tell the backlog of %s", slot.source.description(), exc_info=True)
+            return None
+
+    def _log_backlog(self) -> None:
+        """Trigger.AvailableNow: after each batch, what each source has left to read, and
+        about how many batches that is at this run's pace."""
+        self._backlog_batches += 1
+        for slot in self._slots:
+            backlog = self._backlog(slot, self.available[slot.index])
+            if backlog is None:
+                continue
+            left, unit = backlog
+            read = self._backlog_start.get(slot.index, left) - left
+            pace = ""
+            if left and read > 0:
+                batches = -(-left * self._backlog_batches // read)
+                pace = f", about {batches} more batch{'es' if batches != 1 else ''}"
+            logger.info(
+                "Trigger.AvailableNow: batch %d done (%d this run); %s: %d %s read, %d left%s",
+                self.current_batch_id,
+                self._backlog_batches,
+                slot.source.description(),
+                read,
+                unit,
+                left,
+                pace,
+            )
+
     def _run_one_trigger(self) -> bool:
         """One trigger of the batch runner; returns whether to keep running."""
         self.progress.start_trigger(self.clock.get_time_millis())
@@ -238,6 +273,12 @@ class MicroBatchExecution(StreamExecution):
         with self.progress.time("triggerExecution"):
             if self.current_batch_id < 0:
                 self._populate_start_offsets()
+                if isinstance(self.trigger, AvailableNowTrigger):
+                    self._backlog_start = {
+                        slot.index: backlog[0]
+                        for slot in self._slots
+                        if (backlog := self._backlog(slot, self.committed[slot.index])) is not None
+                    }
             # Constructing the batch and declaring "no new data" happen under the
             # progress lock, so processAllAvailable() cannot slip in between (Spark's
             # withProgressLocked).
@@ -253,6 +294,8 @@ class MicroBatchExecution(StreamExecution):
                 self.update_status("Processing new data")
                 self._run_batch()
         self._finish_trigger(ran)
+        if ran and isinstance(self.trigger, AvailableNowTrigger):
+            self._log_backlog()
         if ran:
             self.current_batch_id += 1
             self._constructed = False

@@ -107,6 +107,13 @@ class Source(ABC):
     def prepareForTriggerAvailableNow(self) -> None:
         """Remember the latest offset now; never read past it afterwards."""
 
+    def availableNowBacklog(self, end: Offset | None) -> tuple[int, str] | None:
+        """Under ``Trigger.AvailableNow``, after :meth:`prepareForTriggerAvailableNow`:
+        how much is left to read after ``end`` (the offset read up to) and its unit
+        (``"files"``, ``"records"``), which the engine logs after each batch; None
+        when the source cannot tell."""
+        return None
+
     # -- offsets as text ----------------------------------------------------------------
     def serializeOffset(self, offset: Offset) -> str:
         return json.dumps(offset, separators=(",", ":"), sort_keys=False)

@@ -292,3 +292,32 @@ def test_min_offsets_per_trigger_waits_at_most_max_trigger_delay(spark, kafka, n
     rows = source.getBatch(first, second).select("partition", "offset").collect()
     assert sorted((r.partition, r.offset) for r in rows) == [(0, 2), (0, 3), (0, 4), (1, 2), (1, 3)]
     source.stop()
+
+
+def test_available_now_backlog_counts_records_left(spark, kafka, names, tmp_path):
+    """Under Trigger.AvailableNow the source tells the engine how many records are left
+    before the target it fixed, which the engine logs after each batch."""
+    from lockgate.testing import ManualClock
+
+    topic = names("backlog")
+    kafka.create_topic(topic, partitions=2)
+    kafka.produce(topic, records(10, 2))
+    source = make_source(
+        spark,
+        tmp_path,
+        ManualClock(0),
+        **{
+            "kafka.bootstrap.servers": kafka.bootstrap,
+            "subscribe": topic,
+            "startingOffsets": "earliest",
+            "maxOffsetsPerTrigger": "4",
+        },
+    )
+    assert source.availableNowBacklog(None) is None  # not under availableNow
+    source.prepareForTriggerAvailableNow()
+    start = source.initialOffset()
+    assert source.availableNowBacklog(start) == (10, "records")
+    first = source.latestOffset(start, source.getDefaultReadLimit())
+    kafka.produce(topic, records(4, 2, start=10))  # after the target: not counted
+    assert source.availableNowBacklog(first) == (6, "records")
+    source.stop()

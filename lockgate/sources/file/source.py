@@ -392,6 +392,13 @@ class FileStreamSource(Source):
         with self._lock:
             self._available_now = self.fetch_all_files()
 
+    def availableNowBacklog(self, end: Any) -> tuple[int, str] | None:
+        # The files of the target not yet logged for a batch (end is always the last one).
+        with self._lock:
+            if self._available_now is None:
+                return None
+            return sum(1 for f in self._available_now if self._seen.is_new(f.uri, f.mtime_ms)), "files"
+
     def description(self) -> str:
         return f"FileStreamSource[{self._location.qualified}]"
 

@@ -361,6 +361,14 @@ class KafkaSource(Source):
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now_requested = True
 
+    def availableNowBacklog(self, end: Any) -> tuple[int, str] | None:
+        if not self._available_now_requested:
+            return None
+        if self._available_now is None:
+            self._available_now = self._fetch_latest()
+        read = self._start_of(end)
+        return sum(max(0, offset - read.get(tp, 0)) for tp, offset in self._available_now.items()), "records"
+
     def deserializeOffset(self, text: str) -> dict[str, dict[str, int]]:
         import json
 
