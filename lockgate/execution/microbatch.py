@@ -455,6 +455,7 @@ class MicroBatchExecution(StreamExecution):
             shape=empty_sources,
             operator_watermarks=self._operator_watermarks() if self._watermark_nodes else None,
             max_state_tasks=self._max_state_tasks,
+            batch_timestamp_ms=self.offset_metadata.batchTimestampMs,
         )
 
     def _operator_watermarks(self) -> dict[int, tuple[int, int]]:

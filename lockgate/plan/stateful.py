@@ -217,6 +217,8 @@ class StatefulContext:
     max_state_tasks: int | None = None
     """At most this many tasks run an operator's state step (None: one per partition);
     see :func:`state_task_count`."""
+    batch_timestamp_ms: int | None = None
+    """The batch's timestamp from the offsets log (processing time of explicit state)."""
 
     def state_tasks(self, num_partitions: int) -> int:
         """How many tasks serve an operator with ``num_partitions`` state partitions:
