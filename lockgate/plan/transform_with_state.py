@@ -880,7 +880,7 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
             rows = convert.rows(data.take(pa.array(indices, type=pa.int64())))
             handle.key = key
             user_key = convert.key(key)
-            results = processor.handleInputRows(user_key, iter([rows]), timer_values)
+            results = processor.handleInputRows(user_key, iter([rows] if task.pandas else rows), timer_values)
             yield from convert.output(results, "handleInputRows")
     t1 = time.perf_counter()
     if timed:

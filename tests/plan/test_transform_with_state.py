@@ -175,11 +175,28 @@ class Run:
             query.stop()
         self.queries = {}
 
+    def _process(self, engine: str) -> None:
+        for attempt in range(3):
+            try:
+                self.queries[engine].processAllAvailable()
+                self.queries[engine].processAllAvailable()
+                return
+            except Exception as exc:
+                # Spark waits 10 s, hard-coded, for the Python worker that runs init() on
+                # the driver to connect back, which a loaded 2-core machine can exceed;
+                # the native query is then restarted from its checkpoint (nothing of the
+                # failed batch was committed). Any other failure fails the test.
+                if engine != "native" or "failed to connect back" not in str(exc) or attempt == 2:
+                    raise
+                self.progress[engine] += [p for p in self.queries[engine].recentProgress if "addBatch" in p.durationMs]
+                self.queries[engine].stop()
+                with spark_conf(self.spark, "spark.sql.streaming.stateStore.providerClass", ROCKSDB):
+                    self._start("native", self.spark.readStream)
+
     def step(self, rows: list[dict[str, Any]]) -> None:
         write_json(self.input, rows)
-        for query in self.queries.values():
-            query.processAllAvailable()
-            query.processAllAvailable()
+        for engine in list(self.queries):
+            self._process(engine)
         native, got = exact_batches(self.batches["native"]), exact_batches(self.batches["lockgate"])
         assert got == native, f"batches differ:\n native:   {native}\n lockgate: {got}"
 
@@ -198,8 +215,8 @@ def ev(sec: int, k: str, v: int) -> dict[str, Any]:
 
 
 # -- tests --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", ["update", "append"])
-def test_value_state_counter_with_restart(spark, ls, tmp_path, mode):
+def test_value_state_counter_with_restart(spark, ls, tmp_path):
+    mode = "update"  # append: test_list_and_map_state
     run = Run(
         spark, ls, tmp_path,
         lambda df: df.groupBy("k").transformWithStateInPandas(Counter(), "k string, n long, total long", mode, "none"),
