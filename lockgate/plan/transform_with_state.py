@@ -28,8 +28,7 @@ the driver with a handle that only records them (Spark's
 has one column per variable, so a restart that changes a variable's type is refused.
 
 Not there yet, each refused with :class:`~lockgate.errors.NotSupportedYetError` when
-the query is defined: time mode ``processingTime``, an ``initialState``, TTL on a state
-variable, ``eventTimeColumnName``, state schemas with nested structs or maps, grouping
+the query is defined: an ``initialState``, TTL on a state variable, ``eventTimeColumnName``, state schemas with nested structs or maps, grouping
 by a struct or map. Adding or removing a state variable on restart (which Spark
 accepts) is refused by the state schema check.
 """
@@ -265,7 +264,11 @@ class TransformWithState(StatefulOperator):
     def should_run_another_batch(
         self, new_input_watermark_ms: int, eviction_watermark_ms: int | None, output_mode: str
     ) -> bool:
-        """Spark's: with event time, when the watermark moves on (due timers fire then)."""
+        """Spark's: with processing time, always (a timer may be due at any trigger;
+        Spark does not track whether one is); with event time, when the watermark moves
+        on (due timers fire then)."""
+        if self.time_mode == "processingTime":
+            return True
         if self.time_mode == "eventTime":
             return self.watermark_advanced(new_input_watermark_ms, eviction_watermark_ms)
         return False
@@ -338,11 +341,6 @@ def make_transform_with_state(
         raise AnalysisError(
             f"[STATEFUL_PROCESSOR_UNKNOWN_TIME_MODE] Unknown time mode {time_mode}. Accepted "
             "timeMode modes are 'none', 'processingTime', 'eventTime'"
-        )
-    if tm == "processingTime":
-        raise NotSupportedYetError(
-            f"{method} with timeMode 'processingTime' (processing-time timers)",
-            "Use timeMode 'eventTime' with a watermark, or 'none'.",
         )
     if initial_state is not None:
         raise NotSupportedYetError(

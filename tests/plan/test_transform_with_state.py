@@ -15,11 +15,12 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from differential import exact_batches, spark_conf, write_json
+from differential import exact_batches, feed, spark_conf, wait_until, write_json
 from pyspark import cloudpickle
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor
 
+import lockgate
 from lockgate.errors import NotSupportedYetError
 
 # Spark's Python workers do not import the test modules: the processors travel by value.
@@ -113,6 +114,34 @@ class SessionTimer(StatefulProcessor):
         yield pd.DataFrame(
             {"k": [key[0]], "n": [n], "expiry": [expiredTimerInfo.getExpiryTimeInMs()],
              "watermark": [timerValues.getCurrentWatermarkInMs()]}
+        )
+
+    def close(self) -> None:
+        pass
+
+
+class Reminder(StatefulProcessor):
+    """A processing-time timer 5 s after each key's last batch; emits when it fires."""
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.count = handle.getValueState("count", "n long")
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        n = (self.count.get() or (0,))[0] + sum(len(pdf) for pdf in rows)
+        self.count.update((n,))
+        for t in self.handle.listTimers():
+            self.handle.deleteTimer(t)
+        now = timerValues.getCurrentProcessingTimeInMs()
+        self.handle.registerTimer(now + 5_000)
+        yield pd.DataFrame({"k": [key[0]], "n": [n], "at": [now], "fired": [-1]})
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
+        n = self.count.get()[0]
+        self.count.clear()
+        yield pd.DataFrame(
+            {"k": [key[0]], "n": [n], "at": [timerValues.getCurrentProcessingTimeInMs()],
+             "fired": [expiredTimerInfo.getExpiryTimeInMs()]}
         )
 
     def close(self) -> None:
@@ -286,7 +315,6 @@ def test_row_based_transform_with_state(spark, ls, tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "missing"),
     [
-        ({"timeMode": "processingTime"}, "timeMode 'processingTime'"),
         ({"eventTimeColumnName": "ts"}, "eventTimeColumnName"),
         ({"initialState": "x"}, "initialState"),
     ],
@@ -306,3 +334,35 @@ def test_ttl_fails_at_definition(ls, tmp_path):
     df = ls.readStream.schema("k STRING, v LONG").json(str(tmp_path))
     with pytest.raises(NotSupportedYetError, match="TTL on state variable 'count'"):
         df.groupBy("k").transformWithState(WithTTL(), "k string, n long, total long", "Update", "none")
+
+
+def test_processing_time_timers_with_a_manual_clock(ls, tmp_path):
+    """Processing-time timers fire in the first batch whose timestamp is past them (Spark
+    runs a batch every trigger in this time mode); the batch timestamp is the clock's.
+    Native Spark's clock cannot be driven, so the expected rows are written out."""
+    clock = lockgate.ManualClock(1_000)
+    stream = lockgate.MemoryStream(ls, "k STRING, v LONG")
+    rows: list[tuple[Any, ...]] = []
+    query = (
+        stream.toDF()
+        .groupBy("k")
+        .transformWithStateInPandas(Reminder(), "k string, n long, at long, fired long", "Update", "ProcessingTime")
+        .writeStream.outputMode("update")
+        .foreachBatch(lambda df, _: rows.extend(tuple(r) for r in df.collect()))
+        .withClock(clock)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    try:
+        feed(query, stream, [("a", 1), ("b", 2), ("a", 3)])
+        clock.advance(3_000)  # t = 4000: b's timer (6000) is not due
+        feed(query, stream, [("b", 4)])  # b's timer moves to 9000
+        clock.advance(3_000)  # t = 7000: a's timer (6000) fires
+        wait_until(lambda: ("a", 2, 7_000, 6_000) in rows, message=f"a's timer did not fire: {rows}")
+        clock.advance(5_000)  # t = 12000: b's timer (9000) fires
+        wait_until(lambda: ("b", 2, 12_000, 9_000) in rows, message=f"b's timer did not fire: {rows}")
+    finally:
+        query.stop()
+    assert sorted(rows) == sorted(
+        [("a", 2, 1_000, -1), ("b", 1, 1_000, -1), ("b", 2, 4_000, -1), ("a", 2, 7_000, 6_000), ("b", 2, 12_000, 9_000)]
+    )
