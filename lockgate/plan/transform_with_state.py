@@ -229,6 +229,10 @@ class TransformWithState(StatefulOperator):
     event_time_column: str | None = None
     """A watermarked input column: late rows are dropped by it, as Spark's
     ``watermarkPredicateForDataForLateEvents``."""
+    output_event_time: str | None = None
+    """``eventTimeColumnName``: the output column that carries event time on (Spark's
+    ``UpdateEventTimeWatermarkColumn``), with the upstream watermark's delay."""
+    output_delay_ms: int = 0
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -252,7 +256,9 @@ class TransformWithState(StatefulOperator):
 
     @override
     def batch_params(self, ctx: StatefulContext, batch_id: int) -> dict[str, Any]:
-        drops_late = ctx.batch_watermark_ms is not None and self.event_time_column is not None
+        drops_late = ctx.batch_watermark_ms is not None and (
+            self.event_time_column is not None or self.output_event_time is not None
+        )
         return {
             "version": batch_id + 1,
             "watermark_ms": ctx.batch_watermark_ms,
@@ -347,11 +353,20 @@ def make_transform_with_state(
             f"{method} with an initialState (handleInitialState)",
             "Feed the initial state as input rows of the first batch instead.",
         )
+    watermarked = dict(watermarks)
+    output_event_time = None
     if event_time_column_name:
-        raise NotSupportedYetError(
-            f"{method} with eventTimeColumnName={event_time_column_name!r}",
-            "Put withWatermark on the output column instead, where Spark allows it.",
-        )
+        found = [f for f in output_schema.fields if f.name == event_time_column_name]
+        if not found or not isinstance(found[0].dataType, TimestampType):
+            raise AnalysisError(
+                f"eventTimeColumnName {event_time_column_name!r} must name a timestamp column of "
+                f"the output schema {output_schema.simpleString()}."
+            )
+        if not watermarked:
+            raise AnalysisError(
+                f"{method} with eventTimeColumnName needs a watermark on its input (withWatermark)."
+            )
+        output_event_time = event_time_column_name
     for f in key_schema.fields:
         if isinstance(f.dataType, (StructType, MapType)):
             raise NotSupportedYetError(
@@ -359,7 +374,7 @@ def make_transform_with_state(
                 "Group by the struct's fields instead.",
             )
     variables = declared_variables(processor, tm)
-    event_time = next((c for c in input_schema.names if c in set(watermarks)), None)
+    event_time = next((c for c in input_schema.names if c in watermarked), None)
     return TransformWithState(
         child=child,
         grouping=grouping,
@@ -371,6 +386,8 @@ def make_transform_with_state(
         key_schema=key_schema,
         variables=variables,
         event_time_column=event_time,
+        output_event_time=output_event_time,
+        output_delay_ms=max(watermarked.values(), default=0),
     )
 
 
@@ -388,6 +405,7 @@ class TwsTask:
     input_columns: tuple[str, ...]
     input_schema: StructType
     event_time_column: str | None
+    output_event_time: str | None
     out_schema: pa.Schema
     output_struct: StructType
     timezone: str
@@ -452,6 +470,7 @@ def _build(
         input_columns=tuple(input_schema.names),
         input_schema=input_schema,
         event_time_column=node.event_time_column,
+        output_event_time=node.output_event_time,
         out_schema=schema_to_arrow(node.output_schema, tz),
         output_struct=node.output_schema,
         timezone=tz,
@@ -825,6 +844,32 @@ class _Converter:
                 yield from pa.Table.from_pylist(rows, schema=schema).to_batches()
 
 
+def _checked(task: TwsTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The output, refused where a row's ``eventTimeColumnName`` is at or below the
+    watermark for late rows (Spark's ``UpdateEventTimeColumnExec``)."""
+    column, watermark = task.output_event_time, task.late_watermark_ms
+    if column is None or watermark is None:
+        yield from batches
+        return
+    import pyarrow.compute as pc
+
+    from lockgate.state.store import micros_array
+
+    for batch in batches:
+        times = micros_array(batch.column(column))
+        late = pc.fill_null(pc.less_equal(times, watermark * 1000), False)
+        if pc.any(late).as_py():
+            first = pc.min(pc.filter(times, late)).as_py()
+            raise RuntimeError(
+                "[EMITTING_ROWS_OLDER_THAN_WATERMARK_NOT_ALLOWED] Previous node emitted a row with "
+                f"eventTime={first} which is older than current_watermark_value={watermark * 1000}. "
+                "This can lead to correctness issues in the stateful operators downstream in the "
+                "execution pipeline. Please correct the operator logic to emit rows after current "
+                "global watermark value."
+            )
+        yield batch
+
+
 def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
     """The state step of one partition (runs on an executor): the processor over the
     batch's keys, then its due timers; every store committed at the end."""
@@ -860,7 +905,7 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
     dropped = 0
     if tables:
         table = pa.concat_tables(tables)
-        if task.late_watermark_ms is not None and task.event_time_column is not None:
+        if task.late_watermark_ms is not None and task.event_time_column is not None and task.event_time_column in table.column_names:
             import pyarrow.compute as pc
 
             from lockgate.state.store import micros_array
@@ -879,7 +924,7 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
             handle.key = key
             user_key = convert.key(key)
             results = processor.handleInputRows(user_key, iter([rows] if task.pandas else rows), timer_values)
-            yield from convert.output(results, "handleInputRows")
+            yield from _checked(task, convert.output(results, "handleInputRows"))
     t1 = time.perf_counter()
     if timed:
         threshold = processing_ms if task.time_mode == "processingTime" else watermark_ms
@@ -889,7 +934,7 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
             results = processor.handleExpiredTimer(
                 key=convert.key(key), timerValues=timer_values, expiredTimerInfo=ExpiredTimerInfo(ts)
             )
-            yield from convert.output(results, "handleExpiredTimer")
+            yield from _checked(task, convert.output(results, "handleExpiredTimer"))
             timers.delete(key, ts)
     handle.key = None
     processor.close()

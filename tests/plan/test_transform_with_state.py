@@ -148,6 +148,25 @@ class Reminder(StatefulProcessor):
         pass
 
 
+class Tagger(StatefulProcessor):
+    """Each row out again with its key's running count (event time kept)."""
+
+    def init(self, handle: Any) -> None:
+        self.count = handle.getValueState("count", "n long")
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        n = (self.count.get() or (0,))[0]
+        for pdf in rows:
+            pdf = pdf.sort_values("v")
+            counts = list(range(n + 1, n + 1 + len(pdf)))
+            n += len(pdf)
+            yield pd.DataFrame({"k": pdf["k"].to_numpy(), "ts": pdf["ts"].to_numpy(), "n": counts})
+        self.count.update((n,))
+
+    def close(self) -> None:
+        pass
+
+
 class RowCounter(StatefulProcessor):
     """Counter for the Row-based transformWithState."""
 
@@ -300,6 +319,30 @@ def test_event_time_timers_fire_in_no_data_batches(spark, ls, tmp_path):
     run.stop()
 
 
+def test_event_time_column_feeds_a_windowed_aggregation(spark, ls, tmp_path):
+    """eventTimeColumnName carries the watermark on the output's column, so an aggregation
+    after the operator can emit its windows in append mode, as in Spark."""
+    from pyspark.sql import functions as F
+
+    run = Run(
+        spark, ls, tmp_path,
+        lambda df: df.withWatermark("ts", "5 seconds")
+        .groupBy("k")
+        .transformWithStateInPandas(Tagger(), "k string, ts timestamp, n long", "Append", "EventTime", eventTimeColumnName="ts")
+        .groupBy(F.window("ts", "10 seconds"))
+        .agg(F.count(F.lit(1)).alias("rows"), F.sum("n").alias("n")),
+        "append", "ts TIMESTAMP, k STRING, v LONG",
+    )
+    run.start()
+    run.step([ev(1, "a", 1), ev(3, "b", 2), ev(4, "a", 3)])
+    run.step([ev(12, "a", 4), ev(2, "b", 5)])  # watermark 7: the window [0, 10) is not closed yet
+    run.step([ev(26, "c", 6), ev(1, "a", 7)])  # a late row; window [0, 10) closes (watermark 21)
+    run.step([ev(40, "c", 8)])
+    assert any(rows for _, rows in run.batches["lockgate"])
+    assert run.operators("lockgate") == run.operators("native")
+    run.stop()
+
+
 def test_row_based_transform_with_state(spark, ls, tmp_path):
     run = Run(
         spark, ls, tmp_path,
@@ -315,7 +358,6 @@ def test_row_based_transform_with_state(spark, ls, tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "missing"),
     [
-        ({"eventTimeColumnName": "ts"}, "eventTimeColumnName"),
         ({"initialState": "x"}, "initialState"),
     ],
 )
