@@ -73,6 +73,8 @@ TIMERS = "$timers"
 _TIME_MODES = {"none": "none", "processingtime": "processingTime", "eventtime": "eventTime"}
 _OUTPUT_MODES = {"append": "append", "update": "update"}
 _KEY_PREFIX = "__lockgate_tws_key_"
+_INIT_PREFIX = "__lockgate_tws_init_"
+_INIT_MARK = "__lockgate_tws_initial"
 
 
 # -- state variables declared by init() ---------------------------------------------------
@@ -233,6 +235,8 @@ class TransformWithState(StatefulOperator):
     """``eventTimeColumnName``: the output column that carries event time on (Spark's
     ``UpdateEventTimeWatermarkColumn``), with the upstream watermark's delay."""
     output_delay_ms: int = 0
+    initial_state: Any = None
+    """The ``initialState`` (a static DataFrame) and the SQL of its grouping keys, or None."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -252,7 +256,8 @@ class TransformWithState(StatefulOperator):
     @property
     @override
     def reuses_state_step(self) -> bool:
-        return True
+        """Not with an initial state: its rows join the first batch's step only."""
+        return self.initial_state is None
 
     @override
     def batch_params(self, ctx: StatefulContext, batch_id: int) -> dict[str, Any]:
@@ -348,11 +353,21 @@ def make_transform_with_state(
             f"[STATEFUL_PROCESSOR_UNKNOWN_TIME_MODE] Unknown time mode {time_mode}. Accepted "
             "timeMode modes are 'none', 'processingTime', 'eventTime'"
         )
+    initial = None
     if initial_state is not None:
-        raise NotSupportedYetError(
-            f"{method} with an initialState (handleInitialState)",
-            "Feed the initial state as input rows of the first batch instead.",
-        )
+        jgd = getattr(initial_state, "_jgd", None)
+        if jgd is None or not hasattr(initial_state, "_df"):
+            raise TypeError(f"{method}'s initialState must be a GroupedData (df.groupBy(...)), got {initial_state!r}")
+        exprs = jgd.groupingExprs()
+        keys = tuple(str(exprs.apply(i).sql()) for i in range(exprs.size()))
+        if len(keys) != len(key_schema.fields):
+            raise AnalysisError(
+                f"{method}'s initialState is grouped by {len(keys)} keys ({', '.join(keys)}), the "
+                f"input by {len(key_schema.fields)}: group both by the same keys."
+            )
+        if initial_state._df.isStreaming:
+            raise AnalysisError(f"{method}'s initialState must be a batch DataFrame, not a streaming one.")
+        initial = (initial_state._df, keys)
     watermarked = dict(watermarks)
     output_event_time = None
     if event_time_column_name:
@@ -388,6 +403,7 @@ def make_transform_with_state(
         event_time_column=event_time,
         output_event_time=output_event_time,
         output_delay_ms=max(watermarked.values(), default=0),
+        initial_state=initial,
     )
 
 
@@ -406,6 +422,8 @@ class TwsTask:
     input_schema: StructType
     event_time_column: str | None
     output_event_time: str | None
+    initial_columns: tuple[str, ...]
+    """The initial state's columns, prefixed in the first batch's rows (none without one)."""
     out_schema: pa.Schema
     output_struct: StructType
     timezone: str
@@ -439,6 +457,19 @@ def _build(
     keyed = child.select("*", *aliased)
     java_keys = ctx.cache.java_columns(node, f"partitioning/{n}", lambda: key_cols)
     tasks = ctx.state_tasks(n)
+    initial_columns: tuple[str, ...] = ()
+    if node.initial_state is not None and batch_id == 0:
+        # The first batch's rows and the initial state's, in one shuffle: the initial
+        # state's columns under a prefix, each side's columns null in the other's rows.
+        init_df, init_keys = node.initial_state
+        initial_columns = tuple(init_df.columns)
+        init_rows = init_df.select(
+            *[F.col(f"`{c}`").alias(f"{_INIT_PREFIX}{c}") for c in initial_columns],
+            *[F.expr(k).alias(f"{_KEY_PREFIX}{i}") for i, k in enumerate(init_keys)],
+        )
+        keyed = keyed.withColumn(_INIT_MARK, F.lit(False)).unionByName(
+            init_rows.withColumn(_INIT_MARK, F.lit(True)), allowMissingColumns=True
+        )
     staged = frame(keyed, keyed._jdf.repartition(tasks, java_keys)).withColumn("__lockgate_pid", pid)
     ctx.schema_of(node, staged, "staged")
     tz = ctx.session_timezone
@@ -471,6 +502,7 @@ def _build(
         input_schema=input_schema,
         event_time_column=node.event_time_column,
         output_event_time=node.output_event_time,
+        initial_columns=initial_columns,
         out_schema=schema_to_arrow(node.output_schema, tz),
         output_struct=node.output_schema,
         timezone=tz,
@@ -903,6 +935,25 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
     processor.init(handle)
     tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     dropped = 0
+    if tables and task.initial_columns:
+        import pyarrow.compute as pc
+
+        both = pa.concat_tables(tables)
+        marks = pc.fill_null(both.column(_INIT_MARK), False)
+        initial = both.filter(marks)
+        tables = [both.filter(pc.invert(marks))] if initial.num_rows < both.num_rows else []
+        keys = list(zip(*[column_values(initial.column(k)) for k in task.key_columns]))
+        groups: dict[Any, list[int]] = {}
+        for i, key in enumerate(keys):
+            groups.setdefault(key, []).append(i)
+        init_data = initial.select([f"{_INIT_PREFIX}{c}" for c in task.initial_columns]).rename_columns(
+            list(task.initial_columns)
+        )
+        for key, indices in groups.items():
+            rows = convert.rows(init_data.take(pa.array(indices, type=pa.int64())))
+            handle.key = key
+            for state in [rows] if task.pandas else rows:
+                processor.handleInitialState(convert.key(key), state, timer_values)
     if tables:
         table = pa.concat_tables(tables)
         if task.late_watermark_ms is not None and task.event_time_column is not None and task.event_time_column in table.column_names:
