@@ -471,7 +471,7 @@ def _build(
             init_rows.withColumn(_INIT_MARK, F.lit(True)), allowMissingColumns=True
         )
     staged = frame(keyed, keyed._jdf.repartition(tasks, java_keys)).withColumn("__lockgate_pid", pid)
-    ctx.schema_of(node, staged, "staged")
+    ctx.schema_of(node, staged, "staged/initial" if initial_columns else "staged")
     tz = ctx.session_timezone
     key_arrow = schema_to_arrow(node.key_schema, tz)
 
@@ -935,7 +935,8 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
     processor.init(handle)
     tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     dropped = 0
-    if tables and task.initial_columns:
+    # the UDF is made on a run's first batch: only batch 0's rows hold the initial state
+    if tables and task.initial_columns and _INIT_MARK in tables[0].column_names:
         import pyarrow.compute as pc
 
         both = pa.concat_tables(tables)

@@ -361,6 +361,7 @@ def test_initial_state_seeds_the_first_batch_only(spark, ls, tmp_path):
     )
     run.start()
     run.step([{"k": "a", "v": 1}, {"k": "c", "v": 2}])
+    run.step([{"k": "c", "v": 6}])  # the same run's next batch: no initial state
     run.stop()
     run.start()  # a restart does not apply the initial state again
     run.step([{"k": "a", "v": 3}, {"k": "z", "v": 4}, {"k": "b", "v": 5}])
