@@ -28,8 +28,8 @@ the driver with a handle that only records them (Spark's
 has one column per variable, so a restart that changes a variable's type is refused.
 
 Not there yet, each refused with :class:`~lockgate.errors.NotSupportedYetError` when
-the query is defined: an ``initialState``, TTL on a state variable, ``eventTimeColumnName``, state schemas with nested structs or maps, grouping
-by a struct or map. Adding or removing a state variable on restart (which Spark
+the query is defined: TTL on a state variable, state schemas with nested structs or
+maps, grouping by a struct or map. Adding or removing a state variable on restart (which Spark
 accepts) is refused by the state schema check.
 """
 
