@@ -443,6 +443,67 @@ class StreamingGroupedData:
         )
         return self._df._derive(node, spark.createDataFrame([], node.output_schema))
 
+    def transformWithStateInPandas(
+        self,
+        statefulProcessor: Any,
+        outputStructType: Any,
+        outputMode: str,
+        timeMode: str,
+        initialState: Any = None,
+        eventTimeColumnName: str = "",
+    ) -> StreamingDataFrame:
+        """The user's ``StatefulProcessor`` over each key's pandas DataFrames, with state
+        in lockgate's store (:mod:`lockgate.plan.transform_with_state`)."""
+        return self._transform_with_state(
+            True, statefulProcessor, outputStructType, outputMode, timeMode, initialState, eventTimeColumnName
+        )
+
+    def transformWithState(
+        self,
+        statefulProcessor: Any,
+        outputStructType: Any,
+        outputMode: str,
+        timeMode: str,
+        initialState: Any = None,
+        eventTimeColumnName: str = "",
+    ) -> StreamingDataFrame:
+        """As :meth:`transformWithStateInPandas`, with ``Row`` objects instead of pandas."""
+        return self._transform_with_state(
+            False, statefulProcessor, outputStructType, outputMode, timeMode, initialState, eventTimeColumnName
+        )
+
+    def _transform_with_state(
+        self, pandas: bool, processor: Any, output: Any, output_mode: str, time_mode: str,
+        initial_state: Any, event_time_column_name: str,
+    ) -> StreamingDataFrame:
+        from pyspark.sql.types import _parse_datatype_string
+
+        from lockgate.plan.transform_with_state import make_transform_with_state
+
+        if self._sets is not None:
+            raise NotSupportedYetError(f"transformWithState after {self._sets}")
+        schema = _parse_datatype_string(output) if isinstance(output, str) else output
+        if not isinstance(schema, StructType):
+            raise TypeError(f"outputStructType must be a StructType or a DDL string, got {output!r}")
+        keys = self._df._template.groupBy(*self._grouping).agg(F.count(F.lit(1)))
+        key_schema = StructType(keys.schema.fields[: len(self._grouping)])
+        node = make_transform_with_state(
+            child=self._df._plan,
+            input_schema=self._df.schema,
+            grouping=self._grouping,
+            key_schema=key_schema,
+            processor=processor,
+            output_schema=schema,
+            output_mode=output_mode,
+            time_mode=time_mode,
+            pandas=pandas,
+            initial_state=initial_state,
+            event_time_column_name=event_time_column_name,
+            watermarks=event_time_columns(self._df._plan),
+        )
+        template = self._df._session.spark.createDataFrame([], schema)
+        return self._df._derive(node, template)
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)

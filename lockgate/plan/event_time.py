@@ -56,9 +56,12 @@ def event_time_outputs(node: PlanNode) -> dict[str, int] | None:
     from lockgate.plan.dedup import Deduplicate
     from lockgate.plan.join.planner import StreamJoin
     from lockgate.plan.limit import StreamingLimit
+    from lockgate.plan.transform_with_state import TransformWithState
 
     if isinstance(node, EventTimeWatermark):
         return {node.column: node.delay_ms}
+    if isinstance(node, TransformWithState):  # new output columns: eventTimeColumnName only
+        return _transform_with_state_event_time(node)
     if isinstance(node, Aggregate):
         below = event_time_outputs(node.child)
         if below is None or node.event_time_key is None:
@@ -386,9 +389,18 @@ def event_time_columns(plan: PlanNode) -> dict[str, int]:
     return _event_time_columns_below(plan)
 
 
+def _transform_with_state_event_time(node: Any) -> dict[str, int]:
+    if node.output_event_time is None:
+        return {}
+    return {node.output_event_time: node.output_delay_ms}
+
+
 def _event_time_columns_below(plan: PlanNode) -> dict[str, int]:
     from lockgate.plan.aggregate import Aggregate
+    from lockgate.plan.transform_with_state import TransformWithState
 
+    if isinstance(plan, TransformWithState):
+        return _transform_with_state_event_time(plan)
     if isinstance(plan, EventTimeWatermark):
         return {**_event_time_columns_below(plan.child), plan.column: plan.delay_ms}
     if isinstance(plan, Aggregate):

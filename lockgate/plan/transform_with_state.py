@@ -1,0 +1,1021 @@
+"""``groupBy(...).transformWithStateInPandas`` and ``transformWithState``: explicit state
+kept by the user's ``StatefulProcessor`` (Spark's ``TransformWithStateInPySparkExec``,
+``transformWithStateInPandasExec`` in progress).
+
+The batch is hash-partitioned by the grouping keys into the state's partitions (as
+every stateful operator's); each state task opens, per partition, one
+:class:`~lockgate.state.store.StateStore` per state variable, calls the processor's
+``init`` with a handle over them, ``handleInputRows`` once per key of the batch (keys
+in ascending order of their first row), ``handleExpiredTimer`` for each due timer (in
+time order), ``close``, and commits every store.
+
+**State layout.** One store per state variable rather than one store with a column
+family per variable: each variable keeps its own declared Arrow types, so its files
+read as a plain table, and it is versioned and cached as any other store
+(``state/<operatorId>/<partition>/<stateName>/<v>.delta``). Every store is keyed by
+the grouping key; the value is
+
+* a ``ValueState``: the variable's own columns;
+* a ``ListState``: one column ``values``, a list of the variable's structs;
+* a ``MapState``: columns ``keys`` and ``values``, lists of the user key's and the
+  value's structs in insertion order;
+* the timers (store ``$timers``, ``$`` as in Spark's reserved column families): one
+  column ``expiryTimestampsMs``, a list of int64.
+
+The variables are found as Spark finds them: the processor's ``init`` runs once on
+the driver with a handle that only records them (Spark's
+``DriverStatefulProcessorHandleImpl``); the operator's state schema (its schema file)
+has one column per variable, so a restart that changes a variable's type is refused.
+
+Not there yet, each refused with :class:`~lockgate.errors.NotSupportedYetError` when
+the query is defined: TTL on a state variable, state schemas with nested structs or
+maps, grouping by a struct or map. Adding or removing a state variable on restart (which Spark
+accepts) is refused by the state schema check.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import pickle
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import partial as bind
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    LongType,
+    MapType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from lockgate.compat import override
+from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.plan.cache import frame
+from lockgate.plan.nodes import PlanNode
+from lockgate.plan.stateful import StatefulContext, StatefulOperator
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from lockgate.state.schema import OperatorStateSchema
+
+TIMERS = "$timers"
+"""The store of the registered timers (``$``: Spark's prefix of reserved column families)."""
+
+_TIME_MODES = {"none": "none", "processingtime": "processingTime", "eventtime": "eventTime"}
+_OUTPUT_MODES = {"append": "append", "update": "update"}
+_KEY_PREFIX = "__lockgate_tws_key_"
+_INIT_PREFIX = "__lockgate_tws_init_"
+_INIT_MARK = "__lockgate_tws_initial"
+
+
+# -- state variables declared by init() ---------------------------------------------------
+@dataclass(frozen=True)
+class StateVariable:
+    """One state variable as the processor's ``init`` declares it."""
+
+    name: str
+    kind: str
+    """``value``, ``list`` or ``map``."""
+    schema: StructType
+    """The value's schema (a map's value schema)."""
+    key_schema: StructType | None = None
+    """A map's user key schema."""
+
+    def value_type(self) -> StructType:
+        """The variable's value columns in its store."""
+        if self.kind == "value":
+            return self.schema
+        if self.kind == "list":
+            return StructType([StructField("values", ArrayType(self.schema, True), True)])
+        assert self.key_schema is not None
+        return StructType(
+            [
+                StructField("keys", ArrayType(self.key_schema, True), True),
+                StructField("values", ArrayType(self.schema, True), True),
+            ]
+        )
+
+
+_TIMER_VALUE = StructType([StructField("expiryTimestampsMs", ArrayType(LongType(), True), True)])
+
+
+def _as_struct(schema: StructType | str) -> StructType:
+    if isinstance(schema, StructType):
+        return schema
+    if isinstance(schema, str):
+        from pyspark.sql.types import _parse_datatype_string
+
+        parsed = _parse_datatype_string(schema)
+        if isinstance(parsed, StructType):
+            return parsed
+    raise AnalysisError(
+        f"A state variable's schema must be a StructType or a DDL string of fields such as "
+        f"'count long', got {schema!r}."
+    )
+
+
+def _refuse_nested(what: str, dtype: DataType) -> None:
+    if isinstance(dtype, StructType):
+        for f in dtype.fields:
+            if isinstance(f.dataType, (StructType, MapType)):
+                raise NotSupportedYetError(
+                    f"{what} with a nested struct or map field ({f.name!r}: {f.dataType.simpleString()})",
+                    "Flatten the field into top-level fields of the state's schema.",
+                )
+            if isinstance(f.dataType, ArrayType):
+                _refuse_nested(what, StructType([StructField("element", f.dataType.elementType)]))
+
+
+class _RecordingHandle:
+    """The handle ``init`` gets on the driver: records the state variables (Spark's
+    ``DriverStatefulProcessorHandleImpl``), and refuses what lockgate lacks."""
+
+    def __init__(self, time_mode: str) -> None:
+        self.time_mode = time_mode
+        self.variables: dict[str, StateVariable] = {}
+
+    def _add(self, variable: StateVariable, ttl: int | None) -> None:
+        name = variable.name
+        if not isinstance(name, str) or not name or name.startswith(("$", ".")) or "/" in name:
+            raise AnalysisError(
+                f"State variable name {name!r} cannot be used: it must be a non-empty name "
+                "without '/', not starting with '$' or '.'."
+            )
+        if ttl is not None:
+            raise NotSupportedYetError(
+                f"TTL on state variable {name!r} of transformWithState (ttlDurationMs={ttl})",
+                "Declare the state variable without ttlDurationMs.",
+            )
+        if name in self.variables and self.variables[name] != variable:
+            raise AnalysisError(f"State variable {name!r} is declared twice with different schemas in init().")
+        _refuse_nested(f"State variable {name!r} of transformWithState", variable.schema)
+        if variable.key_schema is not None:
+            _refuse_nested(f"State variable {name!r} of transformWithState", variable.key_schema)
+        self.variables[name] = variable
+
+    def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
+        self._add(StateVariable(stateName, "value", _as_struct(schema)), ttlDurationMs)
+        return _Unavailable(stateName)
+
+    def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
+        self._add(StateVariable(stateName, "list", _as_struct(schema)), ttlDurationMs)
+        return _Unavailable(stateName)
+
+    def getMapState(
+        self, stateName: str, userKeySchema: Any, valueSchema: Any, ttlDurationMs: int | None = None
+    ) -> Any:
+        variable = StateVariable(stateName, "map", _as_struct(valueSchema), _as_struct(userKeySchema))
+        self._add(variable, ttlDurationMs)
+        return _Unavailable(stateName)
+
+    def deleteIfExists(self, stateName: str) -> None:
+        self.variables.pop(stateName, None)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise AnalysisError(
+                f"[STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_HANDLE_STATE] Failed to "
+                f"perform stateful processor operation={name} with invalid handle state=PRE_INIT."
+            )
+
+        return refuse
+
+
+class _Unavailable:
+    """A state variable on the driver: it only exists in the tasks."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        raise AnalysisError(f"State variable {self._name!r} can only be read or written while rows are handled.")
+
+
+def declared_variables(processor: Any, time_mode: str) -> tuple[StateVariable, ...]:
+    """The state variables of the processor's ``init``, run on a copy of the processor."""
+    from pyspark import cloudpickle
+
+    copy = pickle.loads(cloudpickle.dumps(processor))
+    handle = _RecordingHandle(time_mode)
+    copy.init(handle)
+    copy.close()
+    return tuple(handle.variables.values())
+
+
+# -- the plan node ----------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class TransformWithState(StatefulOperator):
+    child: PlanNode
+    grouping: tuple[Any, ...]
+    """The grouping columns or names as given."""
+    processor: Any
+    output_schema: StructType
+    output_mode: str
+    time_mode: str
+    pandas: bool
+    """transformWithStateInPandas (pandas DataFrames) or transformWithState (Rows)."""
+    key_schema: StructType
+    variables: tuple[StateVariable, ...]
+    event_time_column: str | None = None
+    """A watermarked input column: late rows are dropped by it, as Spark's
+    ``watermarkPredicateForDataForLateEvents``."""
+    output_event_time: str | None = None
+    """``eventTimeColumnName``: the output column that carries event time on (Spark's
+    ``UpdateEventTimeWatermarkColumn``), with the upstream watermark's delay."""
+    output_delay_ms: int = 0
+    initial_state: Any = None
+    """The ``initialState`` (a static DataFrame) and the SQL of its grouping keys, or None."""
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    @property
+    @override
+    def operator_name(self) -> str:
+        return "transformWithStateInPandasExec"
+
+    @override
+    def build_state(
+        self, inputs: list[DataFrame], ctx: StatefulContext, operator_id: int, batch_id: int
+    ) -> tuple[DataFrame, OperatorStateSchema]:
+        return _build(self, inputs[0], ctx, operator_id, batch_id)
+
+    @property
+    @override
+    def reuses_state_step(self) -> bool:
+        """Not with an initial state: its rows join the first batch's step only."""
+        return self.initial_state is None
+
+    @override
+    def batch_params(self, ctx: StatefulContext, batch_id: int) -> dict[str, Any]:
+        drops_late = ctx.batch_watermark_ms is not None and (
+            self.event_time_column is not None or self.output_event_time is not None
+        )
+        return {
+            "version": batch_id + 1,
+            "watermark_ms": ctx.batch_watermark_ms,
+            "late_watermark_ms": (ctx.late_events_watermark_ms or 0) if drops_late else None,
+            "batch_timestamp_ms": ctx.batch_timestamp_ms,
+        }
+
+    @override
+    def should_run_another_batch(
+        self, new_input_watermark_ms: int, eviction_watermark_ms: int | None, output_mode: str
+    ) -> bool:
+        """Spark's: with processing time, always (a timer may be due at any trigger;
+        Spark does not track whether one is); with event time, when the watermark moves
+        on (due timers fire then)."""
+        if self.time_mode == "processingTime":
+            return True
+        if self.time_mode == "eventTime":
+            return self.watermark_advanced(new_input_watermark_ms, eviction_watermark_ms)
+        return False
+
+    @property
+    @override
+    def custom_metric_names(self) -> tuple[str, ...]:
+        return (
+            "numValueStateVars",
+            "numListStateVars",
+            "numMapStateVars",
+            "numDeletedStateVars",
+            "numRegisteredTimers",
+            "numDeletedTimers",
+            "numExpiredTimers",
+            "numValueStateWithTTLVars",
+            "numListStateWithTTLVars",
+            "numMapStateWithTTLVars",
+            "numValuesRemovedDueToTTLExpiry",
+        )
+
+    @property
+    @override
+    def counts_for_watermark_correctness(self) -> bool:
+        return True
+
+    @override
+    def explain_steps(
+        self, state_info: str, output_mode: str, watermark_ms: int | None, num_partitions: int
+    ) -> list[str]:
+        keys = ", ".join(self.key_schema.names)
+        name = "TransformWithStateInPySpark" if not self.pandas else "TransformWithStateInPandas"
+        return [
+            f"{name} [{keys}], {self.output_mode.capitalize()}, {self.time_mode}, {state_info}",
+            f"Exchange hashpartitioning({keys}, {num_partitions})",
+        ]
+
+    def describe(self) -> str:
+        method = "transformWithStateInPandas" if self.pandas else "transformWithState"
+        return f"{method} [{', '.join(self.key_schema.names)}] {type(self.processor).__name__}"
+
+
+def make_transform_with_state(
+    child: PlanNode,
+    input_schema: StructType,
+    grouping: tuple[Any, ...],
+    key_schema: StructType,
+    processor: Any,
+    output_schema: StructType,
+    output_mode: str,
+    time_mode: str,
+    pandas: bool,
+    initial_state: Any,
+    event_time_column_name: str,
+    watermarks: Any,
+) -> TransformWithState:
+    """The node, with lockgate's refusals and Spark's checks of the arguments."""
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    method = "transformWithStateInPandas" if pandas else "transformWithState"
+    if not isinstance(processor, StatefulProcessor):
+        raise TypeError(f"{method} takes a pyspark.sql.streaming.StatefulProcessor, got {type(processor).__name__}")
+    mode = _OUTPUT_MODES.get(str(output_mode).lower())
+    if mode is None:
+        raise AnalysisError(
+            f"Output mode {output_mode!r} is not supported by {method}: use 'Append' or 'Update'."
+        )
+    tm = _TIME_MODES.get(str(time_mode).lower())
+    if tm is None:
+        raise AnalysisError(
+            f"[STATEFUL_PROCESSOR_UNKNOWN_TIME_MODE] Unknown time mode {time_mode}. Accepted "
+            "timeMode modes are 'none', 'processingTime', 'eventTime'"
+        )
+    initial = None
+    if initial_state is not None:
+        jgd = getattr(initial_state, "_jgd", None)
+        if jgd is None or not hasattr(initial_state, "_df"):
+            raise TypeError(f"{method}'s initialState must be a GroupedData (df.groupBy(...)), got {initial_state!r}")
+        exprs = jgd.groupingExprs()
+        keys = tuple(str(exprs.apply(i).sql()) for i in range(exprs.size()))
+        if len(keys) != len(key_schema.fields):
+            raise AnalysisError(
+                f"{method}'s initialState is grouped by {len(keys)} keys ({', '.join(keys)}), the "
+                f"input by {len(key_schema.fields)}: group both by the same keys."
+            )
+        if initial_state._df.isStreaming:
+            raise AnalysisError(f"{method}'s initialState must be a batch DataFrame, not a streaming one.")
+        initial = (initial_state._df, keys)
+    watermarked = dict(watermarks)
+    output_event_time = None
+    if event_time_column_name:
+        found = [f for f in output_schema.fields if f.name == event_time_column_name]
+        if not found or not isinstance(found[0].dataType, TimestampType):
+            raise AnalysisError(
+                f"eventTimeColumnName {event_time_column_name!r} must name a timestamp column of "
+                f"the output schema {output_schema.simpleString()}."
+            )
+        if not watermarked:
+            raise AnalysisError(
+                f"{method} with eventTimeColumnName needs a watermark on its input (withWatermark)."
+            )
+        output_event_time = event_time_column_name
+    for f in key_schema.fields:
+        if isinstance(f.dataType, (StructType, MapType)):
+            raise NotSupportedYetError(
+                f"{method} grouped by a struct or map ({f.name}: {f.dataType.simpleString()})",
+                "Group by the struct's fields instead.",
+            )
+    variables = declared_variables(processor, tm)
+    event_time = next((c for c in input_schema.names if c in watermarked), None)
+    return TransformWithState(
+        child=child,
+        grouping=grouping,
+        processor=processor,
+        output_schema=output_schema,
+        output_mode=mode,
+        time_mode=tm,
+        pandas=pandas,
+        key_schema=key_schema,
+        variables=variables,
+        event_time_column=event_time,
+        output_event_time=output_event_time,
+        output_delay_ms=max(watermarked.values(), default=0),
+        initial_state=initial,
+    )
+
+
+# -- the state step ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TwsTask:
+    stores: dict[str, Any]
+    """State variable name (and :data:`TIMERS`) -> its store's conf."""
+    variables: tuple[StateVariable, ...]
+    processor_bytes: bytes
+    """The processor, cloudpickled on the driver (unpickled per task: a fresh copy)."""
+    pandas: bool
+    time_mode: str
+    key_columns: tuple[str, ...]
+    input_columns: tuple[str, ...]
+    input_schema: StructType
+    event_time_column: str | None
+    output_event_time: str | None
+    initial_columns: tuple[str, ...]
+    """The initial state's columns, prefixed in the first batch's rows (none without one)."""
+    out_schema: pa.Schema
+    output_struct: StructType
+    timezone: str
+    accumulator: Any
+    operator_id: int
+    version: int = 0
+    watermark_ms: int | None = None
+    late_watermark_ms: int | None = None
+    batch_timestamp_ms: int | None = None
+
+
+def _build(
+    node: TransformWithState, child: DataFrame, ctx: StatefulContext, operator_id: int, batch_id: int
+) -> tuple[DataFrame, Any]:
+    from pyspark import cloudpickle
+
+    from lockgate.plan.state_udf import map_with_state
+    from lockgate.state.arrow_types import schema_to_arrow
+    from lockgate.state.schema import OperatorStateSchema
+    from lockgate.state.store import StateStoreConf
+
+    n = ctx.num_partitions
+
+    def partitioning() -> tuple[list[Any], Any]:
+        keys = [_grouping_column(g) for g in node.grouping]
+        aliased = [k.alias(f"{_KEY_PREFIX}{i}") for i, k in enumerate(keys)]
+        key_cols = [F.col(f"`{_KEY_PREFIX}{i}`") for i in range(len(keys))]
+        return aliased, (key_cols, F.pmod(F.hash(*key_cols), F.lit(n)))
+
+    aliased, (key_cols, pid) = ctx.cache.get(node, f"partitioning/{n}", partitioning)
+    keyed = child.select("*", *aliased)
+    java_keys = ctx.cache.java_columns(node, f"partitioning/{n}", lambda: key_cols)
+    tasks = ctx.state_tasks(n)
+    initial_columns: tuple[str, ...] = ()
+    if node.initial_state is not None and batch_id == 0:
+        # The first batch's rows and the initial state's, in one shuffle: the initial
+        # state's columns under a prefix, each side's columns null in the other's rows.
+        init_df, init_keys = node.initial_state
+        initial_columns = tuple(init_df.columns)
+        init_rows = init_df.select(
+            *[F.col(f"`{c}`").alias(f"{_INIT_PREFIX}{c}") for c in initial_columns],
+            *[F.expr(k).alias(f"{_KEY_PREFIX}{i}") for i, k in enumerate(init_keys)],
+        )
+        keyed = keyed.withColumn(_INIT_MARK, F.lit(False)).unionByName(
+            init_rows.withColumn(_INIT_MARK, F.lit(True)), allowMissingColumns=True
+        )
+    staged = frame(keyed, keyed._jdf.repartition(tasks, java_keys)).withColumn("__lockgate_pid", pid)
+    ctx.schema_of(node, staged, "staged/initial" if initial_columns else "staged")
+    tz = ctx.session_timezone
+    key_arrow = schema_to_arrow(node.key_schema, tz)
+
+    def conf(name: str, value: StructType) -> StateStoreConf:
+        return StateStoreConf(
+            root=ctx.state_root,
+            operator_id=operator_id,
+            num_partitions=n,
+            key_schema=key_arrow,
+            value_schema=schema_to_arrow(value, tz),
+            snapshot_interval=ctx.snapshot_interval,
+            min_versions_to_retain=ctx.min_versions_to_retain,
+            store_name=name,
+            checkpoint_id=ctx.checkpoint_id,
+        )
+
+    stores = {v.name: conf(v.name, v.value_type()) for v in node.variables}
+    stores[TIMERS] = conf(TIMERS, _TIMER_VALUE)
+    input_schema = child.schema
+    task = TwsTask(
+        stores=stores,
+        variables=node.variables,
+        processor_bytes=cloudpickle.dumps(node.processor),
+        pandas=node.pandas,
+        time_mode=node.time_mode,
+        key_columns=tuple(f"{_KEY_PREFIX}{i}" for i in range(len(node.grouping))),
+        input_columns=tuple(input_schema.names),
+        input_schema=input_schema,
+        event_time_column=node.event_time_column,
+        output_event_time=node.output_event_time,
+        initial_columns=initial_columns,
+        out_schema=schema_to_arrow(node.output_schema, tz),
+        output_struct=node.output_schema,
+        timezone=tz,
+        accumulator=ctx.accumulator,
+        operator_id=operator_id,
+    )
+    params = node.batch_params(ctx, batch_id)
+    result = map_with_state(
+        staged, ctx, node, lambda: bind(run_tws_task, task), node.output_schema, operator_id, params, n
+    )
+    # The operator's state schema: one column per state variable (and the timers).
+    value_fields = [StructField(v.name, v.value_type(), True) for v in node.variables]
+    value_fields.append(StructField(TIMERS, _TIMER_VALUE, True))
+    value_schema = schema_to_arrow(StructType(value_fields), tz)
+    return result, OperatorStateSchema(operator_id, node.operator_name, key_arrow, value_schema, n)
+
+
+def _grouping_column(item: Any) -> Any:
+    return F.col(item) if isinstance(item, str) else item
+
+
+# -- inside a task ----------------------------------------------------------------------------
+class _Timers:
+    """The partition's timers: the ``$timers`` store (key -> sorted timestamps) and a
+    min-heap of (timestamp, key) over it, kept with the store in the worker cache."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        if isinstance(store.aux, _TimerIndex):
+            self.index = store.aux
+        else:
+            entries = [(ts, next(_SEQUENCE), key) for key, value in store.map.items() for ts in (value[0] or ())]
+            self.index = _TimerIndex(entries)
+            store.aux = self.index
+
+    def list(self, key: Any) -> list[int]:
+        value = self.store.get(key)
+        return list(value[0] or ()) if value is not None else []
+
+    def register(self, key: Any, ts: int) -> None:
+        current = self.list(key)
+        if ts not in current:
+            current.append(ts)
+            current.sort()
+            self.store.put(key, [current])
+            self.index.push(ts, key)
+
+    def delete(self, key: Any, ts: int) -> None:
+        current = self.list(key)
+        if ts in current:
+            current.remove(ts)
+            if current:
+                self.store.put(key, [current])
+            else:
+                self.store.remove(key)
+
+    def expired(self, threshold: int) -> Iterator[tuple[int, Any]]:
+        """Due timers (``ts < threshold``, as Spark's), earliest first; each is still
+        registered when it is handed out."""
+        heap = self.index.heap
+        while heap and heap[0][0] < threshold:
+            ts, _, key = heapq.heappop(heap)
+            if ts in self.list(key):
+                yield ts, key
+
+
+class _TimerIndex:
+    def __init__(self, entries: list[tuple[int, int, Any]]) -> None:
+        heapq.heapify(entries)
+        self.heap = entries
+
+    def push(self, ts: int, key: Any) -> None:
+        heapq.heappush(self.heap, (ts, next(_SEQUENCE), key))
+
+    def catch_up(self, upserts: list[tuple[Any, Any]], removed: list[Any], previous: list[Any]) -> None:
+        for key, value in upserts:  # stale entries are skipped when popped
+            for ts in value[0] or ():
+                self.push(ts, key)
+
+
+_SEQUENCE = itertools.count()
+
+
+def _plain(value: Any) -> tuple[Any, ...]:
+    """A struct value of a list or map state as the user's tuple: a dict as put in this
+    batch, or the store's ((field, value), ...) pairs as loaded."""
+    if isinstance(value, dict):
+        return tuple(value.values())
+    return tuple(v for _, v in value)
+
+
+def _as_dict(names: list[str], value: Any, what: str) -> dict[str, Any]:
+    values = tuple(value)
+    if len(values) != len(names):
+        raise ValueError(f"{what} expects a tuple of {len(names)} values ({', '.join(names)}), got {value!r}")
+    return dict(zip(names, values))
+
+
+class _Handle:
+    """The ``StatefulProcessorHandle`` of a task: state variables and timers of the
+    current grouping key (Spark's implicit key)."""
+
+    def __init__(self, task: TwsTask, stores: dict[str, Any], timers: _Timers, metrics: dict[str, int]) -> None:
+        self.task = task
+        self.stores = stores
+        self.timers = timers
+        self.metrics = metrics
+        self.key: Any = None
+        self.handling_timers = False
+
+    def _variable(self, name: str, kind: str) -> Any:
+        variable = next((v for v in self.task.variables if v.name == name), None)
+        if variable is None or variable.kind != kind:
+            raise RuntimeError(
+                f"State variable {name!r} ({kind}) was not declared when init() ran on the driver: "
+                "init() must declare the same state variables every time it runs."
+            )
+        self.metrics[f"num{kind.capitalize()}StateVars"] += 1
+        return variable
+
+    def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
+        return ValueState(self, self._variable(stateName, "value"))
+
+    def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
+        return ListState(self, self._variable(stateName, "list"))
+
+    def getMapState(
+        self, stateName: str, userKeySchema: Any, valueSchema: Any, ttlDurationMs: int | None = None
+    ) -> Any:
+        return MapState(self, self._variable(stateName, "map"))
+
+    def _check_timers(self, operation: str) -> None:
+        if self.task.time_mode == "none":
+            raise RuntimeError(
+                f"[STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_MODE] Failed to "
+                f"perform stateful processor operation={operation} with invalid timeMode=NoTime"
+            )
+        if self.key is None:
+            raise RuntimeError(f"{operation} needs a grouping key: call it while rows or timers are handled.")
+
+    def registerTimer(self, expiryTimestampMs: int) -> None:
+        self._check_timers("register_timer")
+        self.timers.register(self.key, int(expiryTimestampMs))
+        self.metrics["numRegisteredTimers"] += 1
+
+    def deleteTimer(self, expiryTimestampMs: int) -> None:
+        self._check_timers("delete_timer")
+        self.timers.delete(self.key, int(expiryTimestampMs))
+        self.metrics["numDeletedTimers"] += 1
+
+    def listTimers(self) -> Iterator[int]:
+        self._check_timers("list_timers")
+        return iter(self.timers.list(self.key))
+
+    def deleteIfExists(self, stateName: str) -> None:
+        store = self.stores.get(stateName)
+        if store is None:
+            return
+        for key in list(store.map):
+            store.remove(key)
+        self.metrics["numDeletedStateVars"] += 1
+
+
+class _StateVar:
+    def __init__(self, handle: _Handle, variable: StateVariable) -> None:
+        self._handle = handle
+        self._variable = variable
+        self._store = handle.stores[variable.name]
+
+    def _key(self) -> Any:
+        key = self._handle.key
+        if key is None:
+            raise RuntimeError(
+                f"State variable {self._variable.name!r} is read or written outside "
+                "handleInputRows/handleExpiredTimer: there is no grouping key."
+            )
+        return key
+
+    def _get(self) -> Any:
+        return self._store.get(self._key())
+
+    def exists(self) -> bool:
+        return self._get() is not None
+
+    def clear(self) -> None:
+        self._store.remove(self._key())
+
+
+class ValueState(_StateVar):
+    """pyspark's ``ValueState`` over lockgate's store."""
+
+    def get(self) -> tuple[Any, ...] | None:
+        value = self._get()
+        return tuple(value) if value is not None else None
+
+    def update(self, newValue: tuple[Any, ...]) -> None:
+        names = self._variable.schema.names
+        self._store.put(self._key(), list(_as_dict(names, newValue, f"ValueState {self._variable.name!r}").values()))
+
+
+class ListState(_StateVar):
+    """pyspark's ``ListState`` over lockgate's store."""
+
+    def _items(self) -> list[tuple[Any, ...]]:
+        value = self._get()
+        return [_plain(v) for v in value[0]] if value is not None and value[0] is not None else []
+
+    def get(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self._items())
+
+    def _put(self, items: list[Any]) -> None:
+        names = self._variable.schema.names
+        what = f"ListState {self._variable.name!r}"
+        rows = [_as_dict(names, v, what) for v in items]
+        if rows:
+            self._store.put(self._key(), [rows])
+        else:
+            self._store.remove(self._key())
+
+    def put(self, newState: list[tuple[Any, ...]]) -> None:
+        self._put(list(newState))
+
+    def appendValue(self, newState: tuple[Any, ...]) -> None:
+        self._put([*self._items(), newState])
+
+    def appendList(self, newState: list[tuple[Any, ...]]) -> None:
+        self._put([*self._items(), *newState])
+
+
+class MapState(_StateVar):
+    """pyspark's ``MapState`` over lockgate's store (entries in insertion order)."""
+
+    def _entries(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+        value = self._get()
+        if value is None:
+            return {}
+        return {_plain(k): _plain(v) for k, v in zip(value[0] or (), value[1] or ())}
+
+    def _put(self, entries: dict[tuple[Any, ...], tuple[Any, ...]]) -> None:
+        if not entries:
+            self._store.remove(self._key())
+            return
+        assert self._variable.key_schema is not None
+        key_names, value_names = self._variable.key_schema.names, self._variable.schema.names
+        what = f"MapState {self._variable.name!r}"
+        keys = [_as_dict(key_names, k, what + " key") for k in entries]
+        values = [_as_dict(value_names, v, what + " value") for v in entries.values()]
+        self._store.put(self._key(), [keys, values])
+
+    def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        return self._entries().get(tuple(key))
+
+    def containsKey(self, key: tuple[Any, ...]) -> bool:
+        return tuple(key) in self._entries()
+
+    def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
+        entries = self._entries()
+        entries[tuple(key)] = tuple(value)
+        self._put(entries)
+
+    def iterator(self) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+        return iter(list(self._entries().items()))
+
+    def keys(self) -> Iterator[tuple[Any, ...]]:
+        return iter(list(self._entries()))
+
+    def values(self) -> Iterator[tuple[Any, ...]]:
+        return iter(list(self._entries().values()))
+
+    def removeKey(self, key: tuple[Any, ...]) -> None:
+        entries = self._entries()
+        if entries.pop(tuple(key), None) is not None:
+            self._put(entries)
+
+
+@dataclass
+class _Converter:
+    """Rows of the batch to what the processor takes, and its results back to Arrow, as
+    PySpark's serializers convert them (timestamps naive in the session time zone)."""
+
+    task: TwsTask
+    timestamp_columns: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.timestamp_columns = [
+            f.name for f in self.task.input_schema.fields if isinstance(f.dataType, TimestampType)
+        ]
+        self.out_timestamps = [
+            f.name for f in self.task.output_struct.fields if isinstance(f.dataType, TimestampType)
+        ]
+
+    def key(self, values: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(self._user_value(v) for v in values)
+
+    def _user_value(self, value: Any) -> Any:
+        import datetime as dt
+
+        if isinstance(value, dt.datetime) and value.tzinfo is not None:
+            from zoneinfo import ZoneInfo
+
+            return value.astimezone(ZoneInfo(self.task.timezone)).replace(tzinfo=None)
+        return value
+
+    def rows(self, table: pa.Table) -> Any:
+        if self.task.pandas:
+            pdf = table.to_pandas()
+            for name in self.timestamp_columns:
+                series = pdf[name]
+                if getattr(series.dt, "tz", None) is not None:
+                    pdf[name] = series.dt.tz_convert(self.task.timezone).dt.tz_localize(None)
+            return pdf
+        from pyspark.sql import Row
+
+        names = table.column_names
+        return [Row(**{n: self._user_value(r[n]) for n in names}) for r in table.to_pylist()]
+
+    def output(self, results: Any, where: str) -> Iterator[pa.RecordBatch]:
+        """The processor's output (an iterator of pandas DataFrames or Rows) as batches
+        of the output schema."""
+        if results is None:
+            return
+        schema = self.task.out_schema
+        names = schema.names
+        if self.task.pandas:
+            import pandas as pd
+
+            for pdf in results:
+                if not isinstance(pdf, pd.DataFrame):
+                    raise TypeError(
+                        f"{where} must yield pandas DataFrames (transformWithStateInPandas), got "
+                        f"{type(pdf).__name__}"
+                    )
+                if len(pdf) == 0 and len(pdf.columns) == 0:
+                    continue
+                missing = [n for n in names if n not in pdf.columns]
+                if missing:
+                    raise ValueError(
+                        f"[RESULT_COLUMNS_MISSING_IN_FUNCTION_OUTPUT] {where} returned columns "
+                        f"{list(pdf.columns)}, which lack {missing} of the output schema "
+                        f"{self.task.output_struct.simpleString()}."
+                    )
+                pdf = pdf[names].copy()
+                for name in self.out_timestamps:
+                    series = pd.to_datetime(pdf[name])
+                    if getattr(series.dt, "tz", None) is None:
+                        series = series.dt.tz_localize(self.task.timezone)
+                    pdf[name] = series
+                table = pa.Table.from_pandas(pdf, schema=schema, preserve_index=False)
+                yield from table.to_batches()
+        else:
+            rows = []
+            for row in results:
+                if hasattr(row, "asDict") and getattr(row, "__fields__", None):
+                    d = row.asDict()
+                    missing = [n for n in names if n not in d]
+                    if missing:
+                        raise ValueError(
+                            f"[RESULT_COLUMNS_MISSING_IN_FUNCTION_OUTPUT] {where} yielded {row!r}, "
+                            f"which lacks {missing} of the output schema."
+                        )
+                    values = [d[n] for n in names]
+                else:
+                    values = list(row)
+                    if len(values) != len(names):
+                        raise ValueError(
+                            f"{where} yielded {row!r} with {len(values)} values; the output schema "
+                            f"has {len(names)} ({', '.join(names)})."
+                        )
+                rows.append(dict(zip(names, values)))
+            if rows:
+                yield from pa.Table.from_pylist(rows, schema=schema).to_batches()
+
+
+def _checked(task: TwsTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The output, refused where a row's ``eventTimeColumnName`` is at or below the
+    watermark for late rows (Spark's ``UpdateEventTimeColumnExec``)."""
+    column, watermark = task.output_event_time, task.late_watermark_ms
+    if column is None or watermark is None:
+        yield from batches
+        return
+    import pyarrow.compute as pc
+
+    from lockgate.state.store import micros_array
+
+    for batch in batches:
+        times = micros_array(batch.column(column))
+        late = pc.fill_null(pc.less_equal(times, watermark * 1000), False)
+        if pc.any(late).as_py():
+            first = pc.min(pc.filter(times, late)).as_py()
+            raise RuntimeError(
+                "[EMITTING_ROWS_OLDER_THAN_WATERMARK_NOT_ALLOWED] Previous node emitted a row with "
+                f"eventTime={first} which is older than current_watermark_value={watermark * 1000}. "
+                "This can lead to correctness issues in the stateful operators downstream in the "
+                "execution pipeline. Please correct the operator logic to emit rows after current "
+                "global watermark value."
+            )
+        yield batch
+
+
+def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
+    """The state step of one partition (runs on an executor): the processor over the
+    batch's keys, then its due timers; every store committed at the end."""
+    from pyspark import cloudpickle
+    from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+
+    from lockgate.plan.state_udf import with_batch_params
+    from lockgate.state.store import StateStore, column_values
+
+    task = with_batch_params(task, next(iter(task.stores.values())).checkpoint_id)
+    started = time.perf_counter()
+    stores = {name: StateStore(conf, partition, task.version - 1) for name, conf in task.stores.items()}
+    timers = _Timers(stores[TIMERS])
+    metrics: dict[str, int] = dict.fromkeys(
+        (
+            "numValueStateVars", "numListStateVars", "numMapStateVars", "numDeletedStateVars",
+            "numRegisteredTimers", "numDeletedTimers", "numExpiredTimers",
+        ),
+        0,
+    )
+    processor = cloudpickle.loads(task.processor_bytes)
+    handle = _Handle(task, stores, timers, metrics)
+    convert = _Converter(task)
+    timed = task.time_mode != "none"
+    processing_ms = task.batch_timestamp_ms if timed and task.batch_timestamp_ms is not None else -1
+    watermark_ms = task.watermark_ms if timed and task.watermark_ms is not None else -1
+    if task.time_mode == "eventTime" and task.watermark_ms is None:
+        watermark_ms = -1
+    timer_values = TimerValues(processing_ms, watermark_ms)
+
+    processor.init(handle)
+    tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+    dropped = 0
+    # the UDF is made on a run's first batch: only batch 0's rows hold the initial state
+    if tables and task.initial_columns and _INIT_MARK in tables[0].column_names:
+        import pyarrow.compute as pc
+
+        both = pa.concat_tables(tables)
+        marks = pc.fill_null(both.column(_INIT_MARK), False)
+        initial = both.filter(marks)
+        tables = [both.filter(pc.invert(marks))] if initial.num_rows < both.num_rows else []
+        keys = list(zip(*[column_values(initial.column(k)) for k in task.key_columns]))
+        groups: dict[Any, list[int]] = {}
+        for i, key in enumerate(keys):
+            groups.setdefault(key, []).append(i)
+        init_data = initial.select([f"{_INIT_PREFIX}{c}" for c in task.initial_columns]).rename_columns(
+            list(task.initial_columns)
+        )
+        for key, indices in groups.items():
+            rows = convert.rows(init_data.take(pa.array(indices, type=pa.int64())))
+            handle.key = key
+            for state in [rows] if task.pandas else rows:
+                processor.handleInitialState(convert.key(key), state, timer_values)
+    if tables:
+        table = pa.concat_tables(tables)
+        if task.late_watermark_ms is not None and task.event_time_column is not None and task.event_time_column in table.column_names:
+            import pyarrow.compute as pc
+
+            from lockgate.state.store import micros_array
+
+            times = micros_array(table.column(task.event_time_column))
+            late = pc.fill_null(pc.less_equal(times, task.late_watermark_ms * 1000), False)
+            dropped = int(pc.sum(late).as_py() or 0)
+            table = table.filter(pc.invert(late))
+        keys = list(zip(*[column_values(table.column(k)) for k in task.key_columns]))
+        groups: dict[Any, list[int]] = {}
+        for i, key in enumerate(keys):
+            groups.setdefault(key, []).append(i)
+        data = table.select(list(task.input_columns))
+        for key, indices in groups.items():
+            rows = convert.rows(data.take(pa.array(indices, type=pa.int64())))
+            handle.key = key
+            user_key = convert.key(key)
+            results = processor.handleInputRows(user_key, iter([rows] if task.pandas else rows), timer_values)
+            yield from _checked(task, convert.output(results, "handleInputRows"))
+    t1 = time.perf_counter()
+    if timed:
+        threshold = processing_ms if task.time_mode == "processingTime" else watermark_ms
+        for ts, key in timers.expired(threshold):
+            handle.key = key
+            metrics["numExpiredTimers"] += 1
+            results = processor.handleExpiredTimer(
+                key=convert.key(key), timerValues=timer_values, expiredTimerInfo=ExpiredTimerInfo(ts)
+            )
+            yield from _checked(task, convert.output(results, "handleExpiredTimer"))
+            timers.delete(key, ts)
+    handle.key = None
+    processor.close()
+    remove_ms = (time.perf_counter() - t1) * 1000
+    updated = sum(len(s.updated) for s in stores.values())
+    removed = sum(len(s.removed) for s in stores.values())
+    commit_ms = 0.0
+    for store in stores.values():
+        store.commit()
+        commit_ms += store.metrics.commit_ms
+    op = task.operator_id
+    first = stores[TIMERS]
+    values = {
+        "numRowsTotal": sum(len(s) for name, s in stores.items() if name != TIMERS),
+        "numRowsUpdated": updated,
+        "numRowsRemoved": removed,
+        "numRowsDroppedByWatermark": dropped,
+        "allUpdatesTimeMs": int((t1 - started) * 1000),
+        "allRemovalsTimeMs": int(remove_ms),
+        "commitTimeMs": int(commit_ms),
+        "memoryUsedBytes": sum(s.memory_bytes() for s in stores.values()),
+        "numStateStoreInstances": 1,
+        "loadedFromCache": int(first.metrics.loaded_from_cache),
+        "loadedFromFiles": int(not first.metrics.loaded_from_cache),
+        "stateFilesReplayed": sum(s.metrics.files_replayed for s in stores.values()),
+        "snapshotsWritten": int(any(s.metrics.snapshot_written for s in stores.values())),
+        **metrics,
+    }
+    task.accumulator.add({f"{op}.{name}": value for name, value in values.items()})
+
+
+__all__ = ["TransformWithState", "make_transform_with_state"]
