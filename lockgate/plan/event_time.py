@@ -354,12 +354,21 @@ def _time_argument_delay(node: Any, below: dict[str, int]) -> int | None:
     time = _plain_column(node)
     if time is not None:
         return below.get(time)
-    if node.getClass().getSimpleName() == "UnresolvedFunction" and node.arguments().size() == 1:
-        parts = node.nameParts()
-        if str(parts.apply(parts.size() - 1)).lower() == "window_time":
-            window = _plain_column(node.arguments().apply(0))
-            return below.get(window) if window is not None else None
+    kind = node.getClass().getSimpleName()
+    if kind == "UnresolvedFunction" and node.arguments().size() == 1 and _function_name(node) == "window_time":
+        window = _plain_column(node.arguments().apply(0))
+        return below.get(window) if window is not None else None
     return None
+
+
+def _function_name(node: Any) -> str:
+    """The (last part of the) name of an unresolved function: Catalyst's expression has
+    ``nameParts``, the Column API's node ``functionName``."""
+    try:
+        parts = node.nameParts()
+        return str(parts.apply(parts.size() - 1)).lower()
+    except Exception:  # noqa: BLE001 - py4j: the Column API's UnresolvedFunction
+        return str(node.functionName()).lower()
 
 
 def _plain_column(node: Any) -> str | None:
