@@ -273,7 +273,7 @@ class MicroBatchExecution(StreamExecution):
         with self.progress.time("triggerExecution"):
             if self.current_batch_id < 0:
                 self._populate_start_offsets()
-                if isinstance(self.trigger, AvailableNowTrigger):
+                if isinstance(self.trigger, AvailableNowTrigger) and logger.isEnabledFor(logging.INFO):
                     self._backlog_start = {
                         slot.index: backlog[0]
                         for slot in self._slots
@@ -294,7 +294,8 @@ class MicroBatchExecution(StreamExecution):
                 self.update_status("Processing new data")
                 self._run_batch()
         self._finish_trigger(ran)
-        if ran and isinstance(self.trigger, AvailableNowTrigger):
+        # Only when it is logged: the file source walks its target's files to tell.
+        if ran and isinstance(self.trigger, AvailableNowTrigger) and logger.isEnabledFor(logging.INFO):
             self._log_backlog()
         if ran:
             self.current_batch_id += 1
