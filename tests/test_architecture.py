@@ -49,21 +49,6 @@ KNOWN: set[tuple[str, ...]] = {
     # operators' modules: it moves with the stateful-operator contract.
     ("lockgate.state.reader", "lockgate.plan.join.planner"),
     ("lockgate.state.reader", "lockgate.plan.session_window"),
-    # Aggregate functions' Catalyst reads, used by the API's agg(): Catalyst reads move to
-    # plan/ with a public name (issue 20, "api/ is a thin facade").
-    ("lockgate.plan.aggregate", "lockgate.plan.aggregate_functions", "_as_column"),
-    ("lockgate.plan.aggregate", "lockgate.plan.aggregate_functions", "_function_parts"),
-    ("lockgate.api.grouped", "lockgate.plan.aggregate", "_as_column"),
-    ("lockgate.api.grouped", "lockgate.plan.aggregate", "_function_parts"),
-    # The join planner's use of the condition module's internals.
-    ("lockgate.plan.join.planner", "lockgate.plan.join.condition", "_Conjunct"),
-    ("lockgate.plan.join.planner", "lockgate.plan.join.condition", "_Converter"),
-    ("lockgate.plan.join.planner", "lockgate.plan.join.condition", "_null_intolerant_refs"),
-    ("lockgate.plan.join.planner", "lockgate.plan.join.condition", "_refs"),
-    ("lockgate.plan.join.planner", "lockgate.plan.join.condition", "_split_and"),
-    ("lockgate.plan.join.planner", "lockgate.plan.join.condition", "_state_watermark_form"),
-    # The file source's option helper (sources/file/ was being edited concurrently).
-    ("lockgate.sources.file.source", "lockgate.sources.file.options", "_require_path"),
 }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
@@ -11,26 +11,22 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import NumericType, StructField, StructType
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
-from lockgate.plan.aggregate import Aggregate, _as_column, _function_parts, decompose
-from lockgate.plan.aggregate_functions import is_plain_aggregate, map_aggregates
+from lockgate.plan.aggregate import Aggregate
+from lockgate.plan.aggregate_functions import decompose, is_plain_aggregate, map_aggregates
+from lockgate.plan.aggregate_plan import (
+    aggregated_columns,
+    for_rows_where,
+    groups_by_column,
+    inner_pivot_aggregate,
+    read_expansion,
+    refuse_expressions_over_aggregates,
+)
 from lockgate.plan.event_time import event_time_columns, grouping_event_time_key
 from lockgate.plan.nodes import GroupedMap, Transform
 from lockgate.plan.session_window import session_key_index, session_window_aggregate
 
 if TYPE_CHECKING:
     from lockgate.api.dataframe import StreamingDataFrame
-
-
-def _refuse_expressions_over_aggregates(spark: Any, columns: list[Column], what: str) -> None:
-    """Expressions over aggregate functions with grouping sets or a pivot are not verified
-    against Spark yet (a differential test of them failed): refused, as they were before
-    plain aggregations took them, rather than risk rows that differ from Spark's."""
-    if not all(is_plain_aggregate(spark, c) for c in columns):
-        raise NotSupportedYetError(
-            f"Expressions over aggregate functions in {what}(...).agg()",
-            "Aggregate with plain aggregate functions and compute the expression in a "
-            "select() after the aggregation.",
-        )
 
 
 def _grouping_sets_aggregate(
@@ -65,14 +61,14 @@ def _grouping_sets_aggregate(
             "groupingSets needs at least one grouping set ([] is the grand total); Spark's own "
             "query fails on none at its first batch"
         )
-    expansion = _expansion(template)
+    expansion = read_expansion(template)
     if expansion is None:  # a single set of no keys: Spark's plain global aggregation
         return StreamingGroupedData(df, ()).agg(*columns)
     n = len(expansion.names)
     candidates = [_key_column(df, c) for c in (*grouping, *(c for s in sets or () for c in s))]
     # which candidate is which key: Spark's own de-duplication, read from the plan of one
     # set per candidate (a window, an alias, `a + b` and `b + a` as Spark compares them)
-    probe = _expansion(df._template.groupingSets([[c] for c in candidates]).agg(F.count(F.lit(1)))) if n else None
+    probe = read_expansion(df._template.groupingSets([[c] for c in candidates]).agg(F.count(F.lit(1)))) if n else None
     if probe is not None and probe.names != expansion.names:
         raise NotSupportedYetError(f"A streaming {kind} whose keys Spark orders differently from its columns")
     positions = [kept[0] for kept in probe.kept] if probe is not None else []
@@ -85,7 +81,7 @@ def _grouping_sets_aggregate(
     internal = ["spark_grouping_id"] + (["_gen_grouping_pos"] if expansion.positions else [])
     if len({*names, *internal}) != n + len(internal):
         raise NotSupportedYetError(f"{kind} by keys of the same name ({', '.join(names)})")
-    read = _aggregated_columns(df, columns)
+    read = aggregated_columns(df._template, columns)
     shadowed = sorted(read & {*names, *internal} & set(df.columns))
     if shadowed:
         raise NotSupportedYetError(
@@ -114,55 +110,9 @@ def _grouping_sets_aggregate(
     aggregated = StreamingGroupedData(expanded, tuple(F.col(_quoted(c)) for c in (*names, *internal))).agg(*columns)
     spark_key = StreamingGroupedData(df, tuple(keys))._event_time_key(plain.schema, n)
     node = replace(
-        aggregated._plan, event_time_key=spark_key, event_time_key_is_attribute=_groups_by_column(template, spark_key)
+        aggregated._plan, event_time_key=spark_key, event_time_key_is_attribute=groups_by_column(template, spark_key)
     )
     return aggregated._derive(Transform(node, "drop", (*names[shown:], *internal)), template)
-
-
-@dataclass(frozen=True)
-class _Expansion:
-    """Spark's ``Expand`` below a grouping-sets aggregation, from its analysed plan."""
-
-    names: tuple[str, ...]
-    """The distinct grouping keys, as Spark names them."""
-    kept: tuple[tuple[int, ...], ...]
-    """Per grouping set, in Spark's order, the keys it keeps (the others are null)."""
-    masks: tuple[int, ...]
-    """Per grouping set, its ``spark_grouping_id``."""
-    id_type: str
-    positions: bool
-    """Whether two sets hold the same keys, so that ``_gen_grouping_pos`` tells them apart."""
-
-
-def _expansion(template: Any) -> _Expansion | None:
-    """None where Spark aggregates without ``Expand`` (no keys and one set: ``rollup()``,
-    ``groupingSets([[]])``)."""
-    node = template._jdf.queryExecution().analyzed()
-    while node.getClass().getSimpleName() != "Aggregate":
-        node = node.children().apply(0)
-    grouping = node.groupingExpressions()
-    size = grouping.size()
-    if size == 0:
-        return None
-    positions = str(grouping.apply(size - 1).name()) == "_gen_grouping_pos"
-    n = size - 1 - int(positions)
-    expand = node.child()
-    if expand.getClass().getSimpleName() != "Expand":
-        raise NotSupportedYetError("A streaming grouping-sets aggregation that Spark plans without Expand")
-    width = expand.output().size() - size  # the input's columns come first
-    kept, masks = [], []
-    projections = expand.projections()
-    for i in range(projections.size()):
-        row = projections.apply(i)
-        kept.append(tuple(j for j in range(n) if row.apply(width + j).getClass().getSimpleName() != "Literal"))
-        masks.append(int(row.apply(width + n).value()))
-    return _Expansion(
-        names=tuple(str(grouping.apply(j).name()) for j in range(n)),
-        kept=tuple(kept),
-        masks=tuple(masks),
-        id_type=str(grouping.apply(n).dataType().typeName()),
-        positions=positions,
-    )
 
 
 def _agg_columns(exprs: tuple[Column | dict[str, str], ...]) -> list[Column]:
@@ -187,42 +137,6 @@ def _key_column(df: StreamingDataFrame, item: Any) -> Column:
 
 def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
-
-
-def _aggregated_columns(df: StreamingDataFrame, columns: list[Column]) -> set[str]:
-    """Names of the input columns the aggregate functions read (Spark's analysed plan;
-    not a grouping key an expression over them reads)."""
-    plan = df._template.agg(*columns)._jdf.queryExecution().analyzed()
-    found: set[str] = set()
-
-    def visit(expr: Any) -> None:
-        if expr.getClass().getSimpleName() == "AggregateExpression":
-            refs = expr.references().toSeq()
-            for j in range(refs.size()):
-                found.add(str(refs.apply(j).name()))
-            return
-        children = expr.children()
-        for j in range(children.size()):
-            visit(children.apply(j))
-
-    expressions = plan.aggregateExpressions()
-    for i in range(expressions.size()):
-        visit(expressions.apply(i))
-    return found
-
-
-def _groups_by_column(template: Any, key: int | None) -> bool:
-    """Whether grouping key ``key`` of the aggregation ``template`` is a column in
-    Spark's analysed ``Aggregate`` (not an expression such as a cast)."""
-    if key is None:
-        return True
-    node = template._jdf.queryExecution().analyzed()
-    while node.getClass().getSimpleName() != "Aggregate":
-        if node.children().size() != 1:
-            return True
-        node = node.children().apply(0)
-    grouping = node.groupingExpressions()
-    return key >= grouping.size() or grouping.apply(key).getClass().getSimpleName() == "AttributeReference"
 
 
 class StreamingGroupedData:
@@ -251,7 +165,7 @@ class StreamingGroupedData:
         columns = _agg_columns(exprs)
         template = self._template_grouped.agg(*columns)
         if self._sets is not None:
-            _refuse_expressions_over_aggregates(self._df._session.spark, columns, "rollup/cube/groupingSets")
+            refuse_expressions_over_aggregates(self._df._session.spark, columns, "rollup/cube/groupingSets")
             return _grouping_sets_aggregate(
                 self._df, self._grouping, self._sets, self._grouping_sets, columns, template
             )
@@ -295,7 +209,7 @@ class StreamingGroupedData:
                 key_names=key_names,
                 event_time_key=event_time_key,
                 input_plan=input_plan,
-                event_time_key_is_attribute=_groups_by_column(template, event_time_key),
+                event_time_key_is_attribute=groups_by_column(template, event_time_key),
             )
         if split is not None:
             node = replace(node, results=split[1], aggregate_schema=split[2])
@@ -542,9 +456,9 @@ class StreamingPivotedData:
     def agg(self, *exprs: Column | dict[str, str]) -> StreamingDataFrame:
         columns = _agg_columns(exprs)
         template = self._template.agg(*columns)
-        _refuse_expressions_over_aggregates(self._grouped._df._session.spark, columns, "pivot")
+        refuse_expressions_over_aggregates(self._grouped._df._session.spark, columns, "pivot")
         keys = len(template.columns) - len(self._values) * len(columns)
-        inner = _inner_pivot_aggregate(template)
+        inner = inner_pivot_aggregate(template)
         if inner is not None:
             result = self._two_aggregations(columns, template, inner, keys)
         else:
@@ -585,12 +499,12 @@ class StreamingPivotedData:
         pivot = F.col(self._column)
         pivot_type = df._template.select(pivot).schema.fields[0].dataType
         outputs = [
-            _for_rows_where(spark, c, pivot.eqNullSafe(F.lit(value).cast(pivot_type)))
+            for_rows_where(spark, c, pivot.eqNullSafe(F.lit(value).cast(pivot_type)))
             if is_plain_aggregate(spark, c)
             else map_aggregates(  # each aggregate of the expression over the value's rows
                 spark,
                 c,
-                lambda call, v=value: _for_rows_where(
+                lambda call, v=value: for_rows_where(
                     spark, call, pivot.eqNullSafe(F.lit(v).cast(pivot_type))
                 ),
             )
@@ -629,39 +543,3 @@ class StreamingPivotedData:
         if name.startswith("_"):
             raise AttributeError(name)
         raise NotSupportedYetError(f"GroupedData.pivot(...).{name} on a streaming DataFrame")
-
-
-def _inner_pivot_aggregate(template: Any) -> Any:
-    """The first of the two aggregations Spark's plan of a pivot has (a projection of
-    the second's ``PivotFirst`` arrays over it), or None for a single aggregation."""
-    node = template._jdf.queryExecution().analyzed()
-    if node.getClass().getSimpleName() != "Project":
-        return None
-    second = node.child()
-    if second.getClass().getSimpleName() != "Aggregate" or second.child().getClass().getSimpleName() != "Aggregate":
-        return None
-    return second.child()
-
-
-_FIRST_LAST = ("first", "last", "first_value", "last_value")
-_ONE_CHILD = (*_FIRST_LAST, "any_value", "approx_count_distinct", "approx_percentile", "percentile_approx")
-"""Functions whose arguments after the first are settings, not inputs (Spark's children)."""
-
-
-def _for_rows_where(spark: Any, aggregate: Column, condition: Column) -> Column:
-    """``aggregate`` over the rows where ``condition`` holds, as Spark's ``ResolvePivot``
-    rewrites it: each input null elsewhere (a function's settings, such as an accuracy,
-    kept), and ``first``/``last`` ignoring nulls."""
-    _, args, distinct = _function_parts(spark, aggregate)
-    if distinct:
-        decompose(spark, aggregate)  # Spark's streaming error
-    expr = spark._jsparkSession.expression(aggregate._jc)
-    while expr.getClass().getSimpleName() == "Alias":
-        expr = expr.child()
-    parts = expr.nameParts()
-    name = str(parts.apply(parts.size() - 1)).lower()
-    arguments = [F.lit(1) if a.getClass().getSimpleName() == "UnresolvedStar" else _as_column(spark, a) for a in args]
-    if name in _FIRST_LAST:
-        arguments = [arguments[0], F.lit(True)]
-    inputs = 1 if name in _ONE_CHILD else len(arguments)
-    return F.call_function(name, *[F.when(condition, a) for a in arguments[:inputs]], *arguments[inputs:])

@@ -33,11 +33,8 @@ from pyspark.sql.types import StructType
 from lockgate.compat import override
 from lockgate.plan.aggregate_functions import (
     AggSpec,
-    _as_column,  # noqa: F401 (lockgate.api.grouped imports it from here)
-    _function_parts,  # noqa: F401 (likewise)
     buffer_merger,
     buffer_roles,
-    decompose,  # noqa: F401 (likewise)
     final_column,
     finish_after_state,
     finished_after_state,

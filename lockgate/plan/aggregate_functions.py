@@ -123,7 +123,7 @@ class AggSpec:
     """percentile with a frequency column: the buffer holds (value, frequency) pairs."""
 
 
-def _function_parts(spark: SparkSession, col: Column) -> tuple[str, list[Any], bool]:
+def function_parts(spark: SparkSession, col: Column) -> tuple[str, list[Any], bool]:
     """(name, argument expressions, distinct) of a top-level aggregate call."""
     js = spark._jsparkSession
     expr = js.expression(col._jc)
@@ -143,7 +143,7 @@ def _function_parts(spark: SparkSession, col: Column) -> tuple[str, list[Any], b
     return _ALIASES.get(name, name), args, bool(expr.isDistinct())
 
 
-def _as_column(spark: SparkSession, expr: Any) -> Column:
+def as_column(spark: SparkSession, expr: Any) -> Column:
     from pyspark.sql.classic.column import Column as ClassicColumn
 
     utils = spark.sparkContext._jvm.org.apache.spark.sql.classic.ExpressionUtils
@@ -164,7 +164,7 @@ def _null_on_divide_by_zero(spark: SparkSession) -> bool:
 
 
 def decompose(spark: SparkSession, col: Column) -> AggSpec:
-    name, args, distinct = _function_parts(spark, col)
+    name, args, distinct = function_parts(spark, col)
     if distinct:
         raise AnalysisError(
             "Distinct aggregations are not supported on streaming DataFrames/Datasets. "
@@ -186,7 +186,7 @@ def decompose(spark: SparkSession, col: Column) -> AggSpec:
         )
     if name in _SELF_MERGING:
         return AggSpec(name, (col,), (_SELF_MERGING[name],))
-    arg = _as_column(spark, args[0])
+    arg = as_column(spark, args[0])
     if name == "approx_count_distinct":
         return _approx_count_distinct(arg, args)
     if name in ("median", "percentile"):
@@ -209,12 +209,12 @@ def decompose(spark: SparkSession, col: Column) -> AggSpec:
             )
         # Spark's buffer: the value and the extreme ordering (MaxMinBy), here the
         # function itself and max/min of the ordering over the batch.
-        ordering = _as_column(spark, args[1])
+        ordering = as_column(spark, args[1])
         extreme = F.max(ordering) if name == "max_by" else F.min(ordering)
         return AggSpec(name, (col, extreme), (name, "ordering"))
     nulls = _null_on_divide_by_zero(spark)
     if name in ("covar_pop", "covar_samp", "corr"):
-        return _co_moments(name, arg, _as_column(spark, args[1]), nulls)
+        return _co_moments(name, arg, as_column(spark, args[1]), nulls)
     return _central_moments(name, arg, nulls)
 
 
@@ -280,10 +280,10 @@ def _percentile(spark: SparkSession, name: str, arg: Column, args: list[Any]) ->
     native Spark's exact percentile by construction. The state grows with the values."""
     if name == "median":
         return AggSpec(name, (F.collect_list(arg),), ("concat",))
-    percentage = _as_column(spark, args[1])
+    percentage = as_column(spark, args[1])
     if len(args) < 3 or _is_literal(args[2], "1"):
         return AggSpec(name, (F.collect_list(arg),), ("concat",), finish_args=(percentage,))
-    frequency = _as_column(spark, args[2])
+    frequency = as_column(spark, args[2])
     # Spark's Percentile skips rows whose value or frequency is null.
     pair = F.when(
         arg.isNotNull() & frequency.isNotNull(),
@@ -625,7 +625,7 @@ def map_aggregates(
 
     def walk(expr: Any) -> Any:
         if is_aggregate_call(spark, expr):
-            return js.expression(leaf(_as_column(spark, expr))._jc)
+            return js.expression(leaf(as_column(spark, expr))._jc)
         if other is not None:
             replaced = other(expr)
             if replaced is not None:
@@ -637,7 +637,7 @@ def map_aggregates(
             to_seq([walk(children.apply(i)) for i in range(children.size())])
         )
 
-    return _as_column(spark, walk(js.expression(col._jc)))
+    return as_column(spark, walk(js.expression(col._jc)))
 
 
 def is_plain_aggregate(spark: SparkSession, col: Column) -> bool:

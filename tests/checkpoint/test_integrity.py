@@ -23,7 +23,7 @@ from lockgate.checkpoint import (
 from lockgate.checkpoint.checksum import CRC32C, ChecksumMismatchError, compute, crc32c
 from lockgate.checkpoint.fs import LocalFileSystem
 from lockgate.errors import CheckpointError, LockgateError
-from lockgate.sinks.file import FileStreamSinkLog, SinkFileStatus
+from lockgate.sinks.file_log import FileStreamSinkLog, SinkFileStatus
 from lockgate.state.schema import OperatorStateSchema, check_or_write
 
 FS = LocalFileSystem()

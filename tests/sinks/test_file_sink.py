@@ -17,12 +17,14 @@ from lockgate.errors import AnalysisError, CheckpointError, OptionError
 from lockgate.options import Options
 from lockgate.sinks import SinkContext, lookup_sink
 from lockgate.sinks.file import (
-    COMPACT_INTERVAL_CONF,
     CsvFileSinkProvider,
     FileStreamSink,
-    FileStreamSinkLog,
     JsonFileSinkProvider,
     ParquetFileSinkProvider,
+)
+from lockgate.sinks.file_log import (
+    COMPACT_INTERVAL_CONF,
+    FileStreamSinkLog,
     derive_compact_interval,
 )
 from lockgate.sources import READ_ALL_AVAILABLE, SourceContext

@@ -1,6 +1,6 @@
 """The stream-stream join condition: parsed from Spark's plan, evaluated in Python.
 
-Holds the supported expression subset (:class:`_Converter` turns resolved Catalyst
+Holds the supported expression subset (:class:`Converter` turns resolved Catalyst
 expressions into picklable tuples, refusing the rest), their evaluation with Spark's
 semantics (:func:`compile_expr`), the state watermark derived from range conditions
 (Spark's ``StreamingJoinHelper``) and the helpers that inspect condition terms.
@@ -41,7 +41,7 @@ _EPOCH_DAY = _dt.date(1970, 1, 1)
 
 
 @dataclass
-class _Conjunct:
+class Conjunct:
     expr: tuple[Any, ...] | None
     """The term in the task's form (:func:`compile_expr`), or None for a single-side
     term only Spark evaluates."""
@@ -51,7 +51,7 @@ class _Conjunct:
     """(side, column index, field ordinals) of the attributes, or fields of struct
     attributes (``s.a.x``), Spark infers ``isnotnull`` for from this conjunct."""
     watermark_forms: dict[int, Any]
-    """side -> its state watermark form (see :func:`_state_watermark_form`) or None."""
+    """side -> its state watermark form (see :func:`state_watermark_form`) or None."""
     text: str
     source: Any = None
     """The conjunct as Spark's analysed expression."""
@@ -70,7 +70,7 @@ def _kind(type_name: str) -> str:
     return "other"
 
 
-class _Converter:
+class Converter:
     """Turns resolved Catalyst expressions into the tuple form, refusing the rest.
 
     With ``widths`` (each side's column count), a deterministic part of a term that
@@ -133,7 +133,7 @@ class _Converter:
         """The side ``e`` can be derived from (see the class), or None."""
         if self.widths is None or not e.deterministic():
             return None
-        sides = {side for side, _ in _refs(e, self.attrs)}
+        sides = {side for side, _ in side_refs(e, self.attrs)}
         if len(sides) != 1 or _has_unknown_attribute(e, self.attrs):
             return None
         return next(iter(sides))
@@ -271,7 +271,7 @@ def _field_path(e: Any) -> bool:
     return name == "AttributeReference"
 
 
-def _literal(e: Any, conv: _Converter, evaluated: tuple[Any] | None = None) -> tuple[Any, str]:
+def _literal(e: Any, conv: Converter, evaluated: tuple[Any] | None = None) -> tuple[Any, str]:
     """A literal's (or, with ``evaluated``, a constant's) value and kind in the task's
     form; ``evaluated`` holds Spark's internal value of the constant."""
     t = str(e.dataType().typeName())
@@ -500,7 +500,7 @@ def _collect_terms(e: Any, negate: bool, attrs: dict[int, tuple[int, int, Any]])
     return None
 
 
-def _state_watermark_form(
+def state_watermark_form(
     conj: Any, this_side: int, attrs: dict[int, tuple[int, int, Any]], wm_cols: dict[int, int | None]
 ) -> tuple[list[tuple[bool, Any]], int] | None:
     """For one conjunct: the terms to add up (other side's watermark column replaced by
@@ -520,7 +520,7 @@ def _state_watermark_form(
     other = 1 - this_side
     if wm_cols.get(other) is None:
         return None
-    refs = _refs(a, attrs) | _refs(b, attrs)
+    refs = side_refs(a, attrs) | side_refs(b, attrs)
     if len([r for r in refs if r[0] == this_side]) > 1 or len([r for r in refs if r[0] == other]) > 1:
         return None
     ta = _collect_terms(a, False, attrs)
@@ -561,7 +561,7 @@ def state_watermark_ms(forms: list[tuple[list[tuple[bool, Any]], int]], watermar
     return min(values) if values else None
 
 
-def _refs(e: Any, attrs: dict[int, tuple[int, int, Any]]) -> set[tuple[int, int]]:
+def side_refs(e: Any, attrs: dict[int, tuple[int, int, Any]]) -> set[tuple[int, int]]:
     """(side, column index) of the columns of either side ``e`` reads."""
     return {attrs[key][:2] for key in _attributes(e, attrs)}
 
@@ -580,7 +580,7 @@ def _spark_null_intolerant(e: Any) -> bool:
         return False
 
 
-def _null_intolerant_refs(
+def null_intolerant_refs(
     e: Any, attrs: dict[int, tuple[int, int, Any]]
 ) -> set[tuple[int, int, tuple[int, ...]]]:
     """Spark's scanNullIntolerantAttribute (after DatetimeSub / same-type Cast removal):
@@ -598,19 +598,19 @@ def _null_intolerant_refs(
         key = int(e.exprId().id())
         return {(*attrs[key][:2], tuple(path))} if key in attrs else set()
     if name == "DatetimeSub":
-        return _null_intolerant_refs(e.replacement(), attrs)
+        return null_intolerant_refs(e.replacement(), attrs)
     if name == "Cast" and str(e.child().dataType().typeName()) == str(e.dataType().typeName()):
-        return _null_intolerant_refs(e.child(), attrs)
+        return null_intolerant_refs(e.child(), attrs)
     if name == "IsNotNull":
-        return _null_intolerant_refs(e.child(), attrs)
+        return null_intolerant_refs(e.child(), attrs)
     if name == "Between":  # x >= lo AND x <= hi: both null-intolerant
         parts = between_comparisons(e)
-        return set() if parts is None else _null_intolerant_refs(parts[0], attrs) | _null_intolerant_refs(parts[1], attrs)
+        return set() if parts is None else null_intolerant_refs(parts[0], attrs) | null_intolerant_refs(parts[1], attrs)
     if name in _NULL_INTOLERANT or _spark_null_intolerant(e):
         out: set[tuple[int, int, tuple[int, ...]]] = set()
         children = e.children()
         for i in range(children.size()):
-            out |= _null_intolerant_refs(children.apply(i), attrs)
+            out |= null_intolerant_refs(children.apply(i), attrs)
         return out
     return set()
 
@@ -643,21 +643,21 @@ def between_comparisons(e: Any) -> tuple[Any, Any] | None:
     )
 
 
-def split_common_expressions(terms: list[Any], conv: _Converter) -> list[Any]:
+def split_common_expressions(terms: list[Any], conv: Converter) -> list[Any]:
     """Spark's rewrite of ``x BETWEEN lo AND hi`` when ``x`` is an expression (its
     ``With``): the optimizer computes ``x`` once, in a projection below the join on
     ``x``'s side (``_common_expr_0``), and the condition holds ``_common_expr_0 >= lo``
     and ``_common_expr_0 <= hi``. The state watermark follows that form: Spark derives
     a side's watermark from a comparison of *any* of its timestamp columns, so a bound
     on ``_common_expr_0`` bounds the side's event time as if it were that column. Here
-    ``x`` becomes a derived column (:meth:`_Converter.stand_in`) and the term those two
+    ``x`` becomes a derived column (:meth:`Converter.stand_in`) and the term those two
     comparisons of it, for terms reading both sides."""
     from pyspark import SparkContext
 
     out: list[Any] = []
     for term in terms:
         two_sided_between = term.getClass().getSimpleName() == "Between" and len(
-            {side for side, _ in _refs(term, conv.attrs)}
+            {side for side, _ in side_refs(term, conv.attrs)}
         ) == 2
         x = conv.stand_in(term.input()) if two_sided_between else None
         if x is None:
@@ -692,12 +692,12 @@ def negated_comparison(term: Any) -> Any | None:
     return getattr(expressions, flipped)(child.left(), child.right())
 
 
-def _split_and(e: Any) -> list[Any]:
+def split_and(e: Any) -> list[Any]:
     """Spark's splitConjunctivePredicates of the optimized condition (BETWEEN on a column
     is already ``>= AND <=`` there)."""
     if e.getClass().getSimpleName() == "And":
-        return _split_and(e.left()) + _split_and(e.right())
+        return split_and(e.left()) + split_and(e.right())
     parts = between_parts(e)
     if parts is not None:
-        return _split_and(parts[0]) + _split_and(parts[1])
+        return split_and(parts[0]) + split_and(parts[1])
     return [e]

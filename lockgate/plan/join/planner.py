@@ -30,14 +30,14 @@ from lockgate.plan.event_time import event_time_outputs
 from lockgate.plan.join.condition import (
     LEFT,
     RIGHT,
-    _Conjunct,
-    _Converter,
-    _null_intolerant_refs,
-    _refs,
-    _split_and,
-    _state_watermark_form,
+    Conjunct,
+    Converter,
     negated_comparison,
+    null_intolerant_refs,
+    side_refs,
+    split_and,
     split_common_expressions,
+    state_watermark_form,
     state_watermark_ms,
 )
 from lockgate.plan.join.task import JoinTask, run_join_task
@@ -123,7 +123,7 @@ class StreamJoin(StatefulOperator):
     """Per side: parts of two-side condition terms that read only that side and that
     the task does not evaluate (``length(lv)`` in ``length(lv) < length(rv)``), computed
     by Spark in the side's tagging projection and carried (and buffered) after the
-    side's columns, where ``post_join``/``pre_join`` read them (``_Converter``)."""
+    side's columns, where ``post_join``/``pre_join`` read them (``Converter``)."""
     watermark_columns: tuple[int | None, int | None] = (None, None)
     key_watermark_ordinal: int | None = None
     state_watermark_forms: tuple[Any, Any] = (None, None)
@@ -292,7 +292,7 @@ def make_stream_join(
     if cond.isEmpty():
         raise NotSupportedYetError("A stream-stream join without equality join keys")
     whole = str(cond.get().toString())
-    conv = _Converter(attrs, whole, (len(lschema.fields), len(rschema.fields)))
+    conv = Converter(attrs, whole, (len(lschema.fields), len(rschema.fields)))
     (lwm, lmarks), (rwm, rmarks) = _side_watermark_column(left), _side_watermark_column(right)
     wm_cols = {LEFT: lwm, RIGHT: rwm}
     several = next((m for m in (lmarks, rmarks) if len(m) > 1), None)
@@ -303,11 +303,11 @@ def make_stream_join(
     key_exprs: list[tuple[Any, Any]] = []
     key_types: list[Any] = []
     key_not_null: set[tuple[int, int, tuple[int, ...]]] = set()  # Spark's isnotnull from them
-    for c in _split_and(cond.get()):
+    for c in split_and(cond.get()):
         name = c.getClass().getSimpleName()
         if name in ("EqualTo", "EqualNullSafe"):
             a, b = c.left(), c.right()
-            ra, rb = _refs(a, attrs), _refs(b, attrs)
+            ra, rb = side_refs(a, attrs), side_refs(b, attrs)
             sides_a, sides_b = {s for s, _ in ra}, {s for s, _ in rb}
             if sides_a and sides_b and len(sides_a) == 1 and len(sides_b) == 1 and sides_a != sides_b:
                 if sides_a == {RIGHT}:
@@ -322,7 +322,7 @@ def make_stream_join(
                         exprs.append(unresolved_column(e))
                         indexes.append(-1)
                 if name == "EqualTo" and -1 in indexes:
-                    key_not_null.update(_null_intolerant_refs(c, attrs))
+                    key_not_null.update(null_intolerant_refs(c, attrs))
                 data_type = a.dataType()
                 key_type, other_type = data_type.simpleString(), b.dataType().simpleString()
                 if not _key_type_ok(_python_type(data_type)) or key_type != other_type:
@@ -345,8 +345,8 @@ def make_stream_join(
             "A stream-stream join without equality join keys",
             "Join on at least one column equality (e.g. leftId = rightId).",
         )
-    conjuncts: list[_Conjunct] = []
-    plain = _Converter(attrs, whole)
+    conjuncts: list[Conjunct] = []
+    plain = Converter(attrs, whole)
     post_join_columns: list[Column] = []
     negated: set[int] = set()
     for i, term in enumerate(others):
@@ -355,7 +355,7 @@ def make_stream_join(
             others[i] = flipped
             negated.add(id(flipped))
     for c in split_common_expressions(others, conv):
-        refs = frozenset(_refs(c, attrs))
+        refs = frozenset(side_refs(c, attrs))
         text = str(c.toString())
         if not refs:
             raise NotSupportedYetError(f"The constant stream-stream join condition term {text!r}")
@@ -376,10 +376,10 @@ def make_stream_join(
                 spark_term = _joined_column(c, attrs)
             else:
                 raise
-        forms = {s: _state_watermark_form(c, s, attrs, wm_cols) for s in (LEFT, RIGHT)}
+        forms = {s: state_watermark_form(c, s, attrs, wm_cols) for s in (LEFT, RIGHT)}
         conjuncts.append(
-            _Conjunct(
-                expr, refs, frozenset(_null_intolerant_refs(c, attrs)), forms, text, c,
+            Conjunct(
+                expr, refs, frozenset(null_intolerant_refs(c, attrs)), forms, text, c,
                 seen_at_start=id(c) not in negated,
             )
         )
@@ -399,7 +399,7 @@ def make_stream_join(
     pre_join: list[list[tuple[Any, ...]]] = [[], []]
     pre_join_columns: list[list[Column]] = [[], []]
     post_join: list[tuple[Any, ...]] = []
-    remaining: list[_Conjunct] = []
+    remaining: list[Conjunct] = []
     # Spark infers isnotnull for the equi-join keys too (its scan's PushedFilters show
     # IsNotNull(k)): a null key never joins on those sides. On a side that can be
     # null-padded it does not, and there null keys do match each other (binary key

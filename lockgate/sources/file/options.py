@@ -109,7 +109,7 @@ def reader_options(options: Options) -> dict[str, str]:
     return {k: v for k, v in options.as_dict().items() if k.lower() not in _STREAM_ONLY_OPTIONS}
 
 
-def _require_path(options: Options) -> str:
+def require_path(options: Options) -> str:
     path = options.get_str("path")
     if not path:
         raise OptionError("'path' is not specified", option="path")

@@ -20,9 +20,10 @@ from lockgate.errors import (
     OptionError,
     SourceError,
 )
+from lockgate.sinks.file_log import FileStreamSinkLog
 from lockgate.sources.base import ReadLimit, Source, SourceContext, SourceProvider
 from lockgate.sources.file.log import FileEntry, FileStreamSourceLog
-from lockgate.sources.file.options import FileStreamOptions, _require_path, reader_options
+from lockgate.sources.file.options import FileStreamOptions, reader_options, require_path
 from lockgate.sources.file.paths import (
     DataLocation,
     FileStatus,
@@ -436,8 +437,6 @@ class FileStreamSource(Source):
         return path if entry is not None and entry.is_dir else None
 
     def _files_from_sink_log(self) -> list[FileStatus]:
-        from lockgate.sinks.file import FileStreamSinkLog
-
         metadata = self._sink_metadata_dir()
         if metadata is None:
             return []
@@ -556,7 +555,7 @@ class FileSourceProvider(SourceProvider):
         self.name = format_name
 
     def _validate(self, options: Options) -> tuple[DataLocation, FileStreamOptions]:
-        location = DataLocation.parse(_require_path(options))
+        location = DataLocation.parse(require_path(options))
         opts = FileStreamOptions.parse(options)
         _SourceCleaner.create(location, opts)  # checks sourceArchiveDir
         return location, opts

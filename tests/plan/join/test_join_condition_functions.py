@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from lockgate.errors import NotSupportedYetError
-from lockgate.plan.join.condition import LEFT, RIGHT, _Converter, compile_expr
+from lockgate.plan.join.condition import LEFT, RIGHT, Converter, compile_expr
 from lockgate.plan.row_expressions import SparkArithmeticError
 
 INT_MAX = 2**31 - 1
@@ -82,7 +82,7 @@ def _task_function(spark: Any, types: tuple[str, str], expression: str) -> Any:
     plan = frame._jdf.queryExecution().analyzed()
     columns = plan.child().output()
     attrs = {int(columns.apply(i).exprId().id()): (side, 0, columns.apply(i)) for i, side in ((0, LEFT), (1, RIGHT))}
-    return compile_expr(_Converter(attrs, expression).convert(plan.projectList().apply(0).child()))
+    return compile_expr(Converter(attrs, expression).convert(plan.projectList().apply(0).child()))
 
 
 def _same(mine: Any, theirs: Any) -> bool:
