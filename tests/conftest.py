@@ -10,6 +10,8 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
+POLLING_DELAY = os.environ.get("LOCKGATE_TEST_POLLING_DELAY", "100ms")
+
 
 def _kafka_connector_jars() -> str | None:
     """Spark's Kafka connector for the oracle, when tools/fetch_kafka.sh has fetched it
@@ -44,6 +46,11 @@ def spark():
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        # An idle query (native or lockgate) lists its sources again after this delay;
+        # Spark's 10ms default makes the dozens of idle queries of a differential test
+        # spend most of the machine's CPU listing directories. processAllAvailable
+        # waits at most this long more per step.
+        .config("spark.sql.streaming.pollingDelay", POLLING_DELAY)
         .getOrCreate()
     )
     # LOCKGATE_TEST_STATE_TASKS=1 runs the suite with one task serving every state
