@@ -39,12 +39,6 @@ FORBIDDEN = {
 # (importing module, imported module) for layer rules; (importing module, imported
 # module, name) for private names. Each entry is removed by the change that removes it.
 KNOWN: set[tuple[str, ...]] = {
-    # Planning takes API objects, and execution/ reaches the API (issue 20: "planning takes
-    # plan values, not API objects"; "the query manager implements a small events
-    # protocol declared in execution/").
-    ("lockgate.plan.join.planner", "lockgate.api.dataframe"),
-    ("lockgate.execution.continuous.checks", "lockgate.api.dataframe"),
-    ("lockgate.execution.stream", "lockgate.api.manager"),
     # The state reader (ls.read.state) reads each operator's state layout from the
     # operators' modules: it moves with the stateful-operator contract.
     ("lockgate.state.reader", "lockgate.plan.join.planner"),

@@ -353,7 +353,8 @@ class StreamingDataFrame:
 
             if other._session.spark is not self._session.spark:
                 raise AnalysisError("Cannot join streaming DataFrames of different Spark sessions.")
-            node, template = make_stream_join(self._bound(on), other._bound(on), on, how)
+            left, right = self._bound(on), other._bound(on)
+            node, template = make_stream_join((left._plan, left._template), (right._plan, right._template), on, how)
             return self._derive(node, template)
         if not isinstance(other, DataFrame):
             raise TypeError(f"join() takes a DataFrame, got {type(other).__name__}")

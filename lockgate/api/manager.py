@@ -151,7 +151,9 @@ class StreamingQueryManager:
             self._last_terminated = handle
             self._terminated.notify_all()
 
-    def _post_started(self, execution: StreamExecution) -> None:
+    # -- QueryEvents (lockgate.execution.stream): what a run tells its manager --------
+
+    def query_started(self, execution: StreamExecution) -> None:
         timestamp = format_timestamp(execution.clock.get_time_millis())
         event = QueryStartedEvent.fromJson(
             {"id": execution.id, "runId": execution.run_id, "name": execution.name, "timestamp": timestamp}
@@ -159,11 +161,11 @@ class StreamingQueryManager:
         self.listener_bus.post(event)
         self.jvm_listener_bus.post_started(execution.id, execution.run_id, execution.name, timestamp)
 
-    def _post_progress(self, execution: StreamExecution, progress: StreamingQueryProgress) -> None:
+    def query_progress(self, execution: StreamExecution, progress: StreamingQueryProgress) -> None:
         self.listener_bus.post(QueryProgressEvent(progress))
         self.jvm_listener_bus.post_progress(json.loads(progress.json))
 
-    def _post_idle(self, execution: StreamExecution, now_ms: int) -> None:
+    def query_idle(self, execution: StreamExecution, now_ms: int) -> None:
         event = QueryIdleEvent.fromJson(
             {"id": execution.id, "runId": execution.run_id, "timestamp": format_timestamp(now_ms)}
         )
@@ -172,6 +174,10 @@ class StreamingQueryManager:
         self.jvm_listener_bus.post_idle(
             execution.id, execution.run_id, format_timestamp(now_ms), json.loads(last.json) if last else None
         )
+
+    def query_terminated(self, execution: StreamExecution) -> None:
+        self._notify_query_termination(execution)
+        self._post_terminated(execution)
 
     def _post_terminated(self, execution: StreamExecution) -> None:
         cause: StreamingQueryException | None = execution.stream_death_cause

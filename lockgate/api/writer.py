@@ -303,7 +303,7 @@ class DataStreamWriter:
         from lockgate.plan.nodes import source_relations
         from lockgate.plan.row_expressions import compile_plan
 
-        analyzed = check_for_continuous(self._df)
+        analyzed = check_for_continuous(self._df._plan, self._df._template)
         relations = source_relations(self._df._plan)
         if len(relations) != 1:
             raise AnalysisError("Continuous processing supports exactly one streaming source.")

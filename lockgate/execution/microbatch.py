@@ -731,7 +731,7 @@ class MicroBatchExecution(StreamExecution):
                 tracker.last_no_data_event_ms = now
                 tracker.record(self._idle_progress())
                 if not first:
-                    self.manager._post_idle(self, now)
+                    self.manager.query_idle(self, now)
             tracker.last_trigger_start_ms = tracker.trigger_start_ms
             return
         tracker.last_no_data_event_ms = now
@@ -791,7 +791,7 @@ class MicroBatchExecution(StreamExecution):
             progress["observedMetrics"] = batch["observed"]
         tracker.last_trigger_start_ms = tracker.trigger_start_ms
         parsed = tracker.record(progress)
-        self.manager._post_progress(self, parsed)
+        self.manager.query_progress(self, parsed)
 
     def _idle_progress(self) -> dict[str, Any]:
         tracker = self.progress

@@ -15,14 +15,14 @@ import logging
 import threading
 import traceback
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lockgate.errors import StreamingQueryException, error_class_of
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.listener import StreamingQueryProgress
 
-    from lockgate.api.manager import StreamingQueryManager
     from lockgate.checkpoint.fs import CheckpointFileSystem
     from lockgate.clock import Clock
 
@@ -40,6 +40,20 @@ class _StoppedByUser(Exception):
     """Raised inside the stream thread when ``stop()`` interrupted a batch."""
 
 
+class QueryEvents(Protocol):
+    """What a run tells its query manager (``lockgate.api.manager``, which posts the
+    events to the listeners and keeps the active and terminated queries)."""
+
+    def query_started(self, execution: StreamExecution) -> None: ...
+
+    def query_progress(self, execution: StreamExecution, progress: StreamingQueryProgress) -> None: ...
+
+    def query_idle(self, execution: StreamExecution, now_ms: int) -> None: ...
+
+    def query_terminated(self, execution: StreamExecution) -> None:
+        """The run ended (after its last progress): forget it, then post the event."""
+
+
 class StreamExecution:
     """Base of the stream execution engines: thread, state, latches, status."""
 
@@ -47,7 +61,7 @@ class StreamExecution:
         self,
         *,
         spark: SparkSession,
-        manager: StreamingQueryManager,
+        manager: QueryEvents,
         name: str | None,
         query_id: str,
         checkpoint_root: str,
@@ -169,7 +183,7 @@ class StreamExecution:
         try:
             sc.setJobGroup(self.run_id, self.batch_description("init"), interruptOnCancel=True)
             sc.setLocalProperty("sql.streaming.queryId", self.id)
-            self.manager._post_started(self)
+            self.manager.query_started(self)
             self._start_latch.set()
             self.update_status("Initializing sources")
             if self._transition(QueryState.INITIALIZING, QueryState.ACTIVE):
@@ -206,8 +220,7 @@ class StreamExecution:
         finally:
             self._transition(None, QueryState.TERMINATED)
             self.update_status("Stopped", isTriggerActive=False, isDataAvailable=False)
-            self.manager._notify_query_termination(self)
-            self.manager._post_terminated(self)
+            self.manager.query_terminated(self)
             if self.delete_checkpoint_on_stop and (
                 self.stream_death_cause is None or self._force_delete_temp_checkpoint()
             ):

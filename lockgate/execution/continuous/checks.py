@@ -16,7 +16,9 @@ from lockgate.errors import AnalysisError
 from lockgate.plan.nodes import EventTimeWatermark
 
 if TYPE_CHECKING:
-    from lockgate.api.dataframe import StreamingDataFrame
+    from pyspark.sql import DataFrame
+
+    from lockgate.plan.nodes import PlanNode
 
 _CURRENT_TIME = re.compile(r"\b(current_timestamp|now|current_date|localtimestamp|curdate)\(")
 _ALLOWED = {"Project", "Filter", "SubqueryAlias", "LogicalRDD", "LocalRelation"}
@@ -36,15 +38,16 @@ def _bottom_up(jnode: Any) -> list[Any]:
     return out
 
 
-def check_for_continuous(df: StreamingDataFrame) -> Any:
-    """Raise Spark's error for an operation continuous processing cannot run; return
-    the analyzed plan (a JVM object) the expressions are compiled from."""
-    for node in df._plan.walk():
+def check_for_continuous(plan: PlanNode, template: DataFrame) -> Any:
+    """Raise Spark's error for an operation continuous processing cannot run in the
+    query ``plan`` (whose template is ``template``); return the analyzed plan (a JVM
+    object) the expressions are compiled from."""
+    for node in plan.walk():
         if isinstance(node, EventTimeWatermark):
             raise AnalysisError(
                 "Continuous processing does not support EventTimeWatermark operations."
             )
-    analyzed = df._template._jdf.queryExecution().analyzed()
+    analyzed = template._jdf.queryExecution().analyzed()
     for jnode in _bottom_up(analyzed):
         name = _node_name(jnode)
         if name not in _ALLOWED:

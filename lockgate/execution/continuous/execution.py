@@ -387,7 +387,7 @@ class ContinuousExecution(StreamExecution):
             },
         }
         parsed = self.progress.record(progress)
-        self.manager._post_progress(self, parsed)
+        self.manager.query_progress(self, parsed)
 
     def explain_string(self) -> str:
         """What ``StreamingQuery.explain()`` shows: the continuous write over Spark's

@@ -54,7 +54,7 @@ from lockgate.state.arrow_types import schema_to_arrow
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lockgate.api.dataframe import StreamingDataFrame
+    from lockgate.plan.nodes import PlanNode
     from lockgate.state.schema import OperatorStateSchema
 
 _SPARK_JOIN_NAMES = {
@@ -218,18 +218,18 @@ class StreamJoin(StatefulOperator):
         return f"StreamingSymmetricHashJoin {_SPARK_JOIN_NAMES.get(self.join_type, self.join_type)}"
 
 
-def _side_watermark_column(sdf: StreamingDataFrame) -> tuple[int | None, dict[str, int]]:
+def _side_watermark_column(plan: PlanNode, template: DataFrame) -> tuple[int | None, dict[str, int]]:
     """Index of the side's event-time column (the one carrying Spark's watermark metadata),
     and all of the side's event-time columns with their delays (more than one is Spark's
     MULTIPLE_EVENT_TIME_COLUMNS, raised when the query starts)."""
-    found = event_time_outputs(sdf._plan)
+    found = event_time_outputs(plan)
     if found is None:
         raise NotSupportedYetError(
             "A stream-stream join side whose watermark column is transformed after "
             "withWatermark()",
             "Apply withWatermark() as the last step before the join, on a column kept as is.",
         )
-    cols = sdf._template.columns
+    cols = template.columns
     present = {n: d for n, d in found.items() if n in cols}
     if len(present) != 1:
         return None, present
@@ -262,10 +262,13 @@ _OK_KEY_TYPES = (
 
 
 def make_stream_join(
-    left: StreamingDataFrame, right: StreamingDataFrame, on: Any, how: str | None
+    left: tuple[PlanNode, DataFrame], right: tuple[PlanNode, DataFrame], on: Any, how: str | None
 ) -> tuple[StreamJoin, DataFrame]:
+    """The join of two streams, each given as its plan and template (the same operations
+    over an empty DataFrame), and the join's template."""
+    (left_plan, left_template), (right_plan, right_template) = left, right
     jt = _normalize_how(how)
-    template = left._template.join(right._template, on, how)  # Spark's analysis errors
+    template = left_template.join(right_template, on, how)  # Spark's analysis errors
     if jt == "left_anti":
         raise AnalysisError("LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported")
     if jt == "cross" or on is None:
@@ -279,7 +282,7 @@ def make_stream_join(
         if join.children().size() != 1:
             raise NotSupportedYetError(f"Stream-stream join {how!r}", "Its analysed plan is not a join.")
         join = join.children().apply(0)
-    lschema, rschema = left._template.schema, right._template.schema
+    lschema, rschema = left_template.schema, right_template.schema
     attrs: dict[int, tuple[int, int, Any]] = {}
     for side, child, schema in ((LEFT, join.left(), lschema), (RIGHT, join.right(), rschema)):
         out = child.output()
@@ -293,7 +296,7 @@ def make_stream_join(
         raise NotSupportedYetError("A stream-stream join without equality join keys")
     whole = str(cond.get().toString())
     conv = Converter(attrs, whole, (len(lschema.fields), len(rschema.fields)))
-    (lwm, lmarks), (rwm, rmarks) = _side_watermark_column(left), _side_watermark_column(right)
+    (lwm, lmarks), (rwm, rmarks) = _side_watermark_column(*left), _side_watermark_column(*right)
     wm_cols = {LEFT: lwm, RIGHT: rwm}
     several = next((m for m in (lmarks, rmarks) if len(m) > 1), None)
     lkeys: list[int] = []
@@ -473,8 +476,8 @@ def make_stream_join(
     elif isinstance(on, (list, tuple)) and on and all(isinstance(x, str) for x in on):
         using = tuple(on)
     node = StreamJoin(
-        left._plan,
-        right._plan,
+        left_plan,
+        right_plan,
         jt,
         left_schema=lschema,
         right_schema=rschema,
