@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.run --workloads 1,3      # a selection
     .venv/bin/python -m bench.run --smoke              # tiny sizes, 1 batch each (the test)
     .venv/bin/python -m bench.run --soak 1000          # workload 2 on lockgate, memory drift
+    .venv/bin/python -m bench.run --nexmark [ARGS]     # Nexmark (bench/nexmark.py; ARGS are its flags)
 
 Both engines run in ONE process and ONE SparkSession, on the same source and sink, in
 interleaved rounds (native then lockgate, then lockgate then native, ...) so that drift
@@ -50,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--recovery-after", type=int, help="batches in the checkpoint before workload 7's restart (default 50)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one batch per workload and engine")
+    parser.add_argument("--nexmark", action="store_true",
+                        help="first flag only: run Nexmark (python -m bench.nexmark --help) with the flags after it")
     parser.add_argument("--soak", type=int, metavar="N", help="run N batches of workload 2 on lockgate and report memory drift")
     parser.add_argument("--results-dir", default=RESULTS_DIR)
     parser.add_argument("--driver-memory", default="4g")
@@ -94,6 +97,11 @@ def make_spark(args: argparse.Namespace) -> Any:
 
 def main(argv: list[str] | None = None, spark: Any = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the suite; returns the results (also written as JSON and Markdown)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--nexmark"]:
+        from bench.nexmark import main as nexmark
+
+        return nexmark(argv[1:], spark=spark, log=log)
     args = parse_args(argv)
     smoke = args.smoke
     batches = args.batches or (1 if smoke else 20)
