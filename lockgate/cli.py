@@ -4,6 +4,8 @@
 
     lockgate checkpoint DIR [--format table|json]
     lockgate state DIR [--operator N] [--batch N] [--join-side left|right]
+                       [--state-var-name NAME] [--read-registered-timers]
+                       [--no-flatten-collection-types]
                        [--format table|json|parquet] [--output PATH] [--limit N]
 
 ``checkpoint`` reads the files alone (no Spark): query id, the latest offsets of each
@@ -280,7 +282,13 @@ def _state(args: argparse.Namespace) -> int:
     spark = _local_spark()
     try:
         df = lockgate.session(spark).read.state(
-            args.dir, operatorId=args.operator, batchId=args.batch, joinSide=args.join_side
+            args.dir,
+            operatorId=args.operator,
+            batchId=args.batch,
+            joinSide=args.join_side,
+            stateVarName=args.state_var_name,
+            readRegisteredTimers=args.read_registered_timers,
+            flattenCollectionTypes=not args.no_flatten_collection_types,
         )
         if args.format == "parquet":
             df.write.mode("error").parquet(args.output)
@@ -335,6 +343,15 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--operator", type=int, default=0, help="operator id (default 0)")
     st.add_argument("--batch", type=int, default=None, help="batch id (default: the last committed)")
     st.add_argument("--join-side", choices=["left", "right"], default=None, help="a stream-stream join's side")
+    st.add_argument("--state-var-name", default=None, help="a transformWithState operator's state variable")
+    st.add_argument(
+        "--read-registered-timers", action="store_true", help="a transformWithState operator's timers"
+    )
+    st.add_argument(
+        "--no-flatten-collection-types",
+        action="store_true",
+        help="a list or map state as one row per key (Spark's flattenCollectionTypes=false)",
+    )
     st.add_argument("--format", choices=["table", "json", "parquet"], default="table")
     st.add_argument("--output", help="where --format parquet writes (must not exist)")
     st.add_argument("--limit", type=int, default=None, help="rows to print (table: 20 by default; json: all)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pyspark.errors import AnalysisException as _PySparkAnalysisException
 from pyspark.errors import PySparkException as _PySparkException
+from pyspark.errors import SparkRuntimeException as _PySparkSparkRuntimeException
 from pyspark.errors import StreamingQueryException as _PySparkStreamingQueryException
 
 
@@ -62,6 +63,29 @@ class AnalysisError(LockgateError, _PySparkAnalysisException):
     def spark(cls, error_class: str, parameters: dict[str, str]) -> AnalysisError:
         message, state = spark_error_message(error_class, parameters)
         return cls(message, error_class=error_class, parameters=parameters, sql_state=state)
+
+    def getSqlState(self) -> str | None:
+        return self._sql_state
+
+    def getMessage(self) -> str:
+        return self.message_text
+
+    def __str__(self) -> str:
+        return self.message_text
+
+
+class StateDataSourceError(LockgateError, _PySparkSparkRuntimeException, ValueError):
+    """A bad option of ``ls.read.state``, with the error class of Spark's state data
+    source (``STDS_*``); inherits PySpark's ``SparkRuntimeException``, which Spark's
+    reader raises for the same options."""
+
+    def __init__(self, error_class: str, parameters: dict[str, str]) -> None:
+        message, state = spark_error_message(error_class, parameters)
+        _PySparkSparkRuntimeException.__init__(
+            self, message=message, errorClass=error_class, messageParameters=parameters
+        )
+        self.message_text = message
+        self._sql_state = state
 
     def getSqlState(self) -> str | None:
         return self._sql_state

@@ -20,6 +20,9 @@ class LockgateReader:
         operatorId: int = 0,
         batchId: int | None = None,
         joinSide: str | None = None,
+        stateVarName: str | None = None,
+        readRegisteredTimers: bool | str = False,
+        flattenCollectionTypes: bool | str = True,
     ) -> DataFrame:
         """The keys and values of stateful operator ``operatorId`` after batch ``batchId``
         (default: the last committed batch), as columns ``key``, ``value``,
@@ -29,7 +32,23 @@ class LockgateReader:
         A stream-stream join keeps each side's rows apart: ``joinSide`` (``"left"`` or
         ``"right"``, as Spark's option of that name) picks the side, whose buffered rows
         come back as ``value``, keyed by their join keys.
+
+        A ``transformWithState(InPandas)`` operator keeps each state variable apart, as
+        Spark's options of these names: ``stateVarName`` picks one (columns ``key``,
+        ``value`` for a ``ValueState``; ``key``, ``list_element`` for a ``ListState``, or
+        ``list_value`` with ``flattenCollectionTypes=False``; ``key``, ``user_map_key``,
+        ``user_map_value`` for a ``MapState``, or ``map_value``), ``readRegisteredTimers``
+        its timers (``key``, ``expiration_timestamp_ms``); then ``partition_id``.
         """
         from lockgate.state.reader import read_state
 
-        return read_state(self._session.spark, checkpointLocation, operatorId, batchId, joinSide)
+        return read_state(
+            self._session.spark,
+            checkpointLocation,
+            operatorId,
+            batchId,
+            joinSide,
+            state_var_name=stateVarName,
+            read_registered_timers=readRegisteredTimers,
+            flatten_collection_types=flattenCollectionTypes,
+        )

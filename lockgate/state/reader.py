@@ -3,10 +3,16 @@
 Returns a DataFrame with columns ``key`` (struct), ``value`` (struct) and
 ``partition_id``, like Spark's state data source. The rows are read by Spark tasks,
 one per state partition, from the state files alone.
+
+A ``transformWithState`` operator keeps one store per state variable (and one for its
+timers): ``stateVarName`` picks the variable, ``readRegisteredTimers`` the timers, and
+``flattenCollectionTypes`` (default true) shows a list or map state one element a row,
+with the columns Spark's reader gives each kind.
 """
 
 from __future__ import annotations
 
+import itertools
 from functools import partial as bind
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +20,7 @@ import pyarrow as pa
 
 from lockgate.checkpoint import CommitLog
 from lockgate.checkpoint.fs import resolve_filesystem
-from lockgate.errors import CheckpointError
+from lockgate.errors import CheckpointError, StateDataSourceError
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import read_schema_file, stored_schema
 
@@ -88,10 +94,22 @@ def read_state(
     operator_id: int = 0,
     batch_id: int | None = None,
     join_side: str | None = None,
+    state_var_name: str | None = None,
+    read_registered_timers: Any = False,
+    flatten_collection_types: Any = True,
 ) -> DataFrame:
     from pyspark.sql.types import IntegerType, StructField, StructType
 
     from lockgate.state.store import StateStoreConf
+
+    # Spark's StateSourceOptions: the booleans parsed, the name trimmed, checked in its order
+    timers = _boolean_option("readRegisteredTimers", read_registered_timers)
+    flatten = _boolean_option("flattenCollectionTypes", flatten_collection_types)
+    var_name = None if state_var_name is None else str(state_var_name).strip()
+    if timers and var_name is not None:
+        raise StateDataSourceError(
+            "STDS_CONFLICT_OPTIONS", {"options": "['readRegisteredTimers', 'stateVarName']"}
+        )
 
     fs, root = resolve_filesystem(checkpoint_location)
     schema_path = fs.join(root, "state", str(operator_id), "_metadata", "schema")
@@ -111,6 +129,21 @@ def read_state(
         batch_id = latest
     key_schema, value_schema = _stored_schema(meta, "key"), _stored_schema(meta, "value")
     num_partitions = int(meta["numPartitions"])
+    operator_name = meta.get("operatorName")
+    if operator_name == TRANSFORM_WITH_STATE_NAME:
+        return _read_transform_with_state(
+            spark, fs, root, meta, operator_id, batch_id, var_name, timers, flatten
+        )
+    if var_name is not None or timers:
+        raise StateDataSourceError(
+            "STDS_INVALID_OPTION_VALUE.WITH_MESSAGE",
+            {
+                "optionName": "stateVarName",
+                "message": "Providing state variable names is only supported with the "
+                f"transformWithState operator. Found operator={operator_name}. Please remove "
+                "this option and re-run the query.",
+            },
+        )
     from lockgate.plan.join.planner import OPERATOR_NAME as JOIN_OPERATOR_NAME
 
     store_name = None
@@ -180,3 +213,175 @@ def _side_schema(schema: pa.Schema, side: str) -> pa.Schema:
 
 def _stored_schema(meta: dict[str, Any], which: str) -> pa.Schema:
     return stored_schema(meta, which)
+
+
+TRANSFORM_WITH_STATE_NAME = "transformWithStateInPandasExec"
+"""The operator name of ``transformWithState(InPandas)`` (Spark's, in progress and the
+state schema file)."""
+_TIMERS_STORE = "$timers"
+"""transformWithState's store of registered timers (``lockgate/plan/transform_with_state.py``)."""
+
+
+def _boolean_option(name: str, value: Any) -> bool:
+    """Spark's ``toBoolean`` of an option value (``True``/``False`` or the strings)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise StateDataSourceError(
+        "STDS_INVALID_OPTION_VALUE.WITH_MESSAGE",
+        {"optionName": name, "message": "Boolean value is expected"},
+    )
+
+
+def _variable_kind(value_type: pa.DataType) -> str:
+    """The kind of a transformWithState state variable from its store's value columns
+    (the layout of ``StateVariable.value_type``): a ``ListState`` keeps one column
+    ``values`` of a list of structs, a ``MapState`` columns ``keys`` and ``values`` of
+    lists of structs; anything else is a ``ValueState``'s own columns (a value state
+    cannot hold a list of structs: nested structs are refused)."""
+
+    def struct_list(t: pa.DataType) -> bool:
+        return (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type)
+
+    names = [value_type.field(i).name for i in range(value_type.num_fields)]
+    if names == ["values"] and struct_list(value_type.field(0).type):
+        return "list"
+    if names == ["keys", "values"] and all(struct_list(value_type.field(i).type) for i in range(2)):
+        return "map"
+    return "value"
+
+
+def _read_transform_with_state(
+    spark: SparkSession,
+    fs: Any,
+    root: str,
+    meta: dict[str, Any],
+    operator_id: int,
+    batch_id: int,
+    var_name: str | None,
+    timers: bool,
+    flatten: bool,
+) -> DataFrame:
+    """One state variable (or the timers) of a transformWithState operator, in the shape
+    of Spark's state data source for its kind (Spark's ``SchemaUtil.getSourceSchema``)."""
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    from lockgate.state.store import StateStoreConf
+
+    if var_name is None and not timers:
+        raise StateDataSourceError("STDS_REQUIRED_OPTION_UNSPECIFIED", {"optionName": "stateVarName"})
+    key_schema, value_schema = _stored_schema(meta, "key"), _stored_schema(meta, "value")
+    variables = {f.name: f.type for f in value_schema}
+    store = _TIMERS_STORE if timers else var_name
+    if store is None or store not in variables or (not timers and store.startswith("$")):
+        raise StateDataSourceError(
+            "STDS_INVALID_OPTION_VALUE.WITH_MESSAGE",
+            {
+                "optionName": "stateVarName",
+                "message": f"State variable {var_name} is not defined for the transformWithState operator.",
+            },
+        )
+    stored = variables[store]
+    kind = "timers" if timers else _variable_kind(stored)
+    key_type = StructType([_arrow_field_to_spark(f) for f in key_schema])
+
+    def spark_type(t: pa.DataType) -> Any:
+        return _arrow_field_to_spark(pa.field("x", t)).dataType
+
+    if kind == "value":
+        columns = [StructField("value", spark_type(stored), True)]
+    elif kind == "list":
+        element = spark_type(stored.field(0).type.value_type)
+        columns = (
+            [StructField("list_element", element, True)]
+            if flatten
+            else [StructField("list_value", spark_type(stored.field(0).type), True)]
+        )
+    elif kind == "map":
+        from pyspark.sql.types import MapType
+
+        user_key = spark_type(stored.field(0).type.value_type)
+        user_value = spark_type(stored.field(1).type.value_type)
+        columns = (
+            [StructField("user_map_key", user_key, True), StructField("user_map_value", user_value, True)]
+            if flatten
+            else [StructField("map_value", MapType(user_key, user_value, True), True)]
+        )
+    else:
+        columns = [StructField("expiration_timestamp_ms", LongType(), True)]
+    out = StructType(
+        [StructField("key", key_type, True), *columns, StructField("partition_id", IntegerType(), True)]
+    )
+    num_partitions = int(meta["numPartitions"])
+    conf = StateStoreConf(
+        root=fs.join(root, "state"),
+        operator_id=operator_id,
+        num_partitions=num_partitions,
+        key_schema=key_schema,
+        value_schema=pa.schema([stored.field(i) for i in range(stored.num_fields)]),
+        store_name=store,
+    )
+    tz = str(spark.conf.get("spark.sql.session.timeZone", "UTC"))
+    out_arrow = schema_to_arrow(out, tz)
+    ids = spark.range(0, num_partitions, 1, num_partitions).selectExpr("cast(id as int) as id")
+    read = bind(_read_variable_partition, conf, batch_id + 1, out_arrow, kind, flatten)
+    return ids.mapInArrow(read, out)
+
+
+def _read_variable_partition(
+    conf: Any, version: int, out_schema: pa.Schema, kind: str, flatten: bool, batches: Any
+) -> Any:
+    import pyarrow.compute as pc
+
+    from lockgate.state.store import read_state_table
+
+    key_names = [f.name for f in conf.key_schema]
+    out_key = out_schema.field("key").type
+    for batch in batches:
+        for pid in batch.column(0).to_pylist():
+            table = read_state_table(conf, int(pid), version)
+            keys = [table.column(n).combine_chunks() for n in key_names]
+            columns: list[pa.Array] = []
+            if kind == "value":
+                value_names = [f.name for f in conf.value_schema]
+                value_type = out_schema.field("value").type
+                columns = [
+                    pa.StructArray.from_arrays(
+                        [table.column(n).combine_chunks() for n in value_names], names=value_names
+                    ).cast(value_type)
+                    if value_names
+                    else pa.nulls(table.num_rows, value_type)
+                ]
+            else:
+                lists = [table.column(n).combine_chunks() for n in conf.value_schema.names]
+                if flatten or kind == "timers":
+                    # one row per element, the key repeated
+                    parents = pc.list_parent_indices(lists[0])
+                    keys = [k.take(parents) for k in keys]
+                    columns = [pc.list_flatten(a) for a in lists]
+                elif kind == "list":
+                    columns = lists
+                else:
+                    lengths = pc.fill_null(pc.list_value_length(lists[0]), 0).to_numpy(zero_copy_only=False)
+                    offsets = pa.array([0, *itertools.accumulate(int(n) for n in lengths)], type=pa.int32())
+                    map_type = out_schema.field("map_value").type
+                    columns = [
+                        pa.MapArray.from_arrays(
+                            offsets,
+                            pc.list_flatten(lists[0]).cast(map_type.key_type),
+                            pc.list_flatten(lists[1]).cast(map_type.item_type),
+                        ).cast(map_type)
+                    ]
+                columns = [
+                    c.cast(out_schema.field(i + 1).type) for i, c in enumerate(columns)
+                ]
+            num_rows = len(keys[0]) if keys else (len(columns[0]) if columns else 0)
+            key = (
+                pa.StructArray.from_arrays(keys, names=key_names).cast(out_key)
+                if keys
+                else pa.array([{}] * num_rows, type=out_key)
+            )
+            parts = pa.array([int(pid)] * num_rows, type=pa.int32())
+            yield pa.RecordBatch.from_arrays([key, *columns, parts], schema=out_schema)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StatefulProcessor
 
 from lockgate import MemoryStream
 
@@ -153,3 +154,57 @@ def test_console_script_is_the_cli():
     usage = run_cli("--help")
     assert usage.returncode == 0
     assert "checkpoint" in usage.stdout and "state" in usage.stdout
+
+
+class _Seen(StatefulProcessor):
+    """A count and the values seen per key (transformWithStateInPandas)."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "n long")
+        self.seen = handle.getListState("seen", "v int")
+
+    def handleInputRows(self, key, rows, timerValues):
+        import pandas as pd
+
+        n = (self.count.get() or (0,))[0]
+        for pdf in rows:
+            for v in pdf["v"]:
+                n += 1
+                self.seen.appendValue((int(v),))
+        self.count.update((n,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+    def close(self):
+        pass
+
+
+def test_state_of_a_transform_with_state_variable(ls, tmp_path):
+    """--state-var-name and --no-flatten-collection-types: what ls.read.state returns with
+    stateVarName and flattenCollectionTypes; without a variable, Spark's error (exit 2)."""
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    checkpoint = tmp_path / "checkpoint"
+    stream = MemoryStream(ls, "k STRING, v INT")
+    q = (
+        stream.toDF().groupBy("k")
+        .transformWithStateInPandas(_Seen(), "k string, n long", "Update", "None")
+        .writeStream.format("noop").outputMode("update")
+        .option("checkpointLocation", str(checkpoint)).start()
+    )
+    try:
+        stream.addData([("a", 1), ("b", 2), ("a", 3)])
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    result = run_cli("state", str(checkpoint), "--format", "json", "--state-var-name", "seen",
+                     "--no-flatten-collection-types")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    got = sorted((r["key"]["k"], [e["v"] for e in r["list_value"]]) for r in rows)
+    expected = ls.read.state(str(checkpoint), stateVarName="seen", flattenCollectionTypes=False).collect()
+    assert got == sorted((r.key.k, [e.v for e in r.list_value]) for r in expected)
+    assert got == [("a", [1, 3]), ("b", [2])]
+    missing = run_cli("state", str(checkpoint))
+    assert missing.returncode == 2
+    assert "STDS_REQUIRED_OPTION_UNSPECIFIED" in missing.stderr

@@ -21,6 +21,10 @@ re-run batch replaces its own output). Every job reads its input with
 ``trigger(availableNow=True)``. The jobs run concurrently; when they end, each job's
 ``report`` gets its exception (if any), its progress and its :func:`answer`.
 
+``query`` (optional) runs one of the explicit-state queries of
+``explicit_state_queries.py`` instead of the windowed aggregation (``foreachBatch`` sink;
+``kill_in_state`` and ``marker`` kill the driver from inside its state step).
+
 ``marker_dir`` (optional) makes the query record, from the tasks that compute the
 aggregation's output, which Python daemon (one per executor JVM) ran them.
 
@@ -43,6 +47,11 @@ def build_query(ls: Any, job: dict[str, Any]) -> Any:
     """The job's streaming query, started."""
     from pyspark.sql import functions as F
 
+    if job.get("query"):
+        # tests/plan/explicit_state_queries.py: applyInPandasWithState, transformWithState
+        import explicit_state_queries
+
+        return write_query(explicit_state_queries.build(ls.readStream, job), job)
     df = (
         ls.readStream.schema(SCHEMA)
         .option("maxFilesPerTrigger", 1)
@@ -54,6 +63,10 @@ def build_query(ls: Any, job: dict[str, Any]) -> Any:
     marker_dir = job.get("marker_dir")
     if marker_dir:
         df = df.withColumn("k", _marker(marker_dir)(F.col("k")))
+    return write_query(df, job)
+
+
+def write_query(df: Any, job: dict[str, Any]) -> Any:
     writer = df.writeStream.option("checkpointLocation", job["checkpoint"]).trigger(
         availableNow=True
     )
@@ -93,6 +106,10 @@ def answer(spark: Any, job: dict[str, Any]) -> list[list[Any]]:
     parquet (append): every row the sink committed. foreachBatch (update): for each
     (window, key), the row of the latest batch that emitted it.
     """
+    if job.get("query"):
+        import explicit_state_queries
+
+        return explicit_state_queries.answer(spark, job)
     output = job["output"]
     if not os.path.isdir(output) or not [
         n for n in os.listdir(output) if not n.startswith(("_", "."))

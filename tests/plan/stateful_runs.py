@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,16 +59,38 @@ def run_driver(
     environment["PYSPARK_PYTHON"] = sys.executable
     environment["PYSPARK_DRIVER_PYTHON"] = sys.executable
     environment.update(env or {})
-    proc = subprocess.run(
-        [sys.executable, str(DRIVER), str(path)],
-        check=False,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=PROCESS_TIMEOUT_S,
-        cwd=str(root),
-    )
-    return proc.returncode, proc.stdout[-3000:] + proc.stderr[-6000:]
+    log_path = root / f"{name}.log"
+    with open(log_path, "wb") as log:
+        # its own process group: what is left of a killed driver (its JVM, Python
+        # workers) is killed too before the next run, so nothing writes after a "crash"
+        proc = subprocess.Popen(
+            [sys.executable, str(DRIVER), str(path)],
+            env=environment,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(root),
+            start_new_session=True,
+        )
+        try:
+            rc = proc.wait(timeout=PROCESS_TIMEOUT_S)
+        finally:
+            _reap_group(proc.pid)
+            proc.wait()
+    return rc, log_path.read_text(errors="replace")[-9000:]
+
+
+def _reap_group(pgid: int, timeout_s: float = 30.0) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 def read_report(job: dict[str, Any]) -> dict[str, Any]:

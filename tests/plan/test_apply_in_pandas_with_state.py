@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from differential import SCHEMA, canonical, ev, headline, wait_until
 from pyspark import cloudpickle
-from pyspark.errors import AnalysisException, StreamingQueryException
+from pyspark.errors import AnalysisException, SparkRuntimeException, StreamingQueryException
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
@@ -306,6 +306,12 @@ def test_processing_time_timeout_fires_in_no_data_batches(ls, tmp_path):
             for r in ls.read.state(checkpoint, batchId=1).collect()
         }
         final = ls.read.state(checkpoint).collect()
+        # transformWithState's options are refused here with Spark's message
+        with pytest.raises(
+            SparkRuntimeException,
+            match="only supported with the transformWithState operator. Found operator=applyInPandasWithState",
+        ):
+            ls.read.state(checkpoint, stateVarName="count")
     finally:
         query.stop()
     assert {b: seen[b] for b in range(5)} == {

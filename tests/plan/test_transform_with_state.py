@@ -15,8 +15,17 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from differential import exact_batches, feed, spark_conf, wait_until, write_json
+from differential import (
+    canonical,
+    exact_batches,
+    feed,
+    headline,
+    spark_conf,
+    wait_until,
+    write_json,
+)
 from pyspark import cloudpickle
+from pyspark.errors import SparkRuntimeException
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor
 
@@ -188,6 +197,40 @@ class RowCounter(StatefulProcessor):
             total += row.v
         self.count.update((n,))
         yield Row(k=key[0], n=n, total=total)
+
+    def close(self) -> None:
+        pass
+
+
+class Everything(StatefulProcessor):
+    """A ValueState (with a timestamp), a ListState, a MapState and an event-time timer
+    per row: every kind of state Spark's state reader shows."""
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.count = handle.getValueState("count", "n long, last timestamp")
+        self.seen = handle.getListState("seen", "v long, s string")
+        self.counts = handle.getMapState("counts", "v long", "c long")
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        n = (self.count.get() or (0, None))[0]
+        last = None
+        for pdf in rows:
+            for ts, v in sorted(zip(pdf["ts"], pdf["v"])):
+                n += 1
+                last = ts
+                self.seen.appendValue((int(v), f"s{v}"))
+                old = self.counts.getValue((int(v),))
+                self.counts.updateValue((int(v),), ((old[0] if old else 0) + 1,))
+                self.handle.registerTimer(int(ts.value // 1_000_000) + 10_000)
+        if self.counts.containsKey((0,)):
+            self.counts.removeKey((0,))
+        self.count.update((n, last))
+        yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
+        self.seen.clear()
+        yield pd.DataFrame({"k": [key[0]], "n": [-expiredTimerInfo.getExpiryTimeInMs()]})
 
     def close(self) -> None:
         pass
@@ -420,3 +463,75 @@ def test_processing_time_timers_with_a_manual_clock(ls, tmp_path):
     assert sorted(rows) == sorted(
         [("a", 2, 1_000, -1), ("b", 1, 1_000, -1), ("b", 2, 4_000, -1), ("a", 2, 7_000, 6_000), ("b", 2, 12_000, 9_000)]
     )
+
+
+# -- reading the state back (Spark's state data source) ------------------------------------------
+def _state_rows(df: Any) -> list[str]:
+    """The rows as sorted reprs, a map's entries sorted (Spark's map order is its own)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return sorted((repr(k), repr(v)) for k, v in value.items())
+        return value
+
+    return canonical(tuple(plain(v) for v in r) for r in df.collect())
+
+
+READS = [
+    {"stateVarName": "count"},
+    {"stateVarName": "seen"},
+    {"stateVarName": " seen ", "flattenCollectionTypes": "false"},
+    {"stateVarName": "counts", "flattenCollectionTypes": True},
+    {"stateVarName": "counts", "flattenCollectionTypes": False},
+    {"readRegisteredTimers": True},
+]
+BAD_READS = [
+    {},  # STDS_REQUIRED_OPTION_UNSPECIFIED
+    {"stateVarName": "nope"},
+    {"stateVarName": ""},
+    {"stateVarName": "count", "readRegisteredTimers": "true"},
+    {"readRegisteredTimers": "yes"},
+    {"stateVarName": "seen", "flattenCollectionTypes": "maybe"},
+]
+
+
+def _native_read(spark: Any, checkpoint: str, options: dict[str, Any]) -> Any:
+    reader = spark.read.format("statestore")
+    for name, value in options.items():
+        reader = reader.option(name, str(value).lower() if isinstance(value, bool) else value)
+    return reader.load(checkpoint)
+
+
+def test_read_state_of_each_variable_and_the_timers_matches_natives(spark, ls, tmp_path):
+    """``ls.read.state`` with Spark's options for transformWithState (``stateVarName``,
+    ``flattenCollectionTypes``, ``readRegisteredTimers``) gives the schema and rows that
+    Spark's ``statestore`` reader gives of the native checkpoint of the same query, for
+    a value, list (flattened or not) and map state (flattened or not) and the timers,
+    after a restart and an expired timer; bad options fail with Spark's error classes."""
+    run = Run(
+        spark, ls, tmp_path,
+        lambda df: df.withWatermark("ts", "5 seconds").groupBy("k").transformWithStateInPandas(
+            Everything(), "k string, n long", "Update", "EventTime"
+        ),
+        "update", "ts TIMESTAMP, k STRING, v LONG",
+    )
+    run.start()
+    run.step([ev(1, "a", 1), ev(2, "b", 2), ev(3, "a", 1), ev(4, "a", 3), ev(5, None, 0)])
+    run.stop()
+    run.start()
+    run.step([ev(9, "b", 0), ev(30, "c", 4), ev(31, "c", 4)])  # watermark 25: a's and b's timers fire
+    run.stop()
+    native_ck, mine_ck = str(tmp_path / "native" / "ck"), str(tmp_path / "lockgate" / "ck")
+    for options in READS:
+        native = _native_read(spark, native_ck, options)
+        mine = ls.read.state(mine_ck, **options)
+        assert mine.schema == native.schema, options
+        assert _state_rows(mine) == _state_rows(native), options
+        assert mine.count() > 0, options
+    for options in BAD_READS:
+        with pytest.raises(SparkRuntimeException) as native_error:
+            _native_read(spark, native_ck, options).collect()
+        with pytest.raises(SparkRuntimeException) as mine_error:
+            ls.read.state(mine_ck, **options).collect()
+        assert mine_error.value.getCondition() == native_error.value.getCondition(), options
+        assert headline(mine_error.value) == headline(native_error.value), options
