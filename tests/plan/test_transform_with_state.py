@@ -595,7 +595,11 @@ def test_ttl_with_a_manual_clock_across_a_restart(ls, tmp_path):
 
     def step(query: Any, data: list[tuple[str, int]]) -> None:
         offset = stream.addData(data)
-        wait_until(lambda: batches(query) >= 0 and (end_offset(query) or -1) >= offset, timeout=900)
+        def done() -> bool:
+            end = end_offset(query) if batches(query) >= 0 else None
+            return end is not None and end >= offset
+
+        wait_until(done, timeout=900)
 
     def advance(query: Any, ms: int) -> None:
         """The clock moves on; two batches later one has run at the new time (processing
