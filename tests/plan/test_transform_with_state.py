@@ -7,6 +7,7 @@ lockgate warns about a provider it does not honour.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -482,6 +483,8 @@ class TTLRun(Run):
         )
         super().__init__(spark, ls, root, build, "update", "k STRING, v LONG")
         self.removed: dict[str, dict[int, tuple[int, ...]]] = {"native": {}, "lockgate": {}}
+        self.last: dict[str, Any] = {"native": None, "lockgate": None}
+        self.files = 0
 
     def _start(self, engine: str, reader: Any) -> Any:
         def collect(df: Any, batch_id: int) -> None:
@@ -502,6 +505,8 @@ class TTLRun(Run):
         """The engine's batches so far (their TTL metrics); the last batch id."""
         for p in self.queries[engine].recentProgress:
             if "addBatch" in p.durationMs:
+                if self.last[engine] is None or p.batchId >= self.last[engine].batchId:
+                    self.last[engine] = p
                 metrics = p.stateOperators[0].customMetrics
                 self.removed[engine][p.batchId] = (
                     p.numInputRows,
@@ -514,16 +519,20 @@ class TTLRun(Run):
 
     def step(self, rows: list[dict[str, Any]]) -> None:
         write_json(self.input, rows)
+        self.files += 1
         for engine in list(self.queries):
-            self._process(engine)
-            data_batch = self._record(engine)
-
-            def settled(engine: str = engine, data_batch: int = data_batch) -> bool:
+            # not processAllAvailable: in processing time every trigger runs a batch, and
+            # lockgate's processAllAvailable waits for a trigger without one
+            def read(engine: str = engine) -> bool:
                 if self.queries[engine].exception() is not None:
                     self._process(engine)  # a native restart after a worker's missed connect-back
-                return self._record(engine) > data_batch
+                self._record(engine)
+                progress = self.last[engine]
+                return progress is not None and json.loads(progress.sources[0].endOffset)["logOffset"] >= self.files - 1
 
-            wait_until(settled, timeout=900, message=f"{engine} ran no batch after batch {data_batch}")
+            wait_until(read, timeout=900, message=f"{engine} did not read file {self.files}")
+            data_batch = self.last[engine].batchId
+            wait_until(lambda e=engine, b=data_batch: self._record(e) > b, timeout=900)
         self.compare()
 
     def compare(self) -> None:
