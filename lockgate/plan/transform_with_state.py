@@ -45,7 +45,9 @@ variable removed is no longer read (its files stay).
 
 Not there yet, each refused with :class:`~lockgate.errors.NotSupportedYetError` when
 the query is defined: state schemas with nested structs or maps, grouping by a struct
-or map.
+or map; and, when the restarted query plans its first batch, a state variable declared
+again after a run without it (Spark reads its earlier state back; lockgate's store has
+no files for the versions in between).
 """
 
 from __future__ import annotations
@@ -581,6 +583,14 @@ def _variables_since(node: TransformWithState, state_root: str, operator_id: int
     since = {}
     for name in [v.name for v in node.variables] + [TIMERS]:
         if name not in known:
+            old = f"{state_root.rstrip('/')}/{operator_id}/0/{name}"
+            ofs, opath = resolve_filesystem(old)
+            if ofs.list_names(opath) if ofs.exists(opath) else []:
+                raise NotSupportedYetError(
+                    f"state variable {name!r} of transformWithState declared again after a run "
+                    "without it (Spark reads its earlier state back)",
+                    f"Give the variable a new name, or delete {old} in every partition.",
+                )
             since[name] = batch_id
         elif previous.get(name):
             since[name] = int(previous[name])

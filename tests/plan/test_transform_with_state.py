@@ -709,10 +709,12 @@ def test_state_variables_added_and_removed_on_restart(spark, ls, tmp_path):
     run.start()
     run.step([{"k": "a", "v": 1}, {"k": "b", "v": 6}])
     run.stop()
-    run.build = _evolving(("seen", "counts", "total"))  # seen back: empty, as in Spark
-    run.start()
-    run.step([{"k": "a", "v": 7}])
-    run.stop()
+    run.build = _evolving(("seen", "counts", "total"))  # seen back: Spark reads its old state
+    write_json(run.input, [{"k": "a", "v": 7}])
+    run._start("lockgate", ls.readStream)
+    with pytest.raises(Exception, match="state variable 'seen' of transformWithState declared again"):
+        run.queries["lockgate"].processAllAvailable()
+    run.queries.pop("lockgate").stop()
 
 
 def test_state_variable_type_changed_on_restart_is_refused(spark, ls, tmp_path):
@@ -725,6 +727,7 @@ def test_state_variable_type_changed_on_restart_is_refused(spark, ls, tmp_path):
     run.step([{"k": "a", "v": 1}])
     run.stop()
     run.build = _evolving(("seen", "counts"), "c string")
+    write_json(run.input, [{"k": "a", "v": 2}])  # a batch to plan: the check runs then
     errors = {}
     for engine, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
         with spark_conf(spark, "spark.sql.streaming.stateStore.providerClass", ROCKSDB):
