@@ -15,22 +15,39 @@ read as a plain table, and it is versioned and cached as any other store
 (``state/<operatorId>/<partition>/<stateName>/<v>.delta``). Every store is keyed by
 the grouping key; the value is
 
-* a ``ValueState``: the variable's own columns;
-* a ``ListState``: one column ``values``, a list of the variable's structs;
+* a ``ValueState``: the variable's own columns; with TTL, then ``$ttlExpirationMs``
+  (int64, epoch ms: the batch timestamp of its last update plus the TTL);
+* a ``ListState``: one column ``values``, a list of the variable's structs; with TTL,
+  then ``$ttlExpirationsMs``, a list of int64 (each element's expiration);
 * a ``MapState``: columns ``keys`` and ``values``, lists of the user key's and the
-  value's structs in insertion order;
+  value's structs in insertion order; with TTL, then ``$ttlExpirationsMs`` (each
+  entry's expiration);
 * the timers (store ``$timers``, ``$`` as in Spark's reserved column families): one
   column ``expiryTimestampsMs``, a list of int64.
+
+**TTL** (``ttlDurationMs``, time mode ``processingTime`` only, as Spark's
+``StatefulProcessorHandleImpl`` allows; 0 is no TTL): an update sets the value's (list
+element's, map entry's) expiration to the batch timestamp (the offsets log's, the
+query clock's) plus the TTL; from the first batch whose timestamp reaches it, it reads
+as gone, and the batch's cleanup (after the timers, before the commit, Spark's
+``doTtlCleanup``) removes it, counted in ``numValuesRemovedDueToTTLExpiry``. The cleanup
+visits the keys by a min-heap of their earliest expiration kept with the store in the
+worker cache, not every key.
 
 The variables are found as Spark finds them: the processor's ``init`` runs once on
 the driver with a handle that only records them (Spark's
 ``DriverStatefulProcessorHandleImpl``); the operator's state schema (its schema file)
-has one column per variable, so a restart that changes a variable's type is refused.
+has one column per variable, compared by name on a restart as Spark compares column
+families: a variable whose type changed (or gained or lost its TTL) is refused with
+Spark's ``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``; a variable added starts empty (the
+schema file's ``stateVariablesSince`` keeps the version its store starts after); a
+variable removed is no longer read (its files stay).
 
 Not there yet, each refused with :class:`~lockgate.errors.NotSupportedYetError` when
-the query is defined: TTL on a state variable, state schemas with nested structs or
-maps, grouping by a struct or map. Adding or removing a state variable on restart (which Spark
-accepts) is refused by the state schema check.
+the query is defined: state schemas with nested structs or maps, grouping by a struct
+or map; and, when the restarted query plans its first batch, a state variable declared
+again after a run without it (Spark reads its earlier state back; lockgate's store has
+no files for the versions in between).
 """
 
 from __future__ import annotations
@@ -70,6 +87,11 @@ if TYPE_CHECKING:
 TIMERS = "$timers"
 """The store of the registered timers (``$``: Spark's prefix of reserved column families)."""
 
+TTL_COLUMN = "$ttlExpirationMs"
+"""A ``ValueState`` with TTL: the value's expiration (epoch ms) after its columns."""
+TTL_LIST_COLUMN = "$ttlExpirationsMs"
+"""A ``ListState`` or ``MapState`` with TTL: each element's (map entry's) expiration."""
+
 _TIME_MODES = {"none": "none", "processingtime": "processingTime", "eventtime": "eventTime"}
 _OUTPUT_MODES = {"append": "append", "update": "update"}
 _KEY_PREFIX = "__lockgate_tws_key_"
@@ -89,20 +111,27 @@ class StateVariable:
     """The value's schema (a map's value schema)."""
     key_schema: StructType | None = None
     """A map's user key schema."""
+    ttl_ms: int | None = None
+    """``ttlDurationMs`` (None: no TTL, also for 0, as Spark's ``TTLConfig.NONE``)."""
 
     def value_type(self) -> StructType:
-        """The variable's value columns in its store."""
+        """The variable's value columns in its store (with TTL, the expirations too)."""
         if self.kind == "value":
-            return self.schema
+            fields = list(self.schema.fields)
+            if self.ttl_ms is not None:
+                fields.append(StructField(TTL_COLUMN, LongType(), True))
+            return StructType(fields)
         if self.kind == "list":
-            return StructType([StructField("values", ArrayType(self.schema, True), True)])
-        assert self.key_schema is not None
-        return StructType(
-            [
+            fields = [StructField("values", ArrayType(self.schema, True), True)]
+        else:
+            assert self.key_schema is not None
+            fields = [
                 StructField("keys", ArrayType(self.key_schema, True), True),
                 StructField("values", ArrayType(self.schema, True), True),
             ]
-        )
+        if self.ttl_ms is not None:
+            fields.append(StructField(TTL_LIST_COLUMN, ArrayType(LongType(), True), True))
+        return StructType(fields)
 
 
 _TIMER_VALUE = StructType([StructField("expiryTimestampsMs", ArrayType(LongType(), True), True)])
@@ -144,17 +173,30 @@ class _RecordingHandle:
         self.variables: dict[str, StateVariable] = {}
 
     def _add(self, variable: StateVariable, ttl: int | None) -> None:
+        from dataclasses import replace
+
         name = variable.name
         if not isinstance(name, str) or not name or name.startswith(("$", ".")) or "/" in name:
             raise AnalysisError(
                 f"State variable name {name!r} cannot be used: it must be a non-empty name "
                 "without '/', not starting with '$' or '.'."
             )
-        if ttl is not None:
-            raise NotSupportedYetError(
-                f"TTL on state variable {name!r} of transformWithState (ttlDurationMs={ttl})",
-                "Declare the state variable without ttlDurationMs.",
-            )
+        if ttl is not None and int(ttl) != 0:  # 0: no TTL (Spark's TTLConfig.NONE)
+            if self.time_mode != "processingTime":
+                mode = {"none": "NoTime", "eventTime": "EventTime"}[self.time_mode]
+                raise AnalysisError(
+                    f"[STATEFUL_PROCESSOR_INCORRECT_TIME_MODE_TO_ASSIGN_TTL] Cannot use TTL for "
+                    f"state={name} in timeMode={mode}, use TimeMode.ProcessingTime() instead."
+                )
+            if int(ttl) < 0:
+                raise AnalysisError(
+                    "[STATEFUL_PROCESSOR_TTL_DURATION_MUST_BE_POSITIVE] TTL duration must be greater "
+                    f"than zero for State store operation=update on state={name}."
+                )
+            variable = replace(variable, ttl_ms=int(ttl))
+        for f in variable.schema.fields:
+            if f.name in (TTL_COLUMN, TTL_LIST_COLUMN):
+                raise AnalysisError(f"State variable {name!r} cannot have a field named {f.name!r}: lockgate keeps TTL there.")
         if name in self.variables and self.variables[name] != variable:
             raise AnalysisError(f"State variable {name!r} is declared twice with different schemas in init().")
         _refuse_nested(f"State variable {name!r} of transformWithState", variable.schema)
@@ -475,6 +517,8 @@ def _build(
     tz = ctx.session_timezone
     key_arrow = schema_to_arrow(node.key_schema, tz)
 
+    since = _variables_since(node, ctx.state_root, operator_id, batch_id)
+
     def conf(name: str, value: StructType) -> StateStoreConf:
         return StateStoreConf(
             root=ctx.state_root,
@@ -486,6 +530,7 @@ def _build(
             min_versions_to_retain=ctx.min_versions_to_retain,
             store_name=name,
             checkpoint_id=ctx.checkpoint_id,
+            first_version=since.get(name, 0),
         )
 
     stores = {v.name: conf(v.name, v.value_type()) for v in node.variables}
@@ -517,7 +562,39 @@ def _build(
     value_fields = [StructField(v.name, v.value_type(), True) for v in node.variables]
     value_fields.append(StructField(TIMERS, _TIMER_VALUE, True))
     value_schema = schema_to_arrow(StructType(value_fields), tz)
-    return result, OperatorStateSchema(operator_id, node.operator_name, key_arrow, value_schema, n)
+    return result, OperatorStateSchema(
+        operator_id, node.operator_name, key_arrow, value_schema, n, variables_since=since
+    )
+
+
+def _variables_since(node: TransformWithState, state_root: str, operator_id: int, batch_id: int) -> dict[str, int]:
+    """Per state variable, the version its store starts after: 0, or, for a variable
+    the checkpoint's state schema file does not have (added on this restart), the
+    version before this batch's; kept in the schema file for later restarts."""
+    from lockgate.checkpoint.fs import resolve_filesystem
+    from lockgate.state.schema import read_schema_file, stored_schema
+
+    fs, path = resolve_filesystem(f"{state_root.rstrip('/')}/{operator_id}/_metadata/schema")
+    stored = read_schema_file(fs, path, operator_id)
+    if stored is None:
+        return {}
+    known = set(stored_schema(stored, "value").names)
+    previous = stored.get("stateVariablesSince") or {}
+    since = {}
+    for name in [v.name for v in node.variables] + [TIMERS]:
+        if name not in known:
+            old = f"{state_root.rstrip('/')}/{operator_id}/0/{name}"
+            ofs, opath = resolve_filesystem(old)
+            if ofs.list_names(opath) if ofs.exists(opath) else []:
+                raise NotSupportedYetError(
+                    f"state variable {name!r} of transformWithState declared again after a run "
+                    "without it (Spark reads its earlier state back)",
+                    f"Give the variable a new name, or delete {old} in every partition.",
+                )
+            since[name] = batch_id
+        elif previous.get(name):
+            since[name] = int(previous[name])
+    return since
 
 
 def _grouping_column(item: Any) -> Any:
@@ -594,6 +671,11 @@ def _plain(value: Any) -> tuple[Any, ...]:
     return tuple(v for _, v in value)
 
 
+def _struct(value: Any) -> Any:
+    """A struct value of a list or map state as the store takes it back (a dict)."""
+    return value if value is None or isinstance(value, dict) else dict(value)
+
+
 def _as_dict(names: list[str], value: Any, what: str) -> dict[str, Any]:
     values = tuple(value)
     if len(values) != len(names):
@@ -620,7 +702,8 @@ class _Handle:
                 f"State variable {name!r} ({kind}) was not declared when init() ran on the driver: "
                 "init() must declare the same state variables every time it runs."
             )
-        self.metrics[f"num{kind.capitalize()}StateVars"] += 1
+        ttl = "WithTTL" if variable.ttl_ms is not None else ""
+        self.metrics[f"num{kind.capitalize()}State{ttl}Vars"] += 1
         return variable
 
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
@@ -666,11 +749,57 @@ class _Handle:
         self.metrics["numDeletedStateVars"] += 1
 
 
+class _TTLIndex:
+    """A TTL'd variable's keys by their earliest expiration (a min-heap kept with the
+    store in the worker cache, as :class:`_TimerIndex`): the cleanup at the end of a
+    batch visits the keys that have something expired, not every key. Stale entries
+    (a key updated or cleared since) are checked against the store when popped."""
+
+    def __init__(self, store: Any, kind: str) -> None:
+        self.kind = kind
+        self.heap: list[tuple[int, int, Any]] = []
+        for key, value in store.map.items():
+            self._push_value(key, value)
+        heapq.heapify(self.heap)
+
+    def _push_value(self, key: Any, value: Any) -> None:
+        soonest = _soonest(self.kind, value)
+        if soonest is not None:
+            self.heap.append((soonest, next(_SEQUENCE), key))
+
+    def push(self, key: Any, value: Any) -> None:
+        soonest = _soonest(self.kind, value)
+        if soonest is not None:
+            heapq.heappush(self.heap, (soonest, next(_SEQUENCE), key))
+
+    def catch_up(self, upserts: list[tuple[Any, Any]], removed: list[Any], previous: list[Any]) -> None:
+        for key, value in upserts:
+            self.push(key, value)
+
+
+def _soonest(kind: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if kind == "value":
+        return value[-1]
+    expirations = [e for e in (value[-1] or ()) if e is not None]
+    return min(expirations) if expirations else None
+
+
+def _expired(expiration: int | None, now: int) -> bool:
+    """Spark's ``StateTTL.isExpired``: expired once the batch timestamp reaches it."""
+    return expiration is not None and now >= expiration
+
+
 class _StateVar:
     def __init__(self, handle: _Handle, variable: StateVariable) -> None:
         self._handle = handle
         self._variable = variable
         self._store = handle.stores[variable.name]
+        self._ttl = variable.ttl_ms
+        self._now = handle.task.batch_timestamp_ms or 0
+        if self._ttl is not None and not isinstance(self._store.aux, _TTLIndex):
+            self._store.aux = _TTLIndex(self._store, variable.kind)
 
     def _key(self) -> Any:
         key = self._handle.key
@@ -681,18 +810,36 @@ class _StateVar:
             )
         return key
 
-    def _get(self) -> Any:
+    def _raw(self) -> Any:
         return self._store.get(self._key())
 
-    def exists(self) -> bool:
-        return self._get() is not None
+    def _write(self, value: list[Any]) -> None:
+        key = self._key()
+        self._store.put(key, value)
+        if self._ttl is not None:
+            self._store.aux.push(key, value)
+
+    def _expiry(self) -> int:
+        return self._now + (self._ttl or 0)
 
     def clear(self) -> None:
         self._store.remove(self._key())
 
 
 class ValueState(_StateVar):
-    """pyspark's ``ValueState`` over lockgate's store."""
+    """pyspark's ``ValueState`` over lockgate's store (with TTL: the value's expiration
+    in its last column; an expired value reads as none)."""
+
+    def _get(self) -> Any:
+        value = self._raw()
+        if value is not None and self._ttl is not None:
+            if _expired(value[-1], self._now):
+                return None
+            return value[:-1]
+        return value
+
+    def exists(self) -> bool:
+        return self._get() is not None
 
     def get(self) -> tuple[Any, ...] | None:
         value = self._get()
@@ -700,48 +847,76 @@ class ValueState(_StateVar):
 
     def update(self, newValue: tuple[Any, ...]) -> None:
         names = self._variable.schema.names
-        self._store.put(self._key(), list(_as_dict(names, newValue, f"ValueState {self._variable.name!r}").values()))
+        value = list(_as_dict(names, newValue, f"ValueState {self._variable.name!r}").values())
+        if self._ttl is not None:
+            value.append(self._expiry())
+        self._write(value)
 
 
 class ListState(_StateVar):
-    """pyspark's ``ListState`` over lockgate's store."""
+    """pyspark's ``ListState`` over lockgate's store (with TTL: each element's
+    expiration; expired elements read as gone and stay stored until the batch's cleanup,
+    as Spark's)."""
+
+    def _stored(self) -> tuple[list[Any], list[Any]]:
+        value = self._raw()
+        if value is None or value[0] is None:
+            return [], []
+        items = [_struct(v) for v in value[0]]
+        return items, (list(value[1]) if self._ttl is not None else [None] * len(items))
 
     def _items(self) -> list[tuple[Any, ...]]:
-        value = self._get()
-        return [_plain(v) for v in value[0]] if value is not None and value[0] is not None else []
+        items, expirations = self._stored()
+        return [_plain(v) for v, e in zip(items, expirations) if not _expired(e, self._now)]
+
+    def exists(self) -> bool:
+        return bool(self._items())
 
     def get(self) -> Iterator[tuple[Any, ...]]:
         return iter(self._items())
 
-    def _put(self, items: list[Any]) -> None:
+    def _rows(self, items: list[Any]) -> list[dict[str, Any]]:
         names = self._variable.schema.names
         what = f"ListState {self._variable.name!r}"
-        rows = [_as_dict(names, v, what) for v in items]
-        if rows:
-            self._store.put(self._key(), [rows])
-        else:
+        return [_as_dict(names, v, what) for v in items]
+
+    def _put(self, rows: list[Any], expirations: list[Any]) -> None:
+        if not rows:
             self._store.remove(self._key())
+        elif self._ttl is not None:
+            self._write([rows, expirations])
+        else:
+            self._write([rows])
 
     def put(self, newState: list[tuple[Any, ...]]) -> None:
-        self._put(list(newState))
+        rows = self._rows(list(newState))
+        self._put(rows, [self._expiry()] * len(rows))
 
     def appendValue(self, newState: tuple[Any, ...]) -> None:
-        self._put([*self._items(), newState])
+        self.appendList([newState])
 
     def appendList(self, newState: list[tuple[Any, ...]]) -> None:
-        self._put([*self._items(), *newState])
+        items, expirations = self._stored()  # expired elements too: the cleanup counts them
+        rows = self._rows(list(newState))
+        self._put([*items, *rows], [*expirations, *([self._expiry()] * len(rows))])
 
 
 class MapState(_StateVar):
-    """pyspark's ``MapState`` over lockgate's store (entries in insertion order)."""
+    """pyspark's ``MapState`` over lockgate's store (entries in insertion order; with
+    TTL, each entry's expiration, reset when the entry is updated)."""
 
-    def _entries(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
-        value = self._get()
+    def _stored(self) -> dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]]:
+        value = self._raw()
         if value is None:
             return {}
-        return {_plain(k): _plain(v) for k, v in zip(value[0] or (), value[1] or ())}
+        keys, values = value[0] or (), value[1] or ()
+        expirations = (value[2] or ()) if self._ttl is not None else [None] * len(keys)
+        return {_plain(k): (_plain(v), e) for k, v, e in zip(keys, values, expirations)}
 
-    def _put(self, entries: dict[tuple[Any, ...], tuple[Any, ...]]) -> None:
+    def _entries(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+        return {k: v for k, (v, e) in self._stored().items() if not _expired(e, self._now)}
+
+    def _put(self, entries: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]]) -> None:
         if not entries:
             self._store.remove(self._key())
             return
@@ -749,8 +924,14 @@ class MapState(_StateVar):
         key_names, value_names = self._variable.key_schema.names, self._variable.schema.names
         what = f"MapState {self._variable.name!r}"
         keys = [_as_dict(key_names, k, what + " key") for k in entries]
-        values = [_as_dict(value_names, v, what + " value") for v in entries.values()]
-        self._store.put(self._key(), [keys, values])
+        values = [_as_dict(value_names, v, what + " value") for v, _ in entries.values()]
+        if self._ttl is not None:
+            self._write([keys, values, [e for _, e in entries.values()]])
+        else:
+            self._write([keys, values])
+
+    def exists(self) -> bool:
+        return bool(self._entries())
 
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
         return self._entries().get(tuple(key))
@@ -759,8 +940,8 @@ class MapState(_StateVar):
         return tuple(key) in self._entries()
 
     def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
-        entries = self._entries()
-        entries[tuple(key)] = tuple(value)
+        entries = self._stored()
+        entries[tuple(key)] = (tuple(value), self._expiry() if self._ttl is not None else None)
         self._put(entries)
 
     def iterator(self) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
@@ -773,9 +954,38 @@ class MapState(_StateVar):
         return iter(list(self._entries().values()))
 
     def removeKey(self, key: tuple[Any, ...]) -> None:
-        entries = self._entries()
+        entries = self._stored()
         if entries.pop(tuple(key), None) is not None:
             self._put(entries)
+
+
+def _clean_expired(store: Any, variable: StateVariable, now: int) -> int:
+    """Spark's ``clearExpiredStateForAllKeys`` for one TTL'd variable: removes what has
+    expired by the batch timestamp (a value, list elements, map entries) from every key
+    that has some; the count of values removed."""
+    index = store.aux if isinstance(store.aux, _TTLIndex) else _TTLIndex(store, variable.kind)
+    store.aux = index
+    removed = 0
+    heap = index.heap
+    while heap and heap[0][0] <= now:
+        _, _, key = heapq.heappop(heap)
+        value = store.get(key)
+        if value is None or not _expired(_soonest(variable.kind, value), now):
+            continue  # stale: cleared, or updated since
+        if variable.kind == "value":
+            store.remove(key)
+            removed += 1
+            continue
+        keep = [i for i, e in enumerate(value[-1]) if not _expired(e, now)]
+        removed += len(value[-1]) - len(keep)
+        if not keep:
+            store.remove(key)
+            continue
+        kept = [[_struct(column[i]) for i in keep] for column in value[:-1]]
+        kept.append([value[-1][i] for i in keep])
+        store.put(key, kept)
+        index.push(key, kept)
+    return removed
 
 
 @dataclass
@@ -918,7 +1128,8 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
     metrics: dict[str, int] = dict.fromkeys(
         (
             "numValueStateVars", "numListStateVars", "numMapStateVars", "numDeletedStateVars",
-            "numRegisteredTimers", "numDeletedTimers", "numExpiredTimers",
+            "numRegisteredTimers", "numDeletedTimers", "numExpiredTimers", "numValueStateWithTTLVars",
+            "numListStateWithTTLVars", "numMapStateWithTTLVars", "numValuesRemovedDueToTTLExpiry",
         ),
         0,
     )
@@ -990,6 +1201,12 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
             timers.delete(key, ts)
     handle.key = None
     processor.close()
+    # Spark's doTtlCleanup, before the commit: what expired by the batch timestamp goes.
+    for variable in task.variables:
+        if variable.ttl_ms is not None and task.batch_timestamp_ms is not None:
+            metrics["numValuesRemovedDueToTTLExpiry"] += _clean_expired(
+                stores[variable.name], variable, task.batch_timestamp_ms
+            )
     remove_ms = (time.perf_counter() - t1) * 1000
     updated = sum(len(s.updated) for s in stores.values())
     removed = sum(len(s.removed) for s in stores.values())

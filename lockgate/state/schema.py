@@ -4,7 +4,9 @@ Written by the driver on an operator's first batch; on restart a query whose ope
 kind or partition count differ, or whose key or value schema is incompatible by Spark's
 rules (``spark.sql.streaming.stateStore.stateSchemaCheck``: names are not compared,
 types are), is refused before any state is touched, with an error naming the operator
-and the difference.
+and the difference. transformWithState's value columns are its state variables, compared
+by name as Spark compares column families: one added or removed is accepted and the file
+rewritten (:attr:`OperatorStateSchema.variables_since`).
 """
 
 from __future__ import annotations
@@ -38,10 +40,17 @@ class OperatorStateSchema:
     """The partition count Spark's operator metadata records (``_metadata/metadata``):
     the query's state partitions, also for operators lockgate keeps in one partition
     (``limit``, an aggregation without keys); None: ``num_partitions``."""
+    variables_since: dict[str, int] | None = None
+    """transformWithState: each value column is a state variable (Spark's column
+    families), compared by name; a variable added on a restart is accepted (it starts
+    empty after the version given here), a removed one dropped, as Spark's
+    ``StateSchemaCompatibilityChecker`` does per column family. None: other operators."""
 
     def to_json(self) -> str:
+        extra = {} if self.variables_since is None else {"stateVariablesSince": self.variables_since}
         return json.dumps(
             {
+                **extra,
                 "formatVersion": FORMAT_VERSION,
                 "operatorId": self.operator_id,
                 "operatorName": self.operator_name,
@@ -134,15 +143,22 @@ def _check_or_write_schema(
             + ". Restore the original query or start it with a new checkpoint location.",
             path=path,
         )
-    if not check_schemas:
-        return
     # Spark's StateSchemaCompatibilityChecker: names are not compared, types are (at
     # any depth), and a column the state holds as non-nullable may not become nullable.
-    for which, new_schema, error_class in (
-        ("key", schema.key_schema, "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"),
-        ("value", schema.value_schema, "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE"),
-    ):
-        old_schema = stored_schema(stored, which)
+    pairs = [
+        ("key", stored_schema(stored, "key"), schema.key_schema, ""),
+        ("value", stored_schema(stored, "value"), schema.value_schema, ""),
+    ]
+    if schema.variables_since is not None:  # per state variable, by name
+        old_values = stored_schema(stored, "value")
+        old_names = set(old_values.names)
+        pairs[1:] = [
+            ("value", pa.schema([old_values.field(f.name)]), pa.schema([f]), f" (state variable {f.name!r})")
+            for f in schema.value_schema
+            if f.name in old_names
+        ]
+    for which, old_schema, new_schema, variable in pairs if check_schemas else []:
+        error_class = f"STATE_STORE_{which.upper()}_SCHEMA_NOT_COMPATIBLE"
         if not schemas_compatible(old_schema, new_schema):
             raise CheckpointError(
                 f"[{error_class}] Provided {which} schema does not match existing state "
@@ -151,10 +167,17 @@ def _check_or_write_schema(
                 f"{_fields(new_schema)}. If you want to force running the query without "
                 "schema validation, please set spark.sql.streaming.stateStore.stateSchemaCheck "
                 "to false. However, please note that running the query with incompatible "
-                f"schema could cause non-deterministic behavior. (The query's {op}, state "
-                f"schema file {path}.)",
+                f"schema could cause non-deterministic behavior. (The query's {op}{variable}, "
+                f"state schema file {path}.)",
                 path=path,
             )
+    if schema.variables_since is not None and (
+        stored_schema(stored, "value").names != schema.value_schema.names
+        or stored.get("stateVariablesSince") != schema.variables_since
+    ):
+        # variables added or removed: the file now describes the query's (Spark writes a
+        # new schema file then)
+        write_checked(fs, path, schema.to_json().encode("utf-8"), overwrite=True)
 
 
 def stored_schema(meta: dict, which: str) -> pa.Schema:  # type: ignore[type-arg]

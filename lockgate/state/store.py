@@ -108,6 +108,10 @@ class StateStoreConf:
     """Identity of the checkpoint (its query id) for the worker cache."""
     """Operators with several stores (a stream-stream join's two sides) name each;
     their files live in ``<root>/<operatorId>/<partition>/<store_name>/``."""
+    first_version: int = 0
+    """The store holds nothing at this version and before: its first delta is version
+    ``first_version + 1`` (a transformWithState variable added on a restart; files of a
+    same-named variable removed earlier are not read)."""
     timestamps_as_micros: bool = False
     """Hold top-level timestamp columns of keys and values in memory as ``int``
     microseconds since the epoch instead of ``datetime`` objects (the files keep their
@@ -446,7 +450,7 @@ class StateStore:
     def _version_tables(self, base: int, version: int) -> list[pa.Table]:
         """Snapshot ``base`` (if any) and the deltas after it up to ``version``, in order."""
         tables: list[pa.Table] = []
-        if base:
+        if base > self.conf.first_version:
             snap = self._read(f"{self.dir}/{base}.snapshot")
             ops = pa.array([_OP_UPSERT] * snap.num_rows, type=pa.int8())
             tables.append(snap.replace_schema_metadata(None).append_column(_OP_COLUMN, ops))
@@ -458,10 +462,11 @@ class StateStore:
         """Version ``version`` from the newest intact snapshot at or below it and the
         deltas after that snapshot. A corrupt snapshot is skipped for an older one (or
         none: every delta from version 1), and rewritten from what was read."""
-        if version == 0:
+        first = self.conf.first_version
+        if version <= first:
             return {}
         deltas, snapshots = _file_versions(self.fs, self.dir)
-        bases = sorted((s for s in snapshots if s <= version), reverse=True) + [0]
+        bases = sorted((s for s in snapshots if first < s <= version), reverse=True) + [first]
         corrupt: list[CorruptStateFileError] = []
         for base in bases:
             missing = [v for v in range(base + 1, version + 1) if v not in deltas]

@@ -7,6 +7,7 @@ lockgate warns about a provider it does not honour.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -17,6 +18,7 @@ import pandas as pd
 import pytest
 from differential import (
     canonical,
+    end_offset,
     exact_batches,
     feed,
     headline,
@@ -30,7 +32,6 @@ from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor
 
 import lockgate
-from lockgate.errors import NotSupportedYetError
 
 # Spark's Python workers do not import the test modules: the processors travel by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -232,6 +233,74 @@ class Everything(StatefulProcessor):
         self.seen.clear()
         yield pd.DataFrame({"k": [key[0]], "n": [-expiredTimerInfo.getExpiryTimeInMs()]})
 
+
+class Expiring(StatefulProcessor):
+    """Each kind of state variable twice, with a TTL of 1 ms (expired by the next batch,
+    whatever the clock) and of an hour (never expires in a test): each batch shows what
+    is visible before and after this batch's updates."""
+
+    def __init__(self, short_ms: int = 1, long_ms: int = 3_600_000) -> None:
+        self.short_ms, self.long_ms = short_ms, long_ms
+
+    def init(self, handle: Any) -> None:
+        self.values = [handle.getValueState(f"value{i}", "v long", ttl) for i, ttl in enumerate((self.short_ms, self.long_ms))]
+        self.lists = [handle.getListState(f"list{i}", "v long", ttl) for i, ttl in enumerate((self.short_ms, self.long_ms))]
+        self.maps = [handle.getMapState(f"map{i}", "m long", "v long", ttl) for i, ttl in enumerate((self.short_ms, self.long_ms))]
+
+    def _visible(self) -> str:
+        parts = [f"{s.exists()}:{s.get()}" for s in self.values]
+        parts += [f"{s.exists()}:{[v for (v,) in s.get()]}" for s in self.lists]
+        parts += [f"{s.exists()}:{sorted((k[0], v[0]) for k, v in s.iterator())}" for s in self.maps]
+        return " ".join(parts)
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        vs = [int(v) for pdf in rows for v in pdf["v"]]
+        before = self._visible()
+        for v in vs:
+            if v < 0:  # a negative value clears the key's state
+                for s in [*self.values, *self.lists, *self.maps]:
+                    s.clear()
+                continue
+            for s in self.values:
+                s.update((v,))
+            for s in self.lists:
+                s.appendValue((v,))
+            for s in self.maps:
+                s.updateValue((v % 2,), (v,))
+        yield pd.DataFrame({"k": [key[0]], "before": [before], "after": [self._visible()]})
+
+    def close(self) -> None:
+        pass
+
+
+class Evolving(StatefulProcessor):
+    """Some of the state variables ``seen`` (a list), ``counts`` (a map) and ``total`` (a
+    value), as a processor of another release of the query declares them."""
+
+    def __init__(self, variables: tuple[str, ...], count_type: str = "c long") -> None:
+        self.variables, self.count_type = variables, count_type
+
+    def init(self, handle: Any) -> None:
+        self.seen = handle.getListState("seen", "v long") if "seen" in self.variables else None
+        self.counts = handle.getMapState("counts", "v long", self.count_type) if "counts" in self.variables else None
+        self.total = handle.getValueState("total", "t long") if "total" in self.variables else None
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        vs = [int(v) for pdf in rows for v in pdf["v"]]
+        seen = counts = total = None
+        if self.seen is not None:
+            self.seen.appendList([(v,) for v in vs])
+            seen = ",".join(str(v) for (v,) in self.seen.get())
+        if self.counts is not None:
+            for v in vs:
+                old = self.counts.getValue((v,))
+                self.counts.updateValue((v,), ((old[0] if old else 0) + 1,))
+            counts = ",".join(f"{k[0]}:{c[0]}" for k, c in sorted(self.counts.iterator()))
+        if self.total is not None:
+            total = (self.total.get() or (0,))[0] + sum(vs)
+            self.total.update((total,))
+        yield pd.DataFrame({"k": [key[0]], "seen": [seen], "counts": [counts], "total": [total]})
+
     def close(self) -> None:
         pass
 
@@ -423,14 +492,207 @@ def test_row_based_transform_with_state(spark, ls, tmp_path):
     run.stop()
 
 
-def test_ttl_fails_at_definition(ls, tmp_path):
+def test_ttl_needs_processing_time_and_a_positive_duration(ls, tmp_path):
+    """Spark's refusals (its StatefulProcessorHandleImpl.validateTTLConfig), when the query
+    is defined; a TTL of 0 is no TTL (Spark's TTLConfig.NONE)."""
+
     class WithTTL(Counter):
+        def __init__(self, ttl: int) -> None:
+            self.ttl = ttl
+
         def init(self, handle: Any) -> None:
-            self.count = handle.getValueState("count", "n long", 60_000)
+            self.count = handle.getValueState("count", "n long", self.ttl)
 
     df = ls.readStream.schema("k STRING, v LONG").json(str(tmp_path))
-    with pytest.raises(NotSupportedYetError, match="TTL on state variable 'count'"):
-        df.groupBy("k").transformWithState(WithTTL(), "k string, n long, total long", "Update", "none")
+    for mode, name in (("none", "NoTime"), ("EventTime", "EventTime")):
+        with pytest.raises(Exception, match=rf"STATEFUL_PROCESSOR_INCORRECT_TIME_MODE_TO_ASSIGN_TTL\] Cannot use TTL for state=count in timeMode={name}"):
+            df.groupBy("k").transformWithState(WithTTL(60_000), "k string, n long, total long", "Update", mode)
+    with pytest.raises(Exception, match=r"STATEFUL_PROCESSOR_TTL_DURATION_MUST_BE_POSITIVE\] .* on state=count"):
+        df.groupBy("k").transformWithState(WithTTL(-5), "k string, n long, total long", "Update", "ProcessingTime")
+    df.groupBy("k").transformWithState(WithTTL(0), "k string, n long, total long", "Update", "none")
+
+
+class TTLRun(Run):
+    """An ``Expiring`` query on both engines in processing time (native Spark's clock is the
+    real one), a trigger a second: after each step, both run a no-data batch (which
+    removes the 1 ms values), so the data batches and the removal counts are the same on
+    both, batch by batch."""
+
+    def __init__(self, spark: Any, ls: Any, root: Path, processor: Any) -> None:
+        build = lambda df: df.groupBy("k").transformWithStateInPandas(
+            processor, "k string, before string, after string", "Update", "ProcessingTime"
+        )
+        super().__init__(spark, ls, root, build, "update", "k STRING, v LONG")
+        self.removed: dict[str, dict[int, tuple[int, ...]]] = {"native": {}, "lockgate": {}}
+        self.last: dict[str, Any] = {"native": None, "lockgate": None}
+        self.files = 0
+
+    def _start(self, engine: str, reader: Any) -> Any:
+        def collect(df: Any, batch_id: int) -> None:
+            self.batches[engine].append((batch_id, df.collect()))
+
+        query = (
+            self.build(reader.schema(self.schema).json(str(self.input)))
+            .writeStream.outputMode(self.mode)
+            .trigger(processingTime="1 second")
+            .option("checkpointLocation", str(self.root / engine / "ck"))
+            .foreachBatch(collect)
+            .start()
+        )
+        self.queries[engine] = query
+        return query
+
+    def _record(self, engine: str) -> int:
+        """The engine's batches so far (their TTL metrics); the last batch id."""
+        for p in self.queries[engine].recentProgress:
+            if "addBatch" in p.durationMs:
+                if self.last[engine] is None or p.batchId >= self.last[engine].batchId:
+                    self.last[engine] = p
+                metrics = p.stateOperators[0].customMetrics
+                self.removed[engine][p.batchId] = (
+                    p.numInputRows,
+                    metrics["numValuesRemovedDueToTTLExpiry"],
+                    metrics["numValueStateWithTTLVars"] > 0,
+                    metrics["numListStateWithTTLVars"] > 0,
+                    metrics["numMapStateWithTTLVars"] > 0,
+                )
+        return max(self.removed[engine], default=-1)
+
+    def step(self, rows: list[dict[str, Any]]) -> None:
+        write_json(self.input, rows)
+        self.files += 1
+        for engine in list(self.queries):
+            # not processAllAvailable: in processing time every trigger runs a batch, and
+            # lockgate's processAllAvailable waits for a trigger without one
+            def read(engine: str = engine) -> bool:
+                if self.queries[engine].exception() is not None:
+                    self._process(engine)  # a native restart after a worker's missed connect-back
+                self._record(engine)
+                progress = self.last[engine]
+                return progress is not None and json.loads(progress.sources[0].endOffset)["logOffset"] >= self.files - 1
+
+            wait_until(read, timeout=900, message=f"{engine} did not read file {self.files}")
+            data_batch = self.last[engine].batchId
+            wait_until(lambda e=engine, b=data_batch: self._record(e) > b, timeout=900)
+        self.compare()
+
+    def compare(self) -> None:
+        def data(engine: str) -> list[list[str]]:
+            rows = dict(self.batches[engine])
+            return [sorted(repr(r) for r in rows[b]) for b in sorted(rows) if rows[b]]
+
+        def removals(engine: str) -> list[tuple[int, ...]]:
+            return [m for _, m in sorted(self.removed[engine].items()) if m[0] or m[1]]
+
+        assert data("lockgate") == data("native")
+        assert removals("lockgate") == removals("native")
+
+    def stop(self) -> None:
+        for engine in self.queries:
+            self._record(engine)
+        super().stop()
+
+
+def test_ttl_expires_values_lists_and_maps_with_a_restart(spark, ls, tmp_path):
+    """TTL on each kind of state variable against native Spark: a value updated resets
+    its expiry (per list element, per map key); an expired value is invisible and removed
+    (numValuesRemovedDueToTTLExpiry) by the batch whose timestamp reaches its expiry; the
+    hour-long values survive a restart."""
+    run = TTLRun(spark, ls, tmp_path, Expiring())
+    run.start()
+    run.step([{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "a", "v": 3}])
+    run.step([{"k": "a", "v": 4}, {"k": "c", "v": 5}])
+    run.stop()
+    run.start()
+    run.step([{"k": "a", "v": 6}, {"k": "b", "v": -1}, {"k": "c", "v": 8}])
+    run.step([{"k": "b", "v": 9}])
+    assert any(m[1] for m in run.removed["lockgate"].values())
+    run.stop()
+
+
+def test_ttl_with_a_manual_clock_across_a_restart(ls, tmp_path):
+    """Expiry follows the batch timestamp, the query clock's: a value expires at its
+    update's batch timestamp plus the TTL (visible before, gone at it), also after a
+    restart from the checkpoint; each update resets the expiry (per list element, per map
+    key); what expired is removed by the first batch at or past its expiry, counted in
+    numValuesRemovedDueToTTLExpiry. Native Spark's clock cannot be driven, so the expected
+    rows are written out (test_ttl_expires_values_lists_and_maps_with_a_restart compares
+    the same processor with native Spark)."""
+    clock = lockgate.ManualClock(1_000)
+    stream = lockgate.MemoryStream(ls, "k STRING, v LONG")
+    rows: list[tuple[Any, ...]] = []
+    removed: dict[int, int] = {}
+
+    def start() -> Any:
+        return (
+            stream.toDF()
+            .groupBy("k")
+            .transformWithStateInPandas(Expiring(5_000, 20_000), "k string, before string, after string", "Update", "ProcessingTime")
+            .writeStream.outputMode("update")
+            .foreachBatch(lambda df, _: rows.extend(tuple(r) for r in df.collect()))
+            .withClock(clock)
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .start()
+        )
+
+    def batches(query: Any) -> int:
+        if query.exception() is not None:
+            raise query.exception()
+        for p in query.recentProgress:
+            if "addBatch" in p.durationMs:
+                removed[p.batchId] = p.stateOperators[0].customMetrics["numValuesRemovedDueToTTLExpiry"]
+        return max(removed, default=-1)
+
+    def step(query: Any, data: list[tuple[str, int]]) -> None:
+        offset = stream.addData(data)
+        def done() -> bool:
+            end = end_offset(query) if batches(query) >= 0 else None
+            return end is not None and end >= offset
+
+        wait_until(done, timeout=900)
+
+    def advance(query: Any, ms: int) -> None:
+        """The clock moves on; two batches later one has run at the new time (processing
+        time runs a batch every trigger)."""
+        last = batches(query)
+        clock.advance(ms)
+        wait_until(lambda: batches(query) >= last + 2, timeout=900)
+
+    query = start()
+    try:
+        step(query, [("a", 1), ("a", 2)])  # t=1000: expiries 6000 / 21000
+        advance(query, 4_000)
+        step(query, [("b", 3), ("a", 5)])  # t=5000: b's and a's updated ones 10000 / 25000
+        batches(query)
+    finally:
+        query.stop()
+    assert not any(removed.values()), removed
+    query = start()
+    try:
+        advance(query, 5_000)  # t=10000: every short-lived value expires (a: 1 + 3 + 2, b: 3)
+        step(query, [("a", 6)])
+        advance(query, 11_000)  # t=21000: a's short ones from t=10000 (3), its long list's 1 and 2
+        step(query, [("a", 7)])
+        advance(query, 4_000)  # t=25000: b's long ones (3) and a's long list's 5 (untouched keys)
+        step(query, [("b", 8)])
+        batches(query)
+    finally:
+        query.stop()
+    assert sorted(rows) == sorted([
+        ("a", "False:None False:None False:[] False:[] False:[] False:[]",
+         "True:(2,) True:(2,) True:[1, 2] True:[1, 2] True:[(0, 2), (1, 1)] True:[(0, 2), (1, 1)]"),
+        ("b", "False:None False:None False:[] False:[] False:[] False:[]",
+         "True:(3,) True:(3,) True:[3] True:[3] True:[(1, 3)] True:[(1, 3)]"),
+        ("a", "True:(2,) True:(2,) True:[1, 2] True:[1, 2] True:[(0, 2), (1, 1)] True:[(0, 2), (1, 1)]",
+         "True:(5,) True:(5,) True:[1, 2, 5] True:[1, 2, 5] True:[(0, 2), (1, 5)] True:[(0, 2), (1, 5)]"),
+        ("a", "False:None True:(5,) False:[] True:[1, 2, 5] False:[] True:[(0, 2), (1, 5)]",
+         "True:(6,) True:(6,) True:[6] True:[1, 2, 5, 6] True:[(0, 6)] True:[(0, 6), (1, 5)]"),
+        ("a", "False:None True:(6,) False:[] True:[5, 6] False:[] True:[(0, 6), (1, 5)]",
+         "True:(7,) True:(7,) True:[7] True:[5, 6, 7] True:[(1, 7)] True:[(0, 6), (1, 7)]"),
+        ("b", "False:None False:None False:[] False:[] False:[] False:[]",
+         "True:(8,) True:(8,) True:[8] True:[8] True:[(0, 8)] True:[(0, 8)]"),
+    ]), rows
+    assert [n for _, n in sorted(removed.items()) if n] == [9, 5, 4], removed
 
 
 def test_processing_time_timers_with_a_manual_clock(ls, tmp_path):
@@ -535,3 +797,59 @@ def test_read_state_of_each_variable_and_the_timers_matches_natives(spark, ls, t
             ls.read.state(mine_ck, **options).collect()
         assert mine_error.value.getCondition() == native_error.value.getCondition(), options
         assert headline(mine_error.value) == headline(native_error.value), options
+
+
+def _evolving(variables: tuple[str, ...], count_type: str = "c long") -> Any:
+    return lambda df: df.groupBy("k").transformWithStateInPandas(
+        Evolving(variables, count_type), "k string, seen string, counts string, total long", "Update", "None"
+    )
+
+
+def test_state_variables_added_and_removed_on_restart(spark, ls, tmp_path):
+    """A restart whose processor declares a new state variable (it starts empty) or no
+    longer declares one (its state is not read), accepted as Spark accepts it; a variable
+    removed and declared again later starts empty too."""
+    run = Run(spark, ls, tmp_path, _evolving(("seen", "counts")), "update", "k STRING, v LONG")
+    run.start()
+    run.step([{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "a", "v": 1}])
+    run.stop()
+    run.build = _evolving(("seen", "counts", "total"))  # total added
+    run.start()
+    run.step([{"k": "a", "v": 3}, {"k": "c", "v": 4}])
+    run.step([{"k": "b", "v": 5}])
+    run.stop()
+    run.build = _evolving(("counts", "total"))  # seen removed
+    run.start()
+    run.step([{"k": "a", "v": 1}, {"k": "b", "v": 6}])
+    run.stop()
+    run.build = _evolving(("seen", "counts", "total"))  # seen back: Spark reads its old state
+    write_json(run.input, [{"k": "a", "v": 7}])
+    run._start("lockgate", ls.readStream)
+    with pytest.raises(Exception, match="state variable 'seen' of transformWithState declared again"):
+        run.queries["lockgate"].processAllAvailable()
+    run.queries.pop("lockgate").stop()
+
+
+def test_state_variable_type_changed_on_restart_is_refused(spark, ls, tmp_path):
+    """A variable whose type changed incompatibly fails the restarted query with the
+    error class native Spark fails it with."""
+    import re
+
+    run = Run(spark, ls, tmp_path, _evolving(("seen", "counts")), "update", "k STRING, v LONG")
+    run.start()
+    run.step([{"k": "a", "v": 1}])
+    run.stop()
+    run.build = _evolving(("seen", "counts"), "c string")
+    write_json(run.input, [{"k": "a", "v": 2}])  # a batch to plan: the check runs then
+    errors = {}
+    for engine, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
+        with spark_conf(spark, "spark.sql.streaming.stateStore.providerClass", ROCKSDB):
+            run._start(engine, reader)
+        with pytest.raises(Exception) as info:
+            run.queries[engine].processAllAvailable()
+        run.queries.pop(engine).stop()
+        errors[engine] = str(info.value)
+    native_class = re.search(r"\[(STATE_STORE_[A-Z_]+)\]", errors["native"])
+    assert native_class, errors["native"][:2000]
+    assert f"[{native_class.group(1)}]" in errors["lockgate"], errors["lockgate"]
+    assert "'counts'" in errors["lockgate"]
