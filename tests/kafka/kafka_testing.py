@@ -88,8 +88,13 @@ def free_port() -> int:
 
 
 def random_cluster_id() -> str:
-    """A KRaft cluster id: a random UUID in Kafka's URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A KRaft cluster id: a random UUID in Kafka's URL-safe base64 without padding, not
+    starting with "-" (as Kafka's ``Uuid.randomUuid``: the storage tool would take it
+    for an option)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 class KafkaBroker:
