@@ -37,7 +37,25 @@ def spark_error_message(error_class: str, parameters: dict[str, str]) -> tuple[s
     return message, (str(state) if state is not None else None)
 
 
-class AnalysisError(LockgateError, _PySparkAnalysisException):
+class _SparkErrorText:
+    """What PySpark's errors answer, for lockgate's errors that carry one of Spark's error
+    classes: the message (``message_text``) and SQL state (``_sql_state``) set by the
+    subclass, with nothing added to the message (PySpark's ``__str__`` would)."""
+
+    message_text: str
+    _sql_state: str | None
+
+    def getSqlState(self) -> str | None:
+        return self._sql_state
+
+    def getMessage(self) -> str:
+        return self.message_text
+
+    def __str__(self) -> str:
+        return self.message_text
+
+
+class AnalysisError(_SparkErrorText, LockgateError, _PySparkAnalysisException):
     """A query is invalid or not supported in streaming, found before it runs.
 
     Inherits PySpark's :class:`pyspark.errors.AnalysisException`, so
@@ -64,17 +82,8 @@ class AnalysisError(LockgateError, _PySparkAnalysisException):
         message, state = spark_error_message(error_class, parameters)
         return cls(message, error_class=error_class, parameters=parameters, sql_state=state)
 
-    def getSqlState(self) -> str | None:
-        return self._sql_state
 
-    def getMessage(self) -> str:
-        return self.message_text
-
-    def __str__(self) -> str:
-        return self.message_text
-
-
-class StateDataSourceError(LockgateError, _PySparkSparkRuntimeException, ValueError):
+class StateDataSourceError(_SparkErrorText, LockgateError, _PySparkSparkRuntimeException, ValueError):
     """A bad option of ``ls.read.state``, with the error class of Spark's state data
     source (``STDS_*``); inherits PySpark's ``SparkRuntimeException``, which Spark's
     reader raises for the same options."""
@@ -86,15 +95,6 @@ class StateDataSourceError(LockgateError, _PySparkSparkRuntimeException, ValueEr
         )
         self.message_text = message
         self._sql_state = state
-
-    def getSqlState(self) -> str | None:
-        return self._sql_state
-
-    def getMessage(self) -> str:
-        return self.message_text
-
-    def __str__(self) -> str:
-        return self.message_text
 
 
 class NotSupportedYetError(LockgateError, NotImplementedError):
@@ -132,7 +132,7 @@ class SinkError(LockgateError):
     """A streaming sink failed to write a batch."""
 
 
-class ForeachBatchUserFunctionError(SinkError, _PySparkException):
+class ForeachBatchUserFunctionError(_SparkErrorText, SinkError, _PySparkException):
     """The function given to ``foreachBatch`` raised: Spark's
     ``FOREACH_BATCH_USER_FUNCTION_ERROR``, with the function's exception as ``__cause__``."""
 
@@ -145,15 +145,6 @@ class ForeachBatchUserFunctionError(SinkError, _PySparkException):
             self, message=message, errorClass=self.ERROR_CLASS, messageParameters=parameters
         )
         self.message_text = message
-
-    def getSqlState(self) -> str | None:
-        return self._sql_state
-
-    def getMessage(self) -> str:
-        return self.message_text
-
-    def __str__(self) -> str:
-        return self.message_text
 
 
 class StreamingQueryException(LockgateError, _PySparkStreamingQueryException):

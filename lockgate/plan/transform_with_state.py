@@ -78,13 +78,14 @@ from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
 from lockgate.plan.stateful import StatefulContext, StatefulOperator
+from lockgate.state.schema import TIMERS_STORE, TRANSFORM_WITH_STATE_NAME
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from lockgate.state.schema import OperatorStateSchema
 
-TIMERS = "$timers"
+TIMERS = TIMERS_STORE
 """The store of the registered timers (``$``: Spark's prefix of reserved column families)."""
 
 TTL_COLUMN = "$ttlExpirationMs"
@@ -287,7 +288,7 @@ class TransformWithState(StatefulOperator):
     @property
     @override
     def operator_name(self) -> str:
-        return "transformWithStateInPandasExec"
+        return TRANSFORM_WITH_STATE_NAME
 
     @override
     def build_state(

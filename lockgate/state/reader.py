@@ -22,7 +22,12 @@ from lockgate.checkpoint import CommitLog
 from lockgate.checkpoint.fs import resolve_filesystem
 from lockgate.errors import CheckpointError, StateDataSourceError
 from lockgate.state.arrow_types import schema_to_arrow
-from lockgate.state.schema import read_schema_file, stored_schema
+from lockgate.state.schema import (
+    TIMERS_STORE,
+    TRANSFORM_WITH_STATE_NAME,
+    read_schema_file,
+    stored_schema,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -215,13 +220,6 @@ def _stored_schema(meta: dict[str, Any], which: str) -> pa.Schema:
     return stored_schema(meta, which)
 
 
-TRANSFORM_WITH_STATE_NAME = "transformWithStateInPandasExec"
-"""The operator name of ``transformWithState(InPandas)`` (Spark's, in progress and the
-state schema file)."""
-_TIMERS_STORE = "$timers"
-"""transformWithState's store of registered timers (``lockgate/plan/transform_with_state.py``)."""
-
-
 def _boolean_option(name: str, value: Any) -> bool:
     """Spark's ``toBoolean`` of an option value (``True``/``False`` or the strings)."""
     if isinstance(value, bool):
@@ -274,7 +272,7 @@ def _read_transform_with_state(
         raise StateDataSourceError("STDS_REQUIRED_OPTION_UNSPECIFIED", {"optionName": "stateVarName"})
     key_schema, value_schema = _stored_schema(meta, "key"), _stored_schema(meta, "value")
     variables = {f.name: f.type for f in value_schema}
-    store = _TIMERS_STORE if timers else var_name
+    store = TIMERS_STORE if timers else var_name
     if store is None or store not in variables or (not timers and store.startswith("$")):
         raise StateDataSourceError(
             "STDS_INVALID_OPTION_VALUE.WITH_MESSAGE",

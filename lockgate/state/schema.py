@@ -29,6 +29,14 @@ def _fields(schema: pa.Schema) -> list[list[str]]:
     return [[f.name, str(f.type)] for f in schema]
 
 
+TRANSFORM_WITH_STATE_NAME = "transformWithStateInPandasExec"
+"""The operator name of ``transformWithState(InPandas)`` (Spark's, in progress and the
+state schema file)."""
+TIMERS_STORE = "$timers"
+"""transformWithState's store of registered timers (``$``: Spark's prefix of reserved
+column families; ``lockgate/plan/transform_with_state.py`` keeps them there)."""
+
+
 @dataclass(frozen=True)
 class OperatorStateSchema:
     operator_id: int
