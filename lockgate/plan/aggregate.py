@@ -22,7 +22,7 @@ One batch of ``groupBy(keys).agg(fns)`` runs as, in Spark's words::
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -41,6 +41,8 @@ from lockgate.plan.aggregate_functions import (
 )
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
+from lockgate.plan.pushdown import all_of
+from lockgate.plan.state_udf import map_with_state, with_batch_params
 from lockgate.plan.stateful import (
     StatefulContext,
     StatefulOperator,
@@ -48,11 +50,14 @@ from lockgate.plan.stateful import (
     report_store_metrics,
 )
 from lockgate.state.arrow_types import schema_to_arrow
+from lockgate.state.schema import OperatorStateSchema
+from lockgate.state.store import StateStore, StateStoreConf, arrow_values, column_values
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import DataFrame
 
-    from lockgate.state.schema import OperatorStateSchema
 
 
 # -- the plan node ----------------------------------------------------------------------
@@ -145,6 +150,32 @@ class Aggregate(StatefulOperator):
         return output_mode != "append"
 
     @override
+    def event_time_outputs(
+        self, lineage: Callable[[PlanNode], dict[str, int] | None]
+    ) -> dict[str, int] | None:
+        """The grouping keys that carry event time: those of the input, and the
+        event-time key (a window over a watermarked column) with the largest delay."""
+        below = lineage(self.child)
+        if below is None or self.event_time_key is None:
+            return None if below is None and self.event_time_key is not None else {}
+        keys = {name: below[name] for name in self.key_names if name in below}
+        keys.setdefault(self.key_names[self.event_time_key], max(below.values(), default=0))
+        return keys
+
+    @property
+    @override
+    def takes_input_filters(self) -> bool:
+        return self.input_plan is not None
+
+    @override
+    def filter_inputs(self, plan: Any) -> list[Any] | None:
+        return [plan] if self.input_plan is not None and plan.fastEquals(self.input_plan) else None
+
+    @override
+    def with_input_filters(self, pushed: list[list[Column]]) -> Aggregate | None:
+        return replace(self, input_filters=self.input_filters + tuple(pushed[0])) if pushed[0] else None
+
+    @override
     def explain_steps(
         self, state_info: str, output_mode: str, watermark_ms: int | None, num_partitions: int
     ) -> list[str]:
@@ -218,15 +249,12 @@ def batch_values(column: Any, micros: bool = True) -> list[Any]:
     ``StateStoreConf.timestamps_as_micros`` loads them; lists as tuples, structs as
     tuples of (field, value) pairs), so a batch's keys and buffers meet, merge and
     compare with the state's alike."""
-    from lockgate.state.store import column_values
 
     return column_values(column, micros=micros)
 
 
 def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any:
     """The restore-merge-save step for one partition (runs on an executor)."""
-    from lockgate.plan.state_udf import with_batch_params
-    from lockgate.state.store import StateStore, arrow_values
 
     task = with_batch_params(task, task.store.checkpoint_id)
     t_start = time.perf_counter()
@@ -417,7 +445,6 @@ def filtered_input(node: Aggregate, child: DataFrame, ctx: StatefulContext) -> D
     """The aggregation's input batch, filtered by its ``input_filters``."""
     if not node.input_filters:
         return child
-    from lockgate.plan.pushdown import all_of
 
     condition = ctx.cache.get(node, "input_filters", lambda: all_of(list(node.input_filters)))
     return frame(child, child._jdf.filter(condition._jc))
@@ -428,10 +455,6 @@ def build_aggregate(
 ) -> tuple[DataFrame, Any]:
     """The batch's aggregated DataFrame and the operator's state schema."""
     from functools import partial as bind
-
-    from lockgate.plan.state_udf import map_with_state
-    from lockgate.state.schema import OperatorStateSchema
-    from lockgate.state.store import StateStoreConf
 
     child = filtered_input(node, child, ctx)
     flat, layouts, buffer_cols = aggregate_state_layout(node, child, ctx)

@@ -30,13 +30,15 @@ from lockgate.compat import override
 from lockgate.errors import AnalysisError
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
+from lockgate.plan.state_udf import map_with_state, with_batch_params
 from lockgate.plan.stateful import StatefulContext, StatefulOperator, micros
 from lockgate.state.arrow_types import schema_to_arrow
+from lockgate.state.schema import OperatorStateSchema
+from lockgate.state.store import StateStore, StateStoreConf, column_values, micros_array
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lockgate.state.schema import OperatorStateSchema
 
 Key = tuple[Any, ...]
 
@@ -163,8 +165,6 @@ def _event_micros_array(column: Any) -> Any:
     time window (an aggregation's output, compared by its end as Spark does)."""
     import pyarrow.compute as pc
 
-    from lockgate.state.store import micros_array
-
     if pa.types.is_struct(column.type):
         column = pc.struct_field(column, "end")
     return micros_array(column) if pa.types.is_timestamp(column.type) else column.cast(pa.int64())
@@ -246,8 +246,6 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
     Late rows are found with Arrow compute; keys are tuples of plain Python values
     (timestamps as int microseconds) looked up in the partition's map; expired keys are
     popped from an event-time heap rather than found by scanning the state."""
-    from lockgate.plan.state_udf import with_batch_params
-    from lockgate.state.store import StateStore, column_values
 
     task = with_batch_params(task, task.store.checkpoint_id)
     store = StateStore(task.store, partition, task.version - 1)
@@ -340,10 +338,6 @@ def dedup_params(node: Deduplicate, ctx: StatefulContext, batch_id: int) -> dict
 def build_deduplicate(
     node: Deduplicate, child: DataFrame, ctx: StatefulContext, operator_id: int, batch_id: int
 ) -> tuple[DataFrame, Any]:
-    from lockgate.plan.state_udf import map_with_state
-    from lockgate.state.schema import OperatorStateSchema
-    from lockgate.state.store import StateStoreConf
-
     n = ctx.num_partitions
 
     def partitioning() -> tuple[list[Column], Column]:

@@ -26,7 +26,12 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from lockgate.jvm import scala_list
+from lockgate.jvm import seq as _seq
 from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
+from lockgate.plan.pushdown import all_nodes as _nodes
+from lockgate.plan.pushdown import with_marker
+from lockgate.plan.stateful import StatefulOperator
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -51,33 +56,10 @@ def event_time_outputs(node: PlanNode) -> dict[str, int] | None:
     aggregation's output carries it in its event-time grouping key (a watermarked column
     or a window over one).
     """
-    # the operators' modules import this one (lineage is part of their analysis)
-    from lockgate.plan.aggregate import Aggregate
-    from lockgate.plan.dedup import Deduplicate
-    from lockgate.plan.join.planner import StreamJoin
-    from lockgate.plan.limit import StreamingLimit
-    from lockgate.plan.transform_with_state import TransformWithState
-
     if isinstance(node, EventTimeWatermark):
         return {node.column: node.delay_ms}
-    if isinstance(node, TransformWithState):  # new output columns: eventTimeColumnName only
-        return _transform_with_state_event_time(node)
-    if isinstance(node, Aggregate):
-        below = event_time_outputs(node.child)
-        if below is None or node.event_time_key is None:
-            return None if below is None and node.event_time_key is not None else {}
-        keys = {name: below[name] for name in node.key_names if name in below}
-        keys.setdefault(node.key_names[node.event_time_key], max(below.values(), default=0))
-        return keys
-    if isinstance(node, (Deduplicate, StreamingLimit)):
-        return event_time_outputs(node.children[0])
-    if isinstance(node, StreamJoin):
-        left = event_time_outputs(node.left)
-        right = {} if node.join_type == "left_semi" else event_time_outputs(node.right)
-        if left is None or right is None:
-            return None
-        merged = {**right, **left}
-        return {n: merged[n] for n in node.output_names if n in merged}
+    if isinstance(node, StatefulOperator):  # each operator states what its output carries
+        return node.event_time_outputs(event_time_outputs)
     if not isinstance(node, Transform):
         found: dict[str, int] = {}
         for child in node.children:
@@ -179,11 +161,6 @@ def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str
     drops it from batch plans), so ``before`` is put under a marker the optimizer does
     not look through (:func:`~lockgate.plan.pushdown.with_marker`), where Spark's would
     be, and ``after``'s plan over it is optimized with Spark's optimizer."""
-    from lockgate.jvm import scala_list
-    from lockgate.jvm import seq as _seq
-    from lockgate.plan.pushdown import all_nodes as _nodes
-    from lockgate.plan.pushdown import with_marker
-
     target = before._jdf.queryExecution().analyzed()
     names = [a.name() for a in _seq(target.output())]
     if any(names.count(n) != 1 for n in below):
@@ -398,27 +375,11 @@ def event_time_columns(plan: PlanNode) -> dict[str, int]:
     return _event_time_columns_below(plan)
 
 
-def _transform_with_state_event_time(node: Any) -> dict[str, int]:
-    if node.output_event_time is None:
-        return {}
-    return {node.output_event_time: node.output_delay_ms}
-
-
 def _event_time_columns_below(plan: PlanNode) -> dict[str, int]:
-    from lockgate.plan.aggregate import Aggregate
-    from lockgate.plan.transform_with_state import TransformWithState
-
-    if isinstance(plan, TransformWithState):
-        return _transform_with_state_event_time(plan)
     if isinstance(plan, EventTimeWatermark):
         return {**_event_time_columns_below(plan.child), plan.column: plan.delay_ms}
-    if isinstance(plan, Aggregate):
-        if plan.event_time_key is None:
-            return {}
-        below = _event_time_columns_below(plan.child)
-        keys = {name: below[name] for name in plan.key_names if name in below}
-        keys[plan.key_names[plan.event_time_key]] = max(below.values(), default=0)
-        return keys
+    if isinstance(plan, StatefulOperator):
+        return plan.event_time_outputs(_event_time_columns_below) or {}
     found: dict[str, int] = {}
     for child in plan.children:
         found.update(_event_time_columns_below(child))

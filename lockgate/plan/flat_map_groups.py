@@ -59,13 +59,20 @@ from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.cache import frame
 from lockgate.plan.event_time import event_time_columns
 from lockgate.plan.nodes import PlanNode
-from lockgate.plan.stateful import StatefulContext, StatefulOperator, stateful_operators
+from lockgate.plan.state_udf import map_with_state, with_batch_params
+from lockgate.plan.stateful import (
+    StatefulContext,
+    StatefulOperator,
+    report_store_metrics,
+    stateful_operators,
+)
 from lockgate.state.arrow_types import schema_to_arrow
+from lockgate.state.schema import OperatorStateSchema
+from lockgate.state.store import StateStore, StateStoreConf, arrow_values, column_values
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lockgate.state.schema import OperatorStateSchema
 
 OPERATOR_NAME = "applyInPandasWithState"
 """Spark's ``shortName`` of FlatMapGroupsInPandasWithStateExec (progress, state metadata)."""
@@ -510,9 +517,6 @@ def run_flat_map_task(task: FlatMapTask, partition: int, batches: Any) -> Any:
     import pyarrow.compute as pc
     from pyspark.sql.streaming.state import GroupState
 
-    from lockgate.plan.state_udf import with_batch_params
-    from lockgate.state.store import StateStore, arrow_values, column_values
-
     task = with_batch_params(task, task.store.checkpoint_id)
     started = time.perf_counter()
     store = StateStore(task.store, partition, task.version - 1)
@@ -632,7 +636,6 @@ def run_flat_map_task(task: FlatMapTask, partition: int, batches: Any) -> Any:
         yield output.flush()
     remove_ms = (time.perf_counter() - t1) * 1000
     store.commit()
-    from lockgate.plan.stateful import report_store_metrics
 
     report_store_metrics(
         task.accumulator,
@@ -664,10 +667,6 @@ def build_flat_map(
     operator_id: int,
     batch_id: int,
 ) -> tuple[DataFrame, Any]:
-    from lockgate.plan.state_udf import map_with_state
-    from lockgate.state.schema import OperatorStateSchema
-    from lockgate.state.store import StateStoreConf
-
     n = ctx.num_partitions
 
     def partitioning() -> tuple[list[Any], Any]:

@@ -18,11 +18,12 @@ from lockgate.compat import override
 from lockgate.plan.nodes import PlanNode
 from lockgate.plan.stateful import StatefulContext, StatefulOperator, stateful_operators
 from lockgate.state.arrow_types import schema_to_arrow
+from lockgate.state.schema import OperatorStateSchema
+from lockgate.state.store import StateStore, StateStoreConf
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lockgate.state.schema import OperatorStateSchema
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,8 +63,6 @@ class LimitTask:
 
 
 def run_limit_task(task: LimitTask, batches: Any) -> Any:
-    from lockgate.state.store import StateStore
-
     store = StateStore(task.store, 0, task.version - 1)
     current = store.get(())
     count = int(current[0]) if current is not None else 0
@@ -96,9 +95,6 @@ def run_limit_task(task: LimitTask, batches: Any) -> Any:
 def build_limit(
     node: StreamingLimit, child: DataFrame, ctx: StatefulContext, operator_id: int, batch_id: int
 ) -> tuple[DataFrame, Any]:
-    from lockgate.state.schema import OperatorStateSchema
-    from lockgate.state.store import StateStoreConf
-
     tz = ctx.session_timezone
     key_schema = pa.schema([])
     value_schema = schema_to_arrow(StructType([StructField("count", LongType(), True)]), tz)

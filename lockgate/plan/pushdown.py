@@ -34,14 +34,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from lockgate.jvm import jvm_name, scala_list, seq, unresolved_column
+from lockgate.plan.nodes import EventTimeWatermark, PlanNode, StaticJoin, Transform, Union
+from lockgate.plan.stateful import StatefulOperator
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pyspark.sql import Column, DataFrame
-
-    from lockgate.plan.join import StreamJoin
-    from lockgate.plan.nodes import PlanNode, StaticJoin, Transform
 
 
 def filters_below_metrics(
@@ -181,9 +180,6 @@ def push_into_stateful(top: Transform | StaticJoin, before: DataFrame, after: Da
     not without it: for an aggregation, its ``input_filters``; for a join, each side's
     ``pushdown``. Their rows never reach the state, nor (through the event-time
     statistics, see :func:`filters_below_metrics`) the watermark, as in Spark."""
-    from lockgate.plan.aggregate import Aggregate
-    from lockgate.plan.join import StreamJoin
-    from lockgate.plan.nodes import EventTimeWatermark, StaticJoin, Transform, Union
 
     # the stateful nodes below ``top``, left to right (as Spark's plan lists them),
     # through stateless steps, stream-static joins, unions (Spark pushes a filter into
@@ -200,37 +196,33 @@ def push_into_stateful(top: Transform | StaticJoin, before: DataFrame, after: Da
             return find(node.child)
         if isinstance(node, Union):
             return find(node.left) and find(node.right)
-        if (isinstance(node, Aggregate) and node.input_plan is not None) or (
-            isinstance(node, StreamJoin) and node.join_plan is not None
-        ):
+        if isinstance(node, StatefulOperator) and node.takes_input_filters:
             targets.append(node)
         return True
 
     if not find(top) or not targets or len({id(t) for t in targets}) != len(targets):
         return None
 
+    widths: dict[int, int] = {}
+
     def inputs_of(plan: Any) -> list[Any] | None:
         for target in targets:
-            if isinstance(target, Aggregate) and plan.fastEquals(target.input_plan):
-                return [plan]
-            if isinstance(target, StreamJoin) and plan.fastEquals(target.join_plan):
-                return [plan.left(), plan.right()]
+            inputs = target.filter_inputs(plan)
+            if inputs is not None:
+                widths[id(target)] = len(inputs)
+                return inputs
         return None
 
     pushed = _pushed_to_inputs(before, after, inputs_of)
-    widths = [1 if isinstance(t, Aggregate) else 2 for t in targets]
-    if pushed is None or len(pushed) != sum(widths):
+    if pushed is None or len(widths) != len(targets) or len(pushed) != sum(widths.values()):
         return None
     replaced: dict[int, PlanNode] = {}
-    for target, width in zip(targets, widths):
+    for target in targets:
+        width = widths[id(target)]
         mine, pushed = pushed[:width], pushed[width:]
-        if isinstance(target, Aggregate):
-            if mine[0]:
-                replaced[id(target)] = replace(target, input_filters=target.input_filters + tuple(mine[0]))
-        else:
-            joined = _with_side_filters(target, mine)  # type: ignore[arg-type]
-            if joined is not None:
-                replaced[id(target)] = joined
+        filtered = target.with_input_filters(mine)
+        if filtered is not None:
+            replaced[id(target)] = filtered
     if not replaced:
         return None
 
@@ -246,22 +238,15 @@ def push_into_stateful(top: Transform | StaticJoin, before: DataFrame, after: Da
     return rebuild(top)
 
 
-def push_inferred_into_join(node: StreamJoin, template: DataFrame) -> StreamJoin:
-    """``node`` (just made from the join ``template``) with each side's ``pushdown``
-    taking what Spark's optimizer filters that side's input by: beyond the terms of the
-    join's own condition, what ``InferFiltersFromConstraints`` carries across its key
-    equality from the other side (``a.k = b.k`` with ``a.k > 5``, in the condition or
-    filtered before the join, filters ``b`` by ``b.k > 5``). Terms lockgate already
-    pushes come again; Spark's optimizer drops the repeats."""
-    return _with_side_filters(node, _pushed_to_inputs(None, template, _join_sides)) or node
-
-
-def _with_side_filters(node: StreamJoin, added: list[list[Column]] | None) -> StreamJoin | None:
-    """``node`` with ``added`` (per side) appended to its sides' ``pushdown``; None when
-    there is nothing to add."""
-    if added is None or not (added[0] or added[1]):
-        return None
-    return replace(node, pushdown=(node.pushdown[0] + tuple(added[0]), node.pushdown[1] + tuple(added[1])))
+def push_inferred_into_join(node: StatefulOperator, template: DataFrame) -> StatefulOperator:
+    """``node`` (a stream-stream join just made from the join ``template``) with each
+    side's ``pushdown`` taking what Spark's optimizer filters that side's input by:
+    beyond the terms of the join's own condition, what ``InferFiltersFromConstraints``
+    carries across its key equality from the other side (``a.k = b.k`` with ``a.k > 5``,
+    in the condition or filtered before the join, filters ``b`` by ``b.k > 5``). Terms
+    lockgate already pushes come again; Spark's optimizer drops the repeats."""
+    pushed = _pushed_to_inputs(None, template, _join_sides)
+    return (node.with_input_filters(pushed) if pushed is not None else None) or node
 
 
 def _join_sides(plan: Any) -> list[Any] | None:

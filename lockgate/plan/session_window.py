@@ -72,17 +72,19 @@ from lockgate.plan.aggregate_functions import (
     finished_after_state,
     merge_buffers,
 )
+from lockgate.plan.event_time import column_event_time
+from lockgate.plan.state_udf import partitioned
 from lockgate.plan.stateful import StatefulContext, UniqueNames, micros, report_store_metrics
 from lockgate.state.arrow_types import schema_to_arrow, spark_type_to_arrow
+from lockgate.state.schema import SESSION_WINDOW_NAME, OperatorStateSchema
+from lockgate.state.store import StateStore, StateStoreConf, arrow_values
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from lockgate.plan.nodes import PlanNode
-    from lockgate.state.schema import OperatorStateSchema
 
-OPERATOR_NAME = "sessionWindowStateStoreSaveExec"
-"""Spark's ``shortName`` of SessionWindowStateStoreSaveExec (progress, state schema)."""
+OPERATOR_NAME = SESSION_WINDOW_NAME
 SESSION_MARKER = "spark.sessionWindow"
 """Metadata Spark puts on a ``session_window`` column."""
 
@@ -193,7 +195,6 @@ def _carries_event_time(item: Any, time_column: str | None, watermarked: dict[st
     the watermark metadata)."""
     if time_column is not None:
         return time_column in watermarked
-    from lockgate.plan.event_time import column_event_time
 
     made = column_event_time(item, watermarked)
     return made is not None and made[1] is not None
@@ -327,7 +328,6 @@ def merge_within_input_partitions(
 
 def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
     """Restore, merge and save the sessions of one state partition (runs on an executor)."""
-    from lockgate.state.store import StateStore, arrow_values
 
     t_start = time.perf_counter()
     store = StateStore(task.store, partition, task.version - 1)
@@ -440,9 +440,6 @@ def build_session_aggregate(
     batch_id: int,
 ) -> tuple[DataFrame, Any]:
     """The batch's session-window aggregation DataFrame and the operator's state schema."""
-    from lockgate.plan.state_udf import partitioned
-    from lockgate.state.schema import OperatorStateSchema
-    from lockgate.state.store import StateStoreConf
 
     child = filtered_input(node, child, ctx)
     tz = ctx.session_timezone

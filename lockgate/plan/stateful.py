@@ -14,7 +14,7 @@ import datetime as _dt
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +22,7 @@ from lockgate.plan.cache import PlanCache
 from lockgate.plan.nodes import PlanNode
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
     from lockgate.state.schema import OperatorStateSchema
@@ -59,7 +59,11 @@ class StatefulOperator(PlanNode, ABC):
       ``getProgress``);
     * :attr:`counts_for_watermark_correctness` and :meth:`may_emit_late_rows`: what the
       start-time check of a chain of stateful operators asks (Spark's
-      ``UnsupportedOperationChecker``).
+      ``UnsupportedOperationChecker``);
+    * :meth:`event_time_outputs`: which output columns carry event time (Spark's watermark
+      metadata on the operator's output attributes), for :mod:`lockgate.plan.event_time`;
+    * :meth:`filter_inputs` and :meth:`with_input_filters`: the inputs Spark's optimizer
+      pushes filters into, for :mod:`lockgate.plan.pushdown`.
 
     The explicit-state operators (``applyInPandasWithState``, ``transformWithState``)
     are meant to implement this contract too: their state step is a grouped task over
@@ -169,6 +173,37 @@ class StatefulOperator(PlanNode, ABC):
         """Whether the operator may emit rows older than the watermark in ``output_mode``
         (Spark's ``isStatefulOperationPossiblyEmitLateRows``)."""
         return False
+
+    # -- event time and filters --------------------------------------------------------------
+    def event_time_outputs(
+        self, lineage: Callable[[PlanNode], dict[str, int] | None]
+    ) -> dict[str, int] | None:
+        """The output columns that carry event time, with their watermark delays, given
+        ``lineage`` (the same answer for a child plan); None when it cannot be told. By
+        default the children's event-time columns pass through."""
+        found: dict[str, int] = {}
+        for child in self.children:
+            below = lineage(child)
+            if below is None:
+                return None
+            found.update(below)
+        return found
+
+    def filter_inputs(self, plan: Any) -> list[Any] | None:
+        """When ``plan`` (a Catalyst plan node) is this operator's analysed input plan:
+        the input subtrees Spark's optimizer pushes filters into, in order; else None.
+        By default the operator takes no pushed filters."""
+        return None
+
+    @property
+    def takes_input_filters(self) -> bool:
+        """Whether :meth:`filter_inputs` can match (the operator knows its input plan)."""
+        return False
+
+    def with_input_filters(self, pushed: list[list[Column]]) -> StatefulOperator | None:
+        """This operator with ``pushed`` (conjuncts per input of :meth:`filter_inputs`)
+        applied to its inputs; None when there is nothing to apply."""
+        return None
 
 
 def stateful_operators(plan: PlanNode) -> list[StatefulOperator]:

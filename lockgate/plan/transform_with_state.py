@@ -56,7 +56,7 @@ import heapq
 import itertools
 import pickle
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial as bind
 from typing import TYPE_CHECKING, Any
@@ -73,17 +73,26 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from lockgate.checkpoint.fs import resolve_filesystem
 from lockgate.compat import override
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
+from lockgate.plan.state_udf import map_with_state, with_batch_params
 from lockgate.plan.stateful import StatefulContext, StatefulOperator
-from lockgate.state.schema import TIMERS_STORE, TRANSFORM_WITH_STATE_NAME
+from lockgate.state.arrow_types import schema_to_arrow
+from lockgate.state.schema import (
+    TIMERS_STORE,
+    TRANSFORM_WITH_STATE_NAME,
+    OperatorStateSchema,
+    read_schema_file,
+    stored_schema,
+)
+from lockgate.state.store import StateStore, StateStoreConf, column_values, micros_array
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lockgate.state.schema import OperatorStateSchema
 
 TIMERS = TIMERS_STORE
 """The store of the registered timers (``$``: Spark's prefix of reserved column families)."""
@@ -315,6 +324,11 @@ class TransformWithState(StatefulOperator):
         }
 
     @override
+    def event_time_outputs(self, lineage: Callable[[PlanNode], dict[str, int] | None]) -> dict[str, int]:
+        """New output columns: only ``eventTimeColumnName`` carries event time."""
+        return {} if self.output_event_time is None else {self.output_event_time: self.output_delay_ms}
+
+    @override
     def should_run_another_batch(
         self, new_input_watermark_ms: int, eviction_watermark_ms: int | None, output_mode: str
     ) -> bool:
@@ -483,11 +497,6 @@ def _build(
 ) -> tuple[DataFrame, Any]:
     from pyspark import cloudpickle
 
-    from lockgate.plan.state_udf import map_with_state
-    from lockgate.state.arrow_types import schema_to_arrow
-    from lockgate.state.schema import OperatorStateSchema
-    from lockgate.state.store import StateStoreConf
-
     n = ctx.num_partitions
 
     def partitioning() -> tuple[list[Any], Any]:
@@ -572,8 +581,6 @@ def _variables_since(node: TransformWithState, state_root: str, operator_id: int
     """Per state variable, the version its store starts after: 0, or, for a variable
     the checkpoint's state schema file does not have (added on this restart), the
     version before this batch's; kept in the schema file for later restarts."""
-    from lockgate.checkpoint.fs import resolve_filesystem
-    from lockgate.state.schema import read_schema_file, stored_schema
 
     fs, path = resolve_filesystem(f"{state_root.rstrip('/')}/{operator_id}/_metadata/schema")
     stored = read_schema_file(fs, path, operator_id)
@@ -1096,8 +1103,6 @@ def _checked(task: TwsTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
         return
     import pyarrow.compute as pc
 
-    from lockgate.state.store import micros_array
-
     for batch in batches:
         times = micros_array(batch.column(column))
         late = pc.fill_null(pc.less_equal(times, watermark * 1000), False)
@@ -1118,9 +1123,6 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
     batch's keys, then its due timers; every store committed at the end."""
     from pyspark import cloudpickle
     from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
-
-    from lockgate.plan.state_udf import with_batch_params
-    from lockgate.state.store import StateStore, column_values
 
     task = with_batch_params(task, next(iter(task.stores.values())).checkpoint_id)
     started = time.perf_counter()

@@ -23,6 +23,8 @@ from lockgate.checkpoint.fs import resolve_filesystem
 from lockgate.errors import CheckpointError, StateDataSourceError
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import (
+    SESSION_WINDOW_NAME,
+    STREAM_JOIN_NAME,
     TIMERS_STORE,
     TRANSFORM_WITH_STATE_NAME,
     read_schema_file,
@@ -149,10 +151,8 @@ def read_state(
                 "this option and re-run the query.",
             },
         )
-    from lockgate.plan.join.planner import OPERATOR_NAME as JOIN_OPERATOR_NAME
-
     store_name = None
-    if meta.get("operatorName") == JOIN_OPERATOR_NAME:
+    if meta.get("operatorName") == STREAM_JOIN_NAME:
         if join_side not in ("left", "right"):
             raise ValueError(
                 f"Stateful operator {operator_id} is a stream-stream join, which keeps the state "
@@ -184,9 +184,7 @@ def read_state(
         value_fields = [f for f in value_fields if f.name != "matched" and not f.name.startswith("derived_")]
         columns = ([f.name for f in key_fields], [f.name for f in value_fields])
         key_fields = [f.with_name(f"field{i}") for i, f in enumerate(key_fields)]
-    from lockgate.plan.session_window import OPERATOR_NAME as SESSION_OPERATOR_NAME
-
-    sessions = meta.get("operatorName") == SESSION_OPERATOR_NAME
+    sessions = meta.get("operatorName") == SESSION_WINDOW_NAME
     if sessions:
         elements = [pa.field(f.name, f.type.value_type) for f in value_fields]
         key_fields, value_fields = key_fields + elements[:1], elements[1:]

@@ -32,6 +32,10 @@ def _fields(schema: pa.Schema) -> list[list[str]]:
 TRANSFORM_WITH_STATE_NAME = "transformWithStateInPandasExec"
 """The operator name of ``transformWithState(InPandas)`` (Spark's, in progress and the
 state schema file)."""
+STREAM_JOIN_NAME = "symmetricHashJoin"
+"""Spark's ``shortName`` of StreamingSymmetricHashJoinExec (progress, state schema)."""
+SESSION_WINDOW_NAME = "sessionWindowStateStoreSaveExec"
+"""Spark's ``shortName`` of SessionWindowStateStoreSaveExec (progress, state schema)."""
 TIMERS_STORE = "$timers"
 """transformWithState's store of registered timers (``$``: Spark's prefix of reserved
 column families; ``lockgate/plan/transform_with_state.py`` keeps them there)."""

@@ -7,7 +7,7 @@ defined), :func:`check_stream_join` (start-time checks) and :func:`build_stream_
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial as bind
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ from pyspark.sql.types import (
 
 from lockgate.compat import override
 from lockgate.errors import AnalysisError, NotSupportedYetError
-from lockgate.jvm import unresolved_column
+from lockgate.jvm import analysed_frame, jvm_name, scala_list, unresolved_column
 from lockgate.plan.cache import frame
 from lockgate.plan.event_time import event_time_outputs
 from lockgate.plan.join.condition import (
@@ -43,6 +43,7 @@ from lockgate.plan.join.condition import (
 from lockgate.plan.join.task import JoinTask, run_join_task
 from lockgate.plan.nodes import PlanNode
 from lockgate.plan.pushdown import all_of, push_inferred_into_join
+from lockgate.plan.state_udf import map_with_state
 from lockgate.plan.stateful import (
     StatefulContext,
     StatefulOperator,
@@ -50,12 +51,15 @@ from lockgate.plan.stateful import (
     stateful_operators,
 )
 from lockgate.state.arrow_types import schema_to_arrow
+from lockgate.state.schema import STREAM_JOIN_NAME, OperatorStateSchema
+from lockgate.state.store import StateStoreConf
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import DataFrame
 
     from lockgate.plan.nodes import PlanNode
-    from lockgate.state.schema import OperatorStateSchema
 
 _SPARK_JOIN_NAMES = {
     "inner": "Inner",
@@ -81,8 +85,7 @@ _HOW = {
 }
 
 
-OPERATOR_NAME = "symmetricHashJoin"
-"""Spark's ``shortName`` of StreamingSymmetricHashJoinExec (progress, state schema)."""
+OPERATOR_NAME = STREAM_JOIN_NAME
 
 
 # -- the plan node ----------------------------------------------------------------------
@@ -213,6 +216,37 @@ class StreamJoin(StatefulOperator):
         """Spark's ``produceOutputWatermark``: the minimum of the input watermark and both
         sides' state watermarks (the join may still emit rows down to them)."""
         return min([w for w in self.state_watermarks_ms(input_ms) if w is not None] + [input_ms])
+
+    @override
+    def event_time_outputs(
+        self, lineage: Callable[[PlanNode], dict[str, int] | None]
+    ) -> dict[str, int] | None:
+        """Both sides' event-time columns among the join's output (a left semi join
+        outputs the left side's only); the left's where the names meet."""
+        left = lineage(self.left)
+        right = {} if self.join_type == "left_semi" else lineage(self.right)
+        if left is None or right is None:
+            return None
+        merged = {**right, **left}
+        return {n: merged[n] for n in self.output_names if n in merged}
+
+    @property
+    @override
+    def takes_input_filters(self) -> bool:
+        return self.join_plan is not None
+
+    @override
+    def filter_inputs(self, plan: Any) -> list[Any] | None:
+        if self.join_plan is None or not plan.fastEquals(self.join_plan):
+            return None
+        return [plan.left(), plan.right()]
+
+    @override
+    def with_input_filters(self, pushed: list[list[Column]]) -> StreamJoin | None:
+        """The join with ``pushed`` (per side) appended to its sides' ``pushdown``."""
+        if not (pushed[0] or pushed[1]):
+            return None
+        return replace(self, pushdown=(self.pushdown[0] + tuple(pushed[0]), self.pushdown[1] + tuple(pushed[1])))
 
     def describe(self) -> str:
         return f"StreamingSymmetricHashJoin {_SPARK_JOIN_NAMES.get(self.join_type, self.join_type)}"
@@ -603,7 +637,6 @@ def _project(node: StreamJoin, df: DataFrame, ctx: StatefulContext) -> DataFrame
 def _qualified(df: DataFrame, qualifiers: tuple[tuple[str, ...], ...]) -> DataFrame:
     """``df`` (a projection of aliases) with its columns qualified as ``qualifiers``
     says: the DataFrame API cannot set a qualifier, so the projection is rebuilt."""
-    from lockgate.jvm import analysed_frame, jvm_name, scala_list
 
     jvm = df._sc._jvm
     plan = df._jdf.queryExecution().analyzed()
@@ -701,10 +734,6 @@ def build_stream_join(
     operator_id: int,
     batch_id: int,
 ) -> tuple[DataFrame, Any]:
-    from lockgate.plan.state_udf import map_with_state
-    from lockgate.state.schema import OperatorStateSchema
-    from lockgate.state.store import StateStoreConf
-
     n = ctx.num_partitions
     tz = ctx.session_timezone
     lf, rf = node.left_schema.fields, node.right_schema.fields

@@ -17,7 +17,9 @@ from typing import Any
 import pyarrow as pa
 
 from lockgate.plan.join.condition import LEFT, RIGHT, all_true, compile_expr
+from lockgate.plan.state_udf import with_batch_params
 from lockgate.plan.stateful import micros
+from lockgate.state.store import StateStore, arrow_values, column_values
 
 
 @dataclass(frozen=True)
@@ -194,9 +196,6 @@ def _eviction_limit_us(task: JoinTask, side: int) -> int | None:
 
 
 def run_join_task(task: JoinTask, partition: int, batches: Any) -> Any:
-    from lockgate.plan.state_udf import with_batch_params
-    from lockgate.state.store import StateStore, arrow_values, column_values
-
     task = with_batch_params(task, task.left_store.checkpoint_id)
     t0 = time.perf_counter()
     # a left semi join's left side is scanned instead (it also drops matched rows)
