@@ -5,6 +5,7 @@
     .venv/bin/python -m bench.run --smoke              # tiny sizes, 1 batch each (the test)
     .venv/bin/python -m bench.run --soak 1000          # workload 2 on lockgate, memory drift
     .venv/bin/python -m bench.run --nexmark [ARGS]     # Nexmark (bench/nexmark.py; ARGS are its flags)
+    .venv/bin/python -m bench.run --explicit-state [ARGS]  # explicit state (bench/explicit_state.py; ARGS are its flags)
 
 Both engines run in ONE process and ONE SparkSession, on the same source and sink, in
 interleaved rounds (native then lockgate, then lockgate then native, ...) so that drift
@@ -53,6 +54,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one batch per workload and engine")
     parser.add_argument("--nexmark", action="store_true",
                         help="first flag only: run Nexmark (python -m bench.nexmark --help) with the flags after it")
+    parser.add_argument("--explicit-state", action="store_true",
+                        help="first flag only: run the explicit-state benchmark (python -m bench.explicit_state "
+                        "--help) with the flags after it")
     parser.add_argument("--soak", type=int, metavar="N", help="run N batches of workload 2 on lockgate and report memory drift")
     parser.add_argument("--results-dir", default=RESULTS_DIR)
     parser.add_argument("--driver-memory", default="4g")
@@ -102,6 +106,10 @@ def main(argv: list[str] | None = None, spark: Any = None, log: Callable[[str], 
         from bench.nexmark import main as nexmark
 
         return nexmark(argv[1:], spark=spark, log=log)
+    if argv[:1] == ["--explicit-state"]:
+        from bench.explicit_state import main as explicit_state
+
+        return explicit_state(argv[1:], spark=spark, log=log)
     args = parse_args(argv)
     smoke = args.smoke
     batches = args.batches or (1 if smoke else 20)

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal
+import heapq
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -511,6 +513,66 @@ def _sorted_by_keys(table: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
         return table
 
 
+class _TimeoutIndex:
+    """A min-heap of (timeout timestamp, key) over the partition's keys with a timeout,
+    kept with the store's map in the worker cache (``StateStore.aux``), so that finding the
+    due keys pops them instead of reading every key in state: a batch costs what it
+    touches. It follows the map when the map is caught up from other workers' deltas
+    (``catch_up``).
+
+    Every write of a key with a timeout pushes an entry; an entry is checked against the
+    map when popped (the key's current timeout must still be its timestamp), so entries
+    of keys removed or given another timeout since are skipped. When stale entries
+    outnumber the keys, the heap is rebuilt from the map (amortised over the pushes)."""
+
+    def __init__(self, state: dict[Any, Any]) -> None:
+        self.map = state
+        self.heap: list[tuple[int, int, Any]] = []
+        self.rebuild()
+
+    @classmethod
+    def of(cls, store: Any) -> _TimeoutIndex:
+        index = store.aux
+        if not isinstance(index, cls) or index.map is not store.map:
+            index = cls(store.map)
+            store.aux = index
+        return index
+
+    def rebuild(self) -> None:
+        self.heap = [
+            (v[1], next(_SEQUENCE), k)
+            for k, v in self.map.items()
+            if v[1] is not None and v[1] != NO_TIMESTAMP
+        ]
+        heapq.heapify(self.heap)
+
+    def follow(self, key: Any, value: Any) -> None:
+        """Index ``key``'s value as just written (None: removed)."""
+        if value is not None and value[1] is not None and value[1] != NO_TIMESTAMP:
+            heapq.heappush(self.heap, (value[1], next(_SEQUENCE), key))
+
+    def catch_up(self, upserts: list[tuple[Any, Any]], removed: list[Any], previous: list[Any]) -> None:
+        for key, value in upserts:  # removed keys' entries are skipped when popped
+            self.follow(key, value)
+
+    def pop_due(self, threshold: int) -> list[Any]:
+        """The keys whose timeout is set and below ``threshold``, earliest first, each once;
+        their entries leave the heap (``follow`` puts back what stays set)."""
+        if len(self.heap) > 2 * len(self.map) + 1024:
+            self.rebuild()
+        heap, due, seen = self.heap, [], set()
+        while heap and heap[0][0] < threshold:
+            ts, _, key = heapq.heappop(heap)
+            value = self.map.get(key)
+            if value is not None and value[1] == ts and key not in seen:
+                seen.add(key)
+                due.append(key)
+        return due
+
+
+_SEQUENCE = itertools.count()
+
+
 def run_flat_map_task(task: FlatMapTask, partition: int, batches: Any) -> Any:
     """One state partition's batch: the function per key, then per timed-out key."""
     import pandas as pd
@@ -523,6 +585,7 @@ def run_flat_map_task(task: FlatMapTask, partition: int, batches: Any) -> Any:
     out_schema = schema_to_arrow(task.output_schema, task.timezone)
     output = _Output(task, out_schema)
     timeouts = task.timeout != NO_TIMEOUT
+    index = _TimeoutIndex.of(store) if timeouts else None
     state_type = task.state_schema
     updated = removed = dropped = 0
 
@@ -564,6 +627,8 @@ def run_flat_map_task(task: FlatMapTask, partition: int, batches: Any) -> Any:
             stored_value = _to_stored(value, state_type)
             store.put(key, [stored_value, timeout] if timeouts else [stored_value])
             updated += 1
+            if index is not None:
+                index.follow(key, [stored_value, timeout])
 
     def chunked(pdf_batches: Iterator[Any]) -> Iterator[Any]:
         for b in pdf_batches:
@@ -615,11 +680,7 @@ def run_flat_map_task(task: FlatMapTask, partition: int, batches: Any) -> Any:
             if task.timeout == PROCESSING_TIME_TIMEOUT
             else task.watermark_ms
         )
-        due = [
-            k
-            for k, v in store.items()
-            if v[1] is not None and v[1] != NO_TIMESTAMP and v[1] < threshold
-        ]
+        due = index.pop_due(threshold)
         key_arrow = schema_to_arrow(task.key_schema, task.timezone)
         empty = list(task.value_columns)
         for key in due:
@@ -632,6 +693,8 @@ def run_flat_map_task(task: FlatMapTask, partition: int, batches: Any) -> Any:
             )
             key_tuple = tuple(key_pdf[name][0] for name in task.key_columns)
             yield from call(key, key_tuple, iter([pd.DataFrame(columns=empty)]), True)
+            if key not in store.updated:  # left as it was: due again in the next batch
+                index.follow(key, store.get(key))
     if output.pending:
         yield output.flush()
     remove_ms = (time.perf_counter() - t1) * 1000
