@@ -212,7 +212,8 @@ def _expr(e: Any, ids: list[int]) -> Any:
         if source.startswith("decimal") and children[0][0] == "lit" and dtype in _FRACTIONAL:
             value = children[0][2]
             return ("lit", dtype, None if value is None else float(value))
-        if source not in _CASTABLE or dtype not in _CASTABLE:
+        text_bytes = (source, dtype) in (("binary", "string"), ("string", "binary"))
+        if not text_bytes and (source not in _CASTABLE or dtype not in _CASTABLE):
             raise UnsupportedExpression(f"a cast from {source} to {dtype} ({_sql(e)})")
         if source in _FRACTIONAL and dtype == "string":
             raise UnsupportedExpression(
@@ -749,6 +750,8 @@ def _cast(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
 
 
 def _cast_function(source: str, target: str, mode: str, zone: Any) -> Callable[[Any], Any]:
+    if target == "binary" and source == "string":
+        return lambda v: v.encode("utf-8")  # Spark keeps strings as UTF-8 bytes
     if target in _INTEGRAL:
         lo, hi = _INT_RANGES[target]
 

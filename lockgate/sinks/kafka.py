@@ -35,8 +35,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lockgate.errors import AnalysisError, NotSupportedYetError, OptionError, SinkError
-from lockgate.sinks.base import Sink, SinkContext, SinkProvider
+from lockgate.errors import AnalysisError, OptionError, SinkError
+from lockgate.sinks.base import (
+    ContinuousDataWriter,
+    ContinuousSink,
+    Sink,
+    SinkContext,
+    SinkProvider,
+)
 from lockgate.sources.kafka.options import kafka_params
 
 if TYPE_CHECKING:
@@ -340,20 +346,149 @@ class KafkaSink(Sink):
             sum(1 for s in summary if s["rows"] and not s["written"]),
         )
 
-    def forContinuous(self, schema: StructType, spark: SparkSession) -> Any:
-        raise NotSupportedYetError(
-            "The kafka sink in continuous processing (trigger(continuous=...))",
-            "Use a micro-batch trigger.",
+    def forContinuous(self, schema: StructType, spark: SparkSession) -> ContinuousSink:
+        if self.options.exactly_once:
+            # An epoch's rows are not a unit that can be written again: after a restart the
+            # replayed records fall into epochs of other bounds, so a per-epoch transaction
+            # and marker would skip or repeat rows; and a transaction per epoch would hold
+            # every row back until the epoch ends, which is what continuous mode avoids.
+            raise OptionError(
+                "The kafka sink writes exactly once only under micro-batch triggers: in "
+                "continuous processing (trigger(continuous=...)) a replayed epoch does not "
+                "hold the same records, so its Kafka transaction cannot be made idempotent. "
+                "Set option('exactlyOnce', 'false') for Spark's at-least-once writes (what "
+                "continuous processing guarantees), or use a micro-batch trigger.",
+                option="exactlyOnce",
+            )
+        return KafkaContinuousSink(schema, self.options)
+    def description(self) -> str:
+        return "KafkaSink" + ("[exactly-once]" if self.options.exactly_once else "")
+
+
+# -- continuous processing ------------------------------------------------------------------
+_PRODUCERS: dict[frozenset[tuple[str, str]], Any] = {}
+"""Producers of this Python worker, one per configuration (Spark's CachedKafkaProducer):
+a task creates one writer per epoch, and a producer per epoch would reconnect each time."""
+
+
+def cached_producer(config: dict[str, str]) -> Any:
+    from confluent_kafka import Producer
+
+    key = frozenset(config.items())
+    producer = _PRODUCERS.get(key)
+    if producer is None:
+        producer = _PRODUCERS[key] = Producer(config)
+    return producer
+
+
+def _as_bytes(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return bytes(value)
+
+
+class KafkaContinuousWriter(ContinuousDataWriter):
+    """One partition's rows of one epoch, sent as they come; flushed at the epoch's end
+    (Spark's ``KafkaDataWriter``: commit waits for every acknowledgement)."""
+
+    def __init__(self, factory: KafkaContinuousWriterFactory, epoch: int) -> None:
+        self._factory = factory
+        self._epoch = epoch
+        self._producer = cached_producer(factory.producer_config)
+        self._errors: list[Any] = []
+        self.rows = 0
+
+    def _report(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self._errors.append(err)
+
+    def _check(self) -> None:
+        if self._errors:
+            raise SinkError(
+                f"Epoch {self._epoch}: Kafka refused {len(self._errors)} record(s), first: "
+                f"{self._errors[0]}"
+            )
+
+    def write(self, row: tuple[Any, ...]) -> None:
+        f = self._factory
+        columns = f.columns
+        topic = f.topic if f.topic is not None else row[columns["topic"]]
+        if topic is None:
+            raise SinkError(
+                "[KAFKA_NULL_TOPIC_IN_DATA] The Kafka message data sent to the producer "
+                "contains a null topic. Use the `topic` option for setting a default topic."
+            )
+        kwargs: dict[str, Any] = {"value": _as_bytes(row[columns["value"]])}
+        if "key" in columns:
+            kwargs["key"] = _as_bytes(row[columns["key"]])
+        if "partition" in columns and row[columns["partition"]] is not None:
+            kwargs["partition"] = row[columns["partition"]]
+        if "headers" in columns and row[columns["headers"]]:
+            kwargs["headers"] = [(k, _as_bytes(v)) for k, v in row[columns["headers"]]]
+        self._check()
+        producer = self._producer
+        while True:
+            try:
+                producer.produce(topic, on_delivery=self._report, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.1)  # the local queue is full: let it drain
+        producer.poll(0)
+        self.rows += 1
+
+    def commit(self) -> tuple[dict[str, Any], bytes | None]:
+        left = self._producer.flush(TIMEOUT_S)
+        self._check()
+        if left:
+            raise SinkError(
+                f"Epoch {self._epoch}: Kafka did not acknowledge {left} record(s) in "
+                f"{TIMEOUT_S:.0f} s."
+            )
+        return {"rows": self.rows}, None
+
+    def abort(self) -> None:
+        self._producer.flush(TIMEOUT_S)
+
+
+@dataclass(frozen=True)
+class KafkaContinuousWriterFactory:
+    """Shipped to the tasks: the producer's configuration and where each column is."""
+
+    producer_config: dict[str, str]
+    topic: str | None
+    columns: dict[str, int]
+
+    def __call__(self, partition: int, epoch: int) -> ContinuousDataWriter:
+        return KafkaContinuousWriter(self, epoch)
+
+
+class KafkaContinuousSink(ContinuousSink):
+    """The kafka sink under ``trigger(continuous=...)``: at least once, as Spark's
+    ``KafkaStreamingWrite`` (each task's idempotent producer sends rows as they arrive and
+    flushes at the end of each epoch; nothing to commit on the driver)."""
+
+    def __init__(self, schema: StructType, options: KafkaSinkOptions) -> None:
+        self.options = options
+        self._columns = validate_schema(schema, options.topic)
+
+    def createWriterFactory(self) -> Any:
+        return KafkaContinuousWriterFactory(
+            producer_config={"enable.idempotence": "true", **self.options.producer},
+            topic=self.options.topic,
+            columns=dict(self._columns),
         )
 
     def description(self) -> str:
-        return "KafkaSink" + ("[exactly-once]" if self.options.exactly_once else "")
+        return "KafkaSink"
 
 
 class KafkaSinkProvider(SinkProvider):
     """``writeStream.format("kafka")``."""
 
     name = "kafka"
+    supports_continuous = True
 
     def validate(self, spark: SparkSession, options: Options, path: str | None) -> None:
         parsed = KafkaSinkOptions.parse(options)
@@ -370,4 +505,10 @@ class KafkaSinkProvider(SinkProvider):
         return KafkaSink(context, KafkaSinkOptions.parse(context.options))
 
 
-__all__ = ["KafkaSink", "KafkaSinkOptions", "KafkaSinkProvider", "PartitionWriter"]
+__all__ = [
+    "KafkaContinuousSink",
+    "KafkaSink",
+    "KafkaSinkOptions",
+    "KafkaSinkProvider",
+    "PartitionWriter",
+]

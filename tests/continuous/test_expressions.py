@@ -138,6 +138,7 @@ CASES = {
         F.expr("try_cast(s as double)"),
         F.expr("try_cast(s as boolean)"),
         F.col("i").cast("boolean"),
+        F.col("s").cast("binary").cast("string"),  # Kafka's value: string <-> binary
         F.to_date("ts").cast("string"),
     ],
     "strings": lambda: [

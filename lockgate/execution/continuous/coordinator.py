@@ -89,6 +89,10 @@ class EpochCoordinator:
             if kind == "StopContinuousExecutionWrites":
                 self.stopping = True
                 return {"ok": True}, None
+            if kind in ("ReportPartitionOffset", "CommitPartitionEpoch") and self.stopping:
+                # As Spark's queryWritesStopped: a task of a run being stopped (a
+                # reconfiguration, a stop) must not commit into the next run's epochs.
+                return {"ok": True}, None
             if kind == "ReportPartitionOffset":
                 self._report_offset(
                     int(message["partition"]),

@@ -28,8 +28,14 @@ from pyspark.sql.types import (
 )
 
 from lockgate.checkpoint.log import MetadataLog
-from lockgate.errors import CheckpointError, ConcurrentWriteError, NotSupportedYetError, OptionError
-from lockgate.sources.base import ReadLimit, Source, SourceContext, SourceProvider
+from lockgate.errors import CheckpointError, ConcurrentWriteError, OptionError
+from lockgate.sources.base import (
+    ContinuousStream,
+    ReadLimit,
+    Source,
+    SourceContext,
+    SourceProvider,
+)
 from lockgate.sources.kafka.errors import DATA_LOSS_PREFIX, KafkaDataLossError, KafkaError
 from lockgate.sources.kafka.offsets import (
     EARLIEST,
@@ -452,6 +458,11 @@ class KafkaSource(Source):
             "isolation.level": self.options.consumer.get("isolation.level", "read_uncommitted"),
         }
 
+    @property
+    def offset_reader(self) -> OffsetReader:
+        """The driver's metadata reader (the continuous stream asks it for partitions)."""
+        return self._reader
+
     def stop(self) -> None:
         self._reader.close()
 
@@ -485,7 +496,7 @@ def _range_rows(spark: SparkSession, ranges: list[OffsetRange]) -> DataFrame:
     )
 
 
-_TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}
+TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}
 """librdkafka's timestamp type -> Kafka's TimestampType id (Spark's ``timestampType``)."""
 
 
@@ -607,7 +618,7 @@ class RangeReader:
         micros = []
         for m in msgs:
             kind, ms = m.timestamp()
-            ts_types.append(_TIMESTAMP_TYPES.get(kind, -1))
+            ts_types.append(TIMESTAMP_TYPES.get(kind, -1))
             micros.append(ms * 1000)
         arrays = [
             pa.array([m.key() for m in msgs], type=pa.binary()),
@@ -650,13 +661,12 @@ class KafkaSourceProvider(SourceProvider):
     def createSource(self, context: SourceContext) -> Source:
         return KafkaSource(context, KafkaSourceOptions.parse(context.options))
 
-    @property
-    def supports_continuous(self) -> bool:  # type: ignore[override]
-        # Asked only when a continuous query starts: fail there, naming what is missing.
-        raise NotSupportedYetError(
-            "The kafka source in continuous processing (trigger(continuous=...))",
-            "Use a micro-batch trigger, e.g. trigger(processingTime='0 seconds').",
-        )
+    supports_continuous = True
+
+    def createContinuousStream(self, context: SourceContext) -> ContinuousStream:
+        from lockgate.sources.kafka.continuous import KafkaContinuousStream
+
+        return KafkaContinuousStream(context, KafkaSourceOptions.parse(context.options))
 
 
 __all__ = ["KAFKA_SCHEMA", "KafkaSource", "KafkaSourceProvider", "RangeReader", "kafka_schema"]
