@@ -30,11 +30,9 @@ from pyspark.sql.types import (
 from lockgate.checkpoint.log import MetadataLog
 from lockgate.errors import CheckpointError, ConcurrentWriteError, OptionError
 from lockgate.sources.base import (
-    ContinuousStream,
     ReadLimit,
     Source,
     SourceContext,
-    SourceProvider,
 )
 from lockgate.sources.kafka.errors import DATA_LOSS_PREFIX, KafkaDataLossError, KafkaError
 from lockgate.sources.kafka.offsets import (
@@ -55,7 +53,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-    from lockgate.options import Options
 
 logger = logging.getLogger(__name__)
 
@@ -641,32 +638,4 @@ class RangeReader:
         return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-class KafkaSourceProvider(SourceProvider):
-    """``readStream.format("kafka")``."""
-
-    name = "kafka"
-
-    def sourceSchema(
-        self, spark: SparkSession, options: Options, user_schema: StructType | None
-    ) -> StructType:
-        if user_schema is not None:
-            raise OptionError(
-                "requirement failed: Kafka source has a fixed schema and cannot be set with a "
-                "custom one",
-                option="schema",
-            )
-        parsed = KafkaSourceOptions.parse(options)
-        return kafka_schema(parsed.include_headers)
-
-    def createSource(self, context: SourceContext) -> Source:
-        return KafkaSource(context, KafkaSourceOptions.parse(context.options))
-
-    supports_continuous = True
-
-    def createContinuousStream(self, context: SourceContext) -> ContinuousStream:
-        from lockgate.sources.kafka.continuous import KafkaContinuousStream
-
-        return KafkaContinuousStream(context, KafkaSourceOptions.parse(context.options))
-
-
-__all__ = ["KAFKA_SCHEMA", "KafkaSource", "KafkaSourceProvider", "RangeReader", "kafka_schema"]
+__all__ = ["KAFKA_SCHEMA", "KafkaSource", "RangeReader", "kafka_schema"]
