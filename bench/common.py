@@ -46,6 +46,26 @@ def failure_text(engine: str, q: Any) -> str:
 
 
 # -- small helpers ---------------------------------------------------------------------------
+class Acc:
+    """Stands in for the query's Spark accumulator."""
+
+    def __init__(self) -> None:
+        self.v: dict[str, int] = {}
+
+    def add(self, d: dict[str, int]) -> None:
+        for k, x in d.items():
+            self.v[k] = self.v.get(k, 0) + x
+
+
+def write_results(results: dict[str, Any], directory: str, name: str) -> str:
+    """``results`` as JSON in ``directory/name`` (made if missing); the file's path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    return path
+
+
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile."""
     if not values:

@@ -14,21 +14,10 @@ import time
 import pyarrow as pa
 from pyspark.sql.types import LongType, StructField, StructType, TimestampType
 
+from bench.common import Acc
 from lockgate.plan.dedup import DedupTask, run_dedup_task
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.store import StateStoreConf
-
-
-class Acc:
-    """Stands in for the query's Spark accumulator."""
-
-    def __init__(self) -> None:
-        self.v: dict[str, int] = {}
-
-    def add(self, d: dict[str, int]) -> None:
-        for k, x in d.items():
-            self.v[k] = self.v.get(k, 0) + x
-
 
 tz = "UTC"
 row_schema = StructType(

@@ -62,6 +62,7 @@ from bench.common import (
     percentile,
     ratio,
     state_rows,
+    write_results,
 )
 from bench.suite import Bench
 from bench.workloads import FULL, Context, Workload
@@ -426,10 +427,7 @@ def main(argv: list[str] | None = None, spark: Any = None, log: Callable[[str], 
         bench.close()
         results["elapsed_s"] = time.perf_counter() - started
         results["loadavg_end"] = loadavg()
-        os.makedirs(args.results_dir, exist_ok=True)
-        path = os.path.join(args.results_dir, f"explicit-state-{stamp}.json")
-        with open(path, "w") as f:
-            json.dump(results, f, indent=2, default=str)
+        path = write_results(results, args.results_dir, f"explicit-state-{stamp}.json")
         results["json_path"] = path
         if own_spark:
             spark.stop()

@@ -32,7 +32,7 @@ import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql.types import LongType, StructField, StructType, TimestampType
 
-from bench.common import loadavg
+from bench.common import Acc, loadavg
 from bench.explicit_state import (
     SESSION_OUTPUT,
     SESSION_STATE,
@@ -42,17 +42,6 @@ from bench.explicit_state import (
 )
 
 TZ = "UTC"
-
-
-class Acc:
-    """Stands in for the query's Spark accumulator."""
-
-    def __init__(self) -> None:
-        self.v: dict[str, int] = {}
-
-    def add(self, d: dict[str, int]) -> None:
-        for k, x in d.items():
-            self.v[k] = self.v.get(k, 0) + x
 
 
 def _struct(ddl: str) -> StructType:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from bench.common import ENGINES, RESULTS_DIR, fmt, loadavg, percentile, ratio
+from bench.common import ENGINES, RESULTS_DIR, fmt, loadavg, percentile, ratio, write_results
 from bench.nexmark_queries import QUERIES, Config, Query, select
 from bench.workloads import FULL, Context, Workload
 
@@ -205,10 +205,7 @@ def main(argv: list[str] | None = None, spark: Any = None, log: Callable[[str], 
         bench.close()
         results["elapsed_s"] = time.perf_counter() - started
         results["loadavg_end"] = loadavg()
-        os.makedirs(args.results_dir, exist_ok=True)
-        path = os.path.join(args.results_dir, f"nexmark-{stamp}.json")
-        with open(path, "w") as f:
-            json.dump(results, f, indent=2, default=str)
+        path = write_results(results, args.results_dir, f"nexmark-{stamp}.json")
         results["json_path"] = path
         if own_spark:
             spark.stop()
