@@ -196,3 +196,141 @@ def test_topic_deleted_under_running_queries(
         }
         assert outcome["lockgate"] in allowed.values(), outcome["lockgate"]
         assert native in allowed.values() or "UnknownTopicOrPartition" in str(native), native
+
+
+def _reader(bootstrap: str, topic: str | None, **options: str) -> Any:
+    from lockgate.options import Options
+    from lockgate.sources.kafka.options import KafkaSourceOptions
+    from lockgate.sources.kafka.source import OffsetReader
+
+    parsed = KafkaSourceOptions.parse(
+        Options({
+            "kafka.bootstrap.servers": bootstrap,
+            **({"subscribe": topic} if topic else {}),
+            **options,
+        })
+    )
+    return OffsetReader(parsed, "lockgate-test")
+
+
+def test_offsets_read_while_a_topic_is_deleted_and_created_are_retried(broker, names):
+    """While a topic is deleted or created the broker answers, for a moment, with
+    unknown partitions or no leader (seen as a failed query in CI). The driver fetches
+    the partitions and their offsets as one unit, retried as Spark's
+    ``fetchOffset.numRetries`` and ``fetchOffset.retryIntervalMs`` say, so a trigger
+    polling all along never fails."""
+    import threading
+
+    topic = names("churn")
+    broker.create_topic(topic, partitions=2)
+    reader = _reader(broker.bootstrap, topic, **{"fetchOffset.retryIntervalMs": "200"})
+    errors: list[Exception] = []
+    fetched = [0]
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            try:
+                reader.latest_of_all()
+                fetched[0] += 1
+            except Exception as exc:  # noqa: BLE001 - collected, asserted below
+                errors.append(exc)
+            time.sleep(0.01)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        admin = broker.admin()
+        for _ in range(3):
+            admin.delete_topics([topic])[topic].result(30)
+            while topic in admin.list_topics(timeout=5).topics:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            broker.create_topic(topic, partitions=2)
+            time.sleep(0.5)
+    finally:
+        done.set()
+        poller.join()
+        reader.close()
+    assert fetched[0] > 10
+    assert errors == []
+
+
+class _FlakyConsumer:
+    """A consumer whose offset reads fail ``failures`` times, then answer (0, 5)."""
+
+    def __init__(self, failures: int, code: int) -> None:
+        self.failures = failures
+        self.code = code
+        self.calls = 0
+
+    def get_watermark_offsets(self, *_args: Any, **_kwargs: Any) -> tuple[int, int]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise KafkaException(KafkaError(self.code))
+        return 0, 5
+
+
+@pytest.mark.parametrize("attempts", [1, 3])
+def test_offset_fetch_gives_up_after_fetch_offset_num_retries(attempts):
+    from lockgate.sources.kafka.errors import KafkaError
+
+    reader = _reader(
+        "127.0.0.1:1",
+        None,
+        assign='{"t":[0]}',
+        **{"fetchOffset.numRetries": str(attempts), "fetchOffset.retryIntervalMs": "0"},
+    )
+    from confluent_kafka import KafkaError as KErr
+
+    reader._consumer = _FlakyConsumer(failures=2, code=KErr.NOT_LEADER_FOR_PARTITION)
+    if attempts == 1:
+        with pytest.raises(KafkaError, match="Not leader"):
+            reader.latest_of_all()
+        assert reader._consumer.calls == 1
+    else:
+        assert reader.latest_of_all() == {("t", 0): 5}
+        assert reader._consumer.calls == 3
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_range_of_a_topic_deleted_after_planning_is_data_loss(fail_on_data_loss):
+    """A task whose topic was deleted after its batch was planned: the records are gone,
+    which is data loss (an error naming failOnDataLoss, or nothing read)."""
+    from confluent_kafka import KafkaError as KErr
+
+    from lockgate.sources.kafka.errors import KafkaDataLossError
+    from lockgate.sources.kafka.source import RangeReader
+
+    task = RangeReader(
+        config={"group.id": "g"},
+        include_headers=False,
+        fail_on_data_loss=fail_on_data_loss,
+        poll_timeout_ms=1000,
+        fetch_offset_attempts=2,
+        fetch_offset_retry_interval_ms=0,
+    )
+    consumer = _FlakyConsumer(failures=99, code=KErr.UNKNOWN_TOPIC_OR_PART)
+    if fail_on_data_loss:
+        with pytest.raises(KafkaDataLossError, match="failOnDataLoss"):
+            list(task.read_range(consumer, "t", 0, 0, 5))
+    else:
+        assert list(task.read_range(consumer, "t", 0, 0, 5)) == []
+    assert consumer.calls == 2
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"fetchOffset.numRetries": "0"}, "fetchOffset.numRetries"),
+        ({"fetchOffset.retryIntervalMs": "-1"}, "fetchOffset.retryIntervalMs"),
+        ({"fetchOffset.numRetries": "x"}, "fetchOffset.numRetries"),
+    ],
+)
+def test_bad_fetch_offset_options_are_refused(options, message):
+    from lockgate.errors import OptionError
+
+    with pytest.raises(OptionError, match=message):
+        _reader("127.0.0.1:1", "t", **options)

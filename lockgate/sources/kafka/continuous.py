@@ -80,7 +80,7 @@ class KafkaContinuousStream(ContinuousStream):
     def planInputPartitions(self, start: dict[str, dict[str, int]]) -> list[Any]:
         old = from_json(start)
         reader = self._micro.offset_reader
-        current = set(reader.partitions())
+        current, earliest = reader.with_retries(lambda: self._listing(old))
         new = sorted(current - set(old))
         deleted = set(old) - current
         if deleted:
@@ -89,7 +89,7 @@ class KafkaContinuousStream(ContinuousStream):
                 "PARTITIONS_DELETED",
                 f"{describe(deleted)} are gone. Some data may have been missed.",
             )
-        offsets: PartitionOffsets = {**reader.earliest(new), **{
+        offsets: PartitionOffsets = {**earliest, **{
             tp: o for tp, o in old.items() if tp not in deleted
         }}
         if new:
@@ -108,6 +108,12 @@ class KafkaContinuousStream(ContinuousStream):
             for (topic, partition), offset in sorted(offsets.items())
         ]
 
+    def _listing(self, old: PartitionOffsets) -> tuple[set[TopicPartition], PartitionOffsets]:
+        """The partitions now, and the earliest offsets of those not in ``old``."""
+        reader = self._micro.offset_reader
+        current = set(reader.partitions())
+        return current, reader.earliest(sorted(current - set(old)))
+
     def createReaderFactory(self) -> Any:
         return KafkaContinuousPartitionReader
 
@@ -120,7 +126,8 @@ class KafkaContinuousStream(ContinuousStream):
     def needsReconfiguration(self) -> bool:
         if self._known is None:
             return False
-        return set(self._micro.offset_reader.partitions()) != self._known
+        reader = self._micro.offset_reader
+        return set(reader.with_retries(reader.partitions)) != self._known
 
     def deserializeOffset(self, text: str) -> dict[str, dict[str, int]]:
         return self._micro.deserializeOffset(text)

@@ -23,6 +23,9 @@ STRATEGY_KEYS = ("subscribe", "subscribepattern", "assign")
 DEFAULT_GROUP_ID_PREFIX = "spark-kafka-source"
 DEFAULT_MAX_TRIGGER_DELAY = "15m"
 DEFAULT_POLL_TIMEOUT_MS = 120_000
+# Spark's KafkaOffsetReader: offsets are fetched up to 3 times, 1 s apart
+DEFAULT_FETCH_OFFSET_ATTEMPTS = 3
+DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS = 1000
 
 # Kafka Java client names that librdkafka spells differently.
 _JAVA_TO_LIBRDKAFKA = {"sasl.mechanism": "sasl.mechanisms"}
@@ -240,6 +243,8 @@ class KafkaSourceOptions:
     max_trigger_delay_ms: int
     min_partitions: int | None
     poll_timeout_ms: int
+    fetch_offset_attempts: int = DEFAULT_FETCH_OFFSET_ATTEMPTS
+    fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
 
     @classmethod
     def parse(cls, options: Options) -> KafkaSourceOptions:
@@ -290,6 +295,13 @@ class KafkaSourceOptions:
         assert delay_text is not None
         poll = options.get_int("kafkaConsumer.pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS, minimum=1)
         assert poll is not None
+        attempts = options.get_int(
+            "fetchOffset.numRetries", DEFAULT_FETCH_OFFSET_ATTEMPTS, minimum=1
+        )
+        interval = options.get_int(
+            "fetchOffset.retryIntervalMs", DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS, minimum=0
+        )
+        assert attempts is not None and interval is not None
         return cls(
             strategy=strategy,
             starting=_parse_starting(options),
@@ -304,6 +316,8 @@ class KafkaSourceOptions:
             max_trigger_delay_ms=parse_duration_ms(delay_text, what="option 'maxTriggerDelay'"),
             min_partitions=min_partitions,
             poll_timeout_ms=poll,
+            fetch_offset_attempts=attempts,
+            fetch_offset_retry_interval_ms=interval,
         )
 
 

@@ -11,10 +11,11 @@ from Kafka inside the task (:class:`RangeReader`).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.sql.types import (
     ArrayType,
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HEADERS_TYPE = ArrayType(
     StructType([StructField("key", StringType(), True), StructField("value", BinaryType(), True)]),
@@ -135,6 +137,31 @@ class OffsetReader:
                 continue
             out.extend((name, p) for p in topic.partitions)
         return sorted(out)
+
+    def with_retries(self, fetch: Callable[[], T]) -> T:
+        """Spark's ``withRetries``: run ``fetch`` (a listing of the partitions and their
+        offsets, as one unit) up to ``fetchOffset.numRetries`` times,
+        ``fetchOffset.retryIntervalMs`` apart. A topic being deleted or created answers
+        for a moment with unknown partitions or no leader."""
+        attempts = self.options.fetch_offset_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                return fetch()
+            except KafkaDataLossError:
+                raise
+            except KafkaError as exc:
+                if attempt == attempts:
+                    raise
+                logger.warning(
+                    "Kafka offsets fetch failed (attempt %d of %d), retrying: %s",
+                    attempt, attempts, exc,
+                )
+                time.sleep(self.options.fetch_offset_retry_interval_ms / 1000.0)
+        raise AssertionError("unreachable")
+
+    def latest_of_all(self) -> PartitionOffsets:
+        """The latest offsets of the subscription's partitions now."""
+        return self.with_retries(lambda: self.latest(self.partitions()))
 
     def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
         from confluent_kafka import TopicPartition as KTP
@@ -228,7 +255,7 @@ class KafkaSource(Source):
         if self._initial is None:
             logged = self._log.get(0)
             if logged is None:
-                logged = to_json(self._resolve_starting())
+                logged = to_json(self._reader.with_retries(self._resolve_starting))
                 try:
                     self._log.add(0, logged)
                 except ConcurrentWriteError:
@@ -337,7 +364,7 @@ class KafkaSource(Source):
         return to_json(end)
 
     def _fetch_latest(self) -> PartitionOffsets:
-        return self._reader.latest(self._reader.partitions())
+        return self._reader.latest_of_all()
 
     def _delay_batch(
         self, min_rows: int, latest: PartitionOffsets, current: PartitionOffsets
@@ -392,8 +419,12 @@ class KafkaSource(Source):
         begin = self._start_of(start)
         until = from_json(end)
         new = sorted(set(until) - set(begin))
-        existing = set(self._reader.partitions()) if new else set()
-        new_initial = self._reader.earliest([tp for tp in new if tp in existing])
+
+        def earliest_of_new() -> PartitionOffsets:
+            existing = set(self._reader.partitions()) if new else set()
+            return self._reader.earliest([tp for tp in new if tp in existing])
+
+        new_initial = self._reader.with_retries(earliest_of_new)
         missing = [tp for tp in new if tp not in new_initial]
         if missing:
             report_data_loss(
@@ -442,6 +473,8 @@ class KafkaSource(Source):
             include_headers=self.options.include_headers,
             fail_on_data_loss=self.options.fail_on_data_loss,
             poll_timeout_ms=self.options.poll_timeout_ms,
+            fetch_offset_attempts=self.options.fetch_offset_attempts,
+            fetch_offset_retry_interval_ms=self.options.fetch_offset_retry_interval_ms,
         )
         return _range_rows(self._spark, ranges).mapInArrow(reader, schema)
 
@@ -511,6 +544,8 @@ class RangeReader:
     include_headers: bool
     fail_on_data_loss: bool
     poll_timeout_ms: int
+    fetch_offset_attempts: int = 3
+    fetch_offset_retry_interval_ms: int = 1000
     batch_rows: int = 4096
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -537,7 +572,12 @@ class RangeReader:
         from confluent_kafka import TopicPartition as KTP
 
         tp = KTP(topic, partition)
-        low, high = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT_S, cached=False)
+        marks = self._watermarks(consumer, tp)
+        if marks is None:
+            # The topic was deleted after the batch was planned: its records are gone.
+            self._lost(topic, partition, start, until)
+            return
+        low, high = marks
         position = start
         if start < low:
             self._lost(topic, partition, start, min(low, until))
@@ -596,6 +636,27 @@ class RangeReader:
             consumer.unassign()
         if rows:
             yield self._to_arrow(rows)
+
+    def _watermarks(self, consumer: Any, tp: Any) -> tuple[int, int] | None:
+        """The partition's low and high offsets, retried as the driver retries them;
+        None when the partition no longer exists."""
+        from confluent_kafka import KafkaError as KErr
+        from confluent_kafka import KafkaException
+
+        for attempt in range(1, self.fetch_offset_attempts + 1):
+            try:
+                low, high = consumer.get_watermark_offsets(
+                    tp, timeout=METADATA_TIMEOUT_S, cached=False
+                )
+                return int(low), int(high)
+            except KafkaException as exc:
+                gone = exc.args and exc.args[0].code() == KErr.UNKNOWN_TOPIC_OR_PART
+                if attempt == self.fetch_offset_attempts:
+                    if gone:
+                        return None
+                    raise
+                time.sleep(self.fetch_offset_retry_interval_ms / 1000.0)
+        raise AssertionError("unreachable")
 
     def _lost(self, topic: str, partition: int, start: int, end: int) -> None:
         if start >= end:
