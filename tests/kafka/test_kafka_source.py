@@ -180,6 +180,7 @@ def test_records_lost_to_retention(native_kafka, ls, kafka, names, tmp_path):
         {"subscribe": "a", "kafka.value.deserializer": "x"},
         {"subscribe": "a", "kafka.enable.auto.commit": "true"},
         {"subscribe": "a", "minPartitions": "0"},
+        {"subscribe": "a", "maxRecordsPerPartition": "0"},
         {"subscribe": "a", "endingOffsets": "latest"},
     ],
     ids=lambda o: ",".join(o) or "none",
@@ -321,3 +322,54 @@ def test_available_now_backlog_counts_records_left(spark, kafka, names, tmp_path
     kafka.produce(topic, records(4, 2, start=10))  # after the target: not counted
     assert source.availableNowBacklog(first) == (6, "records")
     source.stop()
+
+
+def test_ranges_split_as_sparks_own_calculator(native_kafka):
+    """``minPartitions`` and ``maxRecordsPerPartition`` split offset ranges into tasks
+    exactly as Spark's ``KafkaOffsetRangeCalculator`` (called through the JVM) does, over
+    random ranges and settings."""
+    import random
+
+    jvm = native_kafka.sparkContext._jvm
+    kafka010 = jvm.org.apache.spark.sql.kafka010
+    option = jvm.scala.Option
+    rng = random.Random(7)
+    cases = 0
+    for _ in range(300):
+        ranges = []
+        for p in range(rng.randint(1, 4)):
+            start = rng.randint(0, 50)
+            ranges.append(OffsetRange("t", p, start, start + rng.choice([0, 1, 3, 17, 100])))
+        min_parts = rng.choice([None, 1, 2, 3, 5, 8, 13])
+        max_records = rng.choice([None, 1, 4, 10, 33, 1000])
+        settings = jvm.java.util.HashMap()
+        if min_parts is not None:
+            settings.put("minPartitions", str(min_parts))
+        if max_records is not None:
+            settings.put("maxRecordsPerPartition", str(max_records))
+        calculator = kafka010.KafkaOffsetRangeCalculator.apply(
+            jvm.org.apache.spark.sql.util.CaseInsensitiveStringMap(settings)
+        )
+        java_ranges = jvm.java.util.ArrayList()
+        for r in ranges:
+            java_ranges.add(
+                kafka010.KafkaOffsetRange(
+                    jvm.org.apache.kafka.common.TopicPartition(r.topic, r.partition),
+                    r.from_offset,
+                    r.until_offset,
+                    option.empty(),
+                )
+            )
+        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(java_ranges).toSeq()
+        spark_ranges = calculator.getRanges(seq, getattr(calculator, "getRanges$default$2")())
+        expected = [
+            OffsetRange(r.topic(), r.partition(), r.fromOffset(), r.untilOffset())
+            for r in jvm.scala.jdk.javaapi.CollectionConverters.asJava(spark_ranges)
+        ]
+        assert split_ranges(ranges, min_parts, max_records) == expected, (
+            ranges,
+            min_parts,
+            max_records,
+        )
+        cases += len(expected) > len([r for r in ranges if r.size > 0])
+    assert cases > 50  # many cases really split

@@ -93,11 +93,21 @@ class OffsetRange:
         return self.until_offset - self.from_offset
 
 
-def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
+def split_ranges(
+    ranges: list[OffsetRange], min_partitions: int | None, max_records: int | None = None
+) -> list[OffsetRange]:
     """Spark's ``KafkaOffsetRangeCalculator.getRanges``: empty ranges dropped; with
-    ``minPartitions`` above the number of ranges, large ranges split into about
-    ``size / total * minPartitions`` tasks each (rounded, at least one)."""
+    ``maxRecordsPerPartition``, a range split into ``ceil(size / max)`` equal tasks;
+    then, with ``minPartitions`` above the number of ranges, large ranges split into
+    about ``size / total * minPartitions`` tasks each (rounded, at least one)."""
     ranges = [r for r in ranges if r.size > 0]
+    if max_records is not None:
+        ranges = [
+            piece
+            for r in ranges
+            for piece in _divided(r, math.ceil(r.size / max_records))
+            if piece.size > 0
+        ]
     if min_partitions is None or len(ranges) >= min_partitions:
         return ranges
 
@@ -107,6 +117,7 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[
 
     total = sum(r.size for r in ranges)
     unsplit = [r for r in ranges if parts_of(r.size, total, min_partitions) == 1]
+    # By topic-partition, as Spark: every piece of a partition counted as small is kept.
     unsplit_keys = {(r.topic, r.partition) for r in unsplit}
     split_total = total - sum(r.size for r in unsplit)
     split_min = max(min_partitions - len(unsplit), 1)
@@ -117,15 +128,22 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[
             if (r.topic, r.partition) in unsplit_keys
             else parts_of(r.size, split_total, split_min)
         )
-        remaining = r.size
-        begin = r.from_offset
-        for part in range(parts):
-            this = remaining // (parts - part)
-            remaining -= this
-            end = min(begin + this, r.until_offset)
-            out.append(OffsetRange(r.topic, r.partition, begin, end))
-            begin = end
+        out.extend(_divided(r, parts))
     return [r for r in out if r.size > 0]
+
+
+def _divided(r: OffsetRange, parts: int) -> list[OffsetRange]:
+    """``r`` in ``parts`` consecutive pieces; the last ones take the remainder."""
+    out = []
+    remaining = r.size
+    begin = r.from_offset
+    for part in range(parts):
+        this = remaining // (parts - part)
+        remaining -= this
+        end = min(begin + this, r.until_offset)
+        out.append(OffsetRange(r.topic, r.partition, begin, end))
+        begin = end
+    return out
 
 
 def dumps(offsets: PartitionOffsets) -> str:

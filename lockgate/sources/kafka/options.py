@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from lockgate.errors import NotSupportedYetError, OptionError
+from lockgate.errors import OptionError
 from lockgate.options import Options, parse_duration_ms
 from lockgate.sources.kafka.offsets import EARLIEST, LATEST
 
@@ -243,6 +243,7 @@ class KafkaSourceOptions:
     max_trigger_delay_ms: int
     min_partitions: int | None
     poll_timeout_ms: int
+    max_records_per_partition: int | None = None
     fetch_offset_attempts: int = DEFAULT_FETCH_OFFSET_ATTEMPTS
     fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
 
@@ -266,11 +267,21 @@ class KafkaSourceOptions:
                 ) from None
             if min_partitions <= 0:
                 raise _illegal("minPartitions must be positive", "minPartitions")
+        max_records = None
         if "maxRecordsPerPartition" in options:
-            raise NotSupportedYetError(
-                "The kafka source option 'maxRecordsPerPartition'",
-                "Use minPartitions to split large offset ranges into more tasks.",
-            )
+            raw = options["maxRecordsPerPartition"]
+            try:
+                max_records = int(raw.strip())
+            except ValueError:
+                raise _illegal(
+                    f"Invalid value {raw!r} for option 'maxRecordsPerPartition': expected an "
+                    "integer.",
+                    "maxRecordsPerPartition",
+                ) from None
+            if max_records <= 0:
+                raise _illegal(
+                    "maxrecordsperpartition must be positive", "maxRecordsPerPartition"
+                )
         consumer = kafka_params(options)
         lowered = {k.lower(): k for k in consumer}
         if "auto.offset.reset" in lowered:
@@ -315,6 +326,7 @@ class KafkaSourceOptions:
             min_offsets_per_trigger=_positive_long(options, "minOffsetsPerTrigger"),
             max_trigger_delay_ms=parse_duration_ms(delay_text, what="option 'maxTriggerDelay'"),
             min_partitions=min_partitions,
+            max_records_per_partition=max_records,
             poll_timeout_ms=poll,
             fetch_offset_attempts=attempts,
             fetch_offset_retry_interval_ms=interval,

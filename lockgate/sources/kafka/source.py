@@ -461,7 +461,9 @@ class KafkaSource(Source):
                     "kafka topic-partition is deleted and re-created.",
                 )
             ranges.append(OffsetRange(tp[0], tp[1], from_offset, until_offset))
-        return split_ranges(ranges, self.options.min_partitions)
+        return split_ranges(
+            ranges, self.options.min_partitions, self.options.max_records_per_partition
+        )
 
     def getBatch(self, start: Any, end: Any) -> DataFrame:
         ranges = self.offset_ranges(start, end)
