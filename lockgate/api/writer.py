@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import logging
-import os
-import tempfile
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lockgate.clock import Clock, SystemClock
-from lockgate.errors import AnalysisError, NotSupportedYetError, OptionError
+from lockgate.api.reader import check_source_evolution
+from lockgate.clock import Clock
+from lockgate.errors import NotSupportedYetError, OptionError
+from lockgate.execution.assembly import QuerySpec, check_cluster_by, create_query
 from lockgate.execution.triggers import (
     DEFAULT_TRIGGER,
     AvailableNowTrigger,
@@ -19,20 +17,14 @@ from lockgate.execution.triggers import (
     ProcessingTimeTrigger,
     Trigger,
 )
-from lockgate.options import Options, to_option_string
-from lockgate.sinks import SinkContext, SinkProvider, lookup_sink
-from lockgate.sinks.base import OUTPUT_MODES, Sink
+from lockgate.options import to_option_string
+from lockgate.sinks.base import OUTPUT_MODES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from lockgate.api.dataframe import StreamingDataFrame
     from lockgate.api.query import StreamingQuery
-
-logger = logging.getLogger(__name__)
-
-_FILE_FORMATS = ("parquet", "json", "csv", "orc", "text")
-
 
 class DataStreamWriter:
     """Describes where and how a streaming query writes; ``start()`` runs it."""
@@ -217,224 +209,25 @@ class DataStreamWriter:
         return self._start()
 
     def _start(self) -> StreamingQuery:
-        from lockgate.execution.microbatch import MicroBatchExecution
-
-        continuous = isinstance(self._trigger, ContinuousTrigger)
-        if continuous and self._format == "foreachBatch":
-            raise AnalysisError("'foreachBatch' is not supported with continuous trigger.")
-        session = self._df._session
-        from lockgate.api.reader import check_source_evolution
-
         check_source_evolution(self._spark, None)
-        provider, sink_name = self._sink_provider()
-        if sink_name in _FILE_FORMATS:
-            self._check_cluster_by()
-        opts = Options(self._options, owner=f"{sink_name} sink option")
-        path = opts.get_str("path")
-        self._check_output_mode(provider, sink_name)
-        continuous_plan = self._check_continuous() if continuous else None
-        provider.validate(self._spark, opts, path)
-        session.streams._check_name_available(self._query_name)
-        checkpoint, delete_on_stop = self._resolve_checkpoint(provider, sink_name)
-        try:
-            from lockgate.checkpoint import StreamMetadata, resolve_filesystem
-
-            fs, root = resolve_filesystem(checkpoint)
-            self._check_checkpoint_layout(fs, root)
-            if not delete_on_stop and not provider.recoversFromCheckpoint(self._output_mode):
-                offsets = fs.join(root, "offsets")
-                if any(n.isdigit() for n in fs.list_names(offsets)):
-                    raise AnalysisError(
-                        "This query does not support recovering from checkpoint location. "
-                        f"Delete {offsets} to start over."
-                    )
-            sink = self._create_sink(provider, opts, path)
-            continuous_sink = None
-            if continuous_plan is not None:
-                continuous_sink = sink.forContinuous(self._df.schema, self._spark)
-                if continuous_sink is None:
-                    raise AnalysisError(f"Data source {sink_name} does not support continuous processing.")
-            fs.mkdirs(root)
-            metadata = StreamMetadata.read_or_create(fs, fs.join(root, "metadata"))
-            common = dict(
-                spark=_stream_session(self._spark),
-                manager=session.streams,
-                name=self._query_name,
-                query_id=metadata.id,
-                checkpoint_root=root,
-                checkpoint_fs=fs,
-                delete_checkpoint_on_stop=delete_on_stop,
-                clock=self._clock or SystemClock(),
-            )
-            if continuous_plan is not None:
-                from lockgate.execution.continuous.execution import ContinuousExecution
-
-                assert continuous_sink is not None and isinstance(self._trigger, ContinuousTrigger)
-                relation, program, plan_text = continuous_plan
-                return session.streams._start_query(
-                    ContinuousExecution(
-                        relation=relation,
-                        program=program,
-                        plan_text=plan_text,
-                        sink=continuous_sink,
-                        interval_ms=self._trigger.interval_ms,
-                        **common,
-                    )
-                )
-            execution = MicroBatchExecution(
-                plan=self._df._plan,
-                sink=sink,
-                trigger=self._trigger,
-                output_mode=self._output_mode,
-                user_spark=self._spark,
-                **common,
-            )
-        except BaseException:
-            if delete_on_stop:
-                import shutil
-
-                shutil.rmtree(checkpoint, ignore_errors=True)
-            raise
-        return session.streams._start_query(execution)
-
-    def _check_continuous(self) -> tuple[Any, Any, str]:
-        """Spark's checks for continuous processing; the source and the row program."""
-        from lockgate.execution.continuous.checks import check_for_continuous
-        from lockgate.plan.nodes import source_relations
-        from lockgate.plan.row_expressions import compile_plan
-
-        analyzed = check_for_continuous(self._df._plan, self._df._template)
-        relations = source_relations(self._df._plan)
-        if len(relations) != 1:
-            raise AnalysisError("Continuous processing supports exactly one streaming source.")
-        relation = relations[0]
-        if not relation.provider.supports_continuous:
-            raise AnalysisError(
-                f"Data source {relation.source_name} does not support continuous processing."
-            )
-        program, _ = compile_plan(analyzed)
-        return relation, program, str(analyzed.toString()).strip()
+        streams = self._df._session.streams
+        spec = QuerySpec(
+            spark=self._spark,
+            plan=self._df._plan,
+            template=self._df._template,
+            format=self._format,
+            options=dict(self._options),
+            output_mode=self._output_mode,
+            trigger=self._trigger,
+            query_name=self._query_name,
+            partition_by=self._partition_by,
+            cluster_by=self._cluster_by,
+            clock=self._clock,
+            foreach_batch=self._foreach_batch,
+            foreach_writer=self._foreach_writer,
+        )
+        execution = create_query(spec, streams, streams._check_name_available)
+        return streams._start_query(execution)
 
     def _check_cluster_by(self) -> None:
-        """Spark's checks of ``clusterBy`` for a file or table sink."""
-        if not self._cluster_by:
-            return
-        if self._partition_by:
-            raise AnalysisError.spark("SPECIFY_CLUSTER_BY_WITH_PARTITIONED_BY_IS_NOT_ALLOWED", {})
-        names = self._df.columns
-        for col in self._cluster_by:
-            if col not in names:
-                raise AnalysisError(
-                    f"Clustering column {col} not found in existing columns "
-                    f"({', '.join(names)}).",
-                    error_class="_LEGACY_ERROR_TEMP_1196",
-                    parameters={"colType": "Clustering", "colName": col, "existingColumns": ", ".join(names)},
-                )
-
-    def _sink_provider(self) -> tuple[SinkProvider, str]:
-        name = self._format
-        if name is None:
-            name = self._spark.conf.get("spark.sql.sources.default", "parquet") or "parquet"
-        if name in ("foreachBatch", "foreach"):
-            return _ForeachProvider(name), name
-        return lookup_sink(name, self._spark), name
-
-    def _check_output_mode(self, provider: SinkProvider, sink_name: str) -> None:
-        from lockgate.plan.checks import check_for_streaming
-
-        mode = self._output_mode
-        conf = "spark.sql.streaming.statefulOperator.checkCorrectness.enabled"
-        check_correctness = str(self._spark.conf.get(conf, "true")).strip().lower() != "false"
-        check_for_streaming(self._df._plan, mode, check_correctness)
-        if mode not in provider.supportedOutputModes():
-            raise AnalysisError(f"Data source {sink_name} does not support {mode} output mode")
-
-    def _resolve_checkpoint(self, provider: SinkProvider, sink_name: str) -> tuple[str, bool]:
-        opts = Options(self._options)
-        location = opts.get_str("checkpointLocation")
-        if location:
-            return location, False
-        conf_root = self._spark.conf.get("spark.sql.streaming.checkpointLocation", None)
-        if conf_root:
-            return os.path.join(conf_root, self._query_name or str(uuid.uuid4())), False
-        if not provider.needs_checkpoint:
-            temp = tempfile.mkdtemp(prefix="temporary-")
-            logger.warning(
-                "Temporary checkpoint location created which is deleted normally when the "
-                "query didn't fail: %s. If it's required to delete it under any "
-                "circumstances, please set spark.sql.streaming.forceDeleteTempCheckpointLocation "
-                "to true. Important to know deleting temp checkpoint folder is best effort.",
-                temp,
-            )
-            return temp, True
-        raise AnalysisError(
-            "checkpointLocation must be specified either through "
-            'option("checkpointLocation", ...) or '
-            'SparkSession.conf.set("spark.sql.streaming.checkpointLocation", ...)'
-        )
-
-    @staticmethod
-    def _check_checkpoint_layout(fs: Any, root: str) -> None:
-        from lockgate.errors import CheckpointError
-
-        if fs.exists(root) and not fs.is_dir(root):
-            raise CheckpointError(
-                f"Checkpoint location {root} exists and is not a directory. Point "
-                "checkpointLocation at a directory.",
-                path=root,
-            )
-        commits = fs.join(root, "commits")
-        offsets = fs.join(root, "offsets")
-        if any(n.isdigit() for n in fs.list_names(commits)) and not any(
-            n.isdigit() for n in fs.list_names(offsets)
-        ):
-            raise CheckpointError(
-                f"Checkpoint {root} has a commit log but its offsets log ({offsets}) is missing "
-                "or empty: the checkpoint is damaged. Restore it, or start over with a new "
-                "checkpoint location.",
-                path=offsets,
-            )
-
-    def _create_sink(self, provider: SinkProvider, opts: Options, path: str | None) -> Sink:
-        if isinstance(provider, _ForeachProvider):
-            from lockgate.sinks.foreach import ForeachBatchSink, ForeachSink
-
-            if provider.name == "foreachBatch":
-                assert self._foreach_batch is not None
-                return ForeachBatchSink(self._foreach_batch)
-            return ForeachSink(self._foreach_writer)
-        context = SinkContext(
-            spark=self._spark,
-            options=opts,
-            output_mode=self._output_mode,
-            partition_by=self._partition_by,
-            query_name=self._query_name,
-            path=path,
-            schema=self._df.schema,
-        )
-        return provider.createSink(context)
-
-
-class _ForeachProvider(SinkProvider):
-    needs_checkpoint = False
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def createSink(self, context: SinkContext) -> Sink:
-        raise AssertionError("foreach sinks are created by the writer")
-
-
-def _stream_session(spark: Any) -> Any:
-    """A clone of the user's session for the query's batch work.
-
-    Like Spark, batch work runs with adaptive execution and cost-based optimization
-    off (they would change the partitioning that state relies on), without touching
-    the user's own session conf.
-    """
-    from pyspark.sql import SparkSession
-
-    clone = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
-    clone.conf.set("spark.sql.adaptive.enabled", "false")
-    clone.conf.set("spark.sql.cbo.enabled", "false")
-    return clone
+        check_cluster_by(self._cluster_by, self._partition_by, self._df.columns)
