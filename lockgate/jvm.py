@@ -74,3 +74,8 @@ def unresolved_column(
 def seq(jseq: Any) -> list[Any]:
     """The items of a Scala ``Seq`` (one py4j call per item)."""
     return [jseq.apply(i) for i in range(jseq.size())]
+
+
+def quoted(name: str) -> str:
+    """``name`` as a Spark identifier in backquotes, for ``F.col`` and SQL text."""
+    return "`" + name.replace("`", "``") + "`"

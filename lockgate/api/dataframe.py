@@ -15,6 +15,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.jvm import quoted
 from lockgate.options import watermark_delay_ms
 from lockgate.plan.event_time import event_time_columns, with_event_time
 from lockgate.plan.nodes import (
@@ -286,7 +287,7 @@ class StreamingDataFrame:
         if len(set(self.columns)) != len(self.columns):
             return self._transform("toDF", *cols)
         # Spark's toDF is a projection of aliases (which keep watermark metadata)
-        return self.select(*[F.col(_quoted(old)).alias(new) for old, new in zip(self.columns, cols)])
+        return self.select(*[F.col(quoted(old)).alias(new) for old, new in zip(self.columns, cols)])
 
     def where(self, condition: Column | str) -> StreamingDataFrame:
         return self._transform("where", condition)
@@ -530,10 +531,6 @@ class StreamingDataFrame:
         from lockgate.api.writer import DataStreamWriter
 
         return DataStreamWriter(self)
-
-
-def _quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _flatten(values: Any) -> list[Any]:

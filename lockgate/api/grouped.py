@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import NumericType, StructField, StructType
+from pyspark.sql.types import NumericType, StructType
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.jvm import quoted
 from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.aggregate_functions import decompose, is_plain_aggregate, map_aggregates
 from lockgate.plan.aggregate_plan import (
@@ -20,6 +21,7 @@ from lockgate.plan.aggregate_plan import (
     inner_pivot_aggregate,
     read_expansion,
     refuse_expressions_over_aggregates,
+    result_expressions,
 )
 from lockgate.plan.event_time import event_time_columns, grouping_event_time_key
 from lockgate.plan.nodes import GroupedMap, Transform
@@ -103,11 +105,11 @@ def _grouping_sets_aggregate(
         for i, (kept, mask) in enumerate(zip(expansion.kept, expansion.masks))
     ]
     others = [c for c in df.columns if c not in {*names, *internal}]
-    expanded = keyed.select(*[F.col(_quoted(c)) for c in others], F.explode(F.array(*structs)).alias("__lockgate_set"))
-    expanded = expanded.select(*[F.col(_quoted(c)) for c in others], "__lockgate_set.*")
+    expanded = keyed.select(*[F.col(quoted(c)) for c in others], F.explode(F.array(*structs)).alias("__lockgate_set"))
+    expanded = expanded.select(*[F.col(quoted(c)) for c in others], "__lockgate_set.*")
     # the aggregation of the expanded rows, with the event-time key of Spark's plan (the
     # expansion hides which key carries event time from lockgate's own rules)
-    aggregated = StreamingGroupedData(expanded, tuple(F.col(_quoted(c)) for c in (*names, *internal))).agg(*columns)
+    aggregated = StreamingGroupedData(expanded, tuple(F.col(quoted(c)) for c in (*names, *internal))).agg(*columns)
     spark_key = StreamingGroupedData(df, tuple(keys))._event_time_key(plain.schema, n)
     node = replace(
         aggregated._plan, event_time_key=spark_key, event_time_key_is_attribute=groups_by_column(template, spark_key)
@@ -131,12 +133,8 @@ def _agg_columns(exprs: tuple[Column | dict[str, str], ...]) -> list[Column]:
 
 def _key_column(df: StreamingDataFrame, item: Any) -> Column:
     if isinstance(item, int) and not isinstance(item, bool):  # 1-based ordinal, as PySpark's
-        return F.col(_quoted(df.columns[item - 1]))
+        return F.col(quoted(df.columns[item - 1]))
     return F.col(item) if isinstance(item, str) else item
-
-
-def _quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 class StreamingGroupedData:
@@ -171,7 +169,9 @@ class StreamingGroupedData:
             )
         spark = self._df._session.spark
         key_count = len(template.columns) - len(columns)
-        split = self._result_expressions(columns, template, key_count)
+        split = result_expressions(
+            spark, self._grouping, columns, template, self._template_grouped, key_count
+        )
         aggregates = columns if split is None else split[0]
         specs = tuple(decompose(spark, c) for c in aggregates)
         key_names = tuple(template.columns[:key_count])
@@ -214,89 +214,6 @@ class StreamingGroupedData:
         if split is not None:
             node = replace(node, results=split[1], aggregate_schema=split[2])
         return self._df._derive(node, template)
-
-    def _result_expressions(
-        self, columns: list[Column], template: Any, key_count: int
-    ) -> tuple[list[Column], tuple[Column, ...], StructType] | None:
-        """Spark's split of an aggregation whose columns are expressions over aggregate
-        functions (``round(avg(v), 2)``, ``sum(a) / count(b)``, ``k + sum(v)``, a
-        literal): the aggregate functions, each once (they are what the state keeps),
-        each column's result expression over them and the grouping keys, and Spark's
-        fields of the functions; None where every column is one aggregate function.
-
-        The functions are the calls Spark's catalog lists as aggregate functions, found
-        in the expressions as Spark parsed them; a sub-expression equal to a grouping
-        expression reads that key. Spark has already analysed ``template`` (a nested
-        aggregate or a column that is not grouped fails there with Spark's error), and
-        the result expressions are checked to give Spark's columns over the keys and
-        the functions."""
-        spark = self._df._session.spark
-        if all(is_plain_aggregate(spark, c) for c in columns):
-            return None
-        js = spark._jsparkSession
-        aggregates: list[Column] = []
-        seen: list[Any] = []
-
-        def leaf(call: Column) -> Column:
-            expr = js.expression(call._jc)
-            index = next((i for i, e in enumerate(seen) if e.equals(expr)), len(seen))
-            if index == len(seen):
-                seen.append(expr)
-                aggregates.append(call)
-            # not a bare column: an unaliased struct field is named as Spark names one
-            # of an aggregate (col1, ...), not after the column
-            return F.coalesce(F.col(f"__lockgate_agg_{index}"))
-
-        key_exprs: list[tuple[Any, str]] = []
-        if len(self._grouping) == key_count and all(isinstance(g, (str, Column)) for g in self._grouping):
-            for item, name in zip(self._grouping, template.columns[:key_count]):
-                expr = js.expression(F.col(item)._jc if isinstance(item, str) else item._jc)
-                while expr.getClass().getSimpleName() == "Alias":
-                    expr = expr.child()
-                key_exprs.append((expr, name))
-
-        def key(expr: Any) -> Column | None:
-            name = next((n for e, n in key_exprs if e.equals(expr)), None)
-            if name is None:
-                return None
-            if expr.getClass().getSimpleName() == "UnresolvedAttribute":  # keeps its name
-                parts = expr.nameParts()
-                own = str(parts.apply(parts.size() - 1))
-                if own != name:
-                    return F.col(_quoted(name)).alias(own)
-            return F.col(_quoted(name))
-
-        results = tuple(map_aggregates(spark, c, leaf, key) for c in columns)
-        if not aggregates:  # only keys and literals: the state keeps the groups
-            aggregates.append(F.count(F.lit(1)))
-        fields = self._template_grouped.agg(*aggregates).schema.fields[key_count:]
-        schema = StructType(fields)
-        probe_schema = StructType(
-            [
-                *template.schema.fields[:key_count],
-                *[StructField(f"__lockgate_agg_{i}", f.dataType, True) for i, f in enumerate(fields)],
-            ]
-        )
-        wanted = template.schema.fields[key_count:]
-        try:
-            probe = spark.createDataFrame([], probe_schema).select(
-                *[r.alias(f.name) for r, f in zip(results, wanted)]
-            )
-            got = [f.dataType for f in probe.schema.fields]
-        except Exception as exc:  # a key read through an expression lockgate does not match
-            raise NotSupportedYetError(
-                f"The streaming aggregation's columns {[str(c) for c in columns]} (Spark's columns "
-                f"{template.dtypes[key_count:]}): lockgate could not compute them from the "
-                f"grouping keys and the aggregate functions ({exc})",
-                "Aggregate in agg() and compute the expression in a select() after it.",
-            ) from exc
-        if got != [f.dataType for f in wanted]:
-            raise NotSupportedYetError(
-                f"The streaming aggregation's columns {template.dtypes[key_count:]}: lockgate's "
-                f"result expressions give the types {[t.simpleString() for t in got]}",
-                "Aggregate in agg() and compute the expression in a select() after it.",
-            )
-        return aggregates, results, schema
 
     def _event_time_key(self, schema: StructType, key_count: int) -> int | None:
         return grouping_event_time_key(schema, key_count, self._grouping, event_time_columns(self._df._plan))
@@ -484,13 +401,13 @@ class StreamingPivotedData:
                 f"({', '.join(first.columns)})"
             )
         pivot = first.schema.fields[keys]
-        column = F.col(_quoted(pivot.name))
+        column = F.col(quoted(pivot.name))
         outputs = [
-            F.last(F.when(column.eqNullSafe(F.lit(value).cast(pivot.dataType)), F.col(_quoted(name))), ignorenulls=True)
+            F.last(F.when(column.eqNullSafe(F.lit(value).cast(pivot.dataType)), F.col(quoted(name))), ignorenulls=True)
             for value in self._values
             for name in names
         ]
-        second = StreamingGroupedData(first, tuple(F.col(_quoted(c)) for c in first.columns[:keys]))
+        second = StreamingGroupedData(first, tuple(F.col(quoted(c)) for c in first.columns[:keys]))
         return second.agg(*[o.alias(name) for o, name in zip(outputs, template.columns[keys:])])
 
     def _one_aggregation(self, columns: list[Column], template: Any, keys: int) -> StreamingDataFrame:
@@ -523,7 +440,7 @@ class StreamingPivotedData:
             return self.agg(*[fn(c) for c in cols])
         # every numeric column, the keys and the pivot column too, as Spark's numericColumns
         fields = self._grouped._df.schema.fields
-        return self.agg(*[fn(F.col(_quoted(f.name))) for f in fields if isinstance(f.dataType, NumericType)])
+        return self.agg(*[fn(F.col(quoted(f.name))) for f in fields if isinstance(f.dataType, NumericType)])
 
     def sum(self, *cols: str) -> StreamingDataFrame:
         return self._numeric("sum", F.sum, cols)

@@ -11,13 +11,16 @@ from typing import Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
 
 from lockgate.errors import NotSupportedYetError
+from lockgate.jvm import quoted
 from lockgate.plan.aggregate_functions import (
     as_column,
     decompose,
     function_parts,
     is_plain_aggregate,
+    map_aggregates,
 )
 
 
@@ -149,3 +152,92 @@ def for_rows_where(spark: Any, aggregate: Column, condition: Column) -> Column:
         arguments = [arguments[0], F.lit(True)]
     inputs = 1 if name in _ONE_CHILD else len(arguments)
     return F.call_function(name, *[F.when(condition, a) for a in arguments[:inputs]], *arguments[inputs:])
+
+
+def result_expressions(
+    spark: Any,
+    grouping: tuple[Any, ...],
+    columns: list[Column],
+    template: Any,
+    template_grouped: Any,
+    key_count: int,
+) -> tuple[list[Column], tuple[Column, ...], StructType] | None:
+    """Spark's split of an aggregation whose columns are expressions over aggregate
+    functions (``round(avg(v), 2)``, ``sum(a) / count(b)``, ``k + sum(v)``, a
+    literal): the aggregate functions, each once (they are what the state keeps),
+    each column's result expression over them and the grouping keys, and Spark's
+    fields of the functions; None where every column is one aggregate function.
+
+    The functions are the calls Spark's catalog lists as aggregate functions, found
+    in the expressions as Spark parsed them; a sub-expression equal to a grouping
+    expression reads that key. Spark has already analysed ``template`` (a nested
+    aggregate or a column that is not grouped fails there with Spark's error), and
+    the result expressions are checked to give Spark's columns over the keys and
+    the functions. ``template_grouped`` is the batch ``GroupedData`` of the grouping
+    (``grouping``) that ``template`` aggregated."""
+    if all(is_plain_aggregate(spark, c) for c in columns):
+        return None
+    js = spark._jsparkSession
+    aggregates: list[Column] = []
+    seen: list[Any] = []
+
+    def leaf(call: Column) -> Column:
+        expr = js.expression(call._jc)
+        index = next((i for i, e in enumerate(seen) if e.equals(expr)), len(seen))
+        if index == len(seen):
+            seen.append(expr)
+            aggregates.append(call)
+        # not a bare column: an unaliased struct field is named as Spark names one
+        # of an aggregate (col1, ...), not after the column
+        return F.coalesce(F.col(f"__lockgate_agg_{index}"))
+
+    key_exprs: list[tuple[Any, str]] = []
+    if len(grouping) == key_count and all(isinstance(g, (str, Column)) for g in grouping):
+        for item, name in zip(grouping, template.columns[:key_count]):
+            expr = js.expression(F.col(item)._jc if isinstance(item, str) else item._jc)
+            while expr.getClass().getSimpleName() == "Alias":
+                expr = expr.child()
+            key_exprs.append((expr, name))
+
+    def key(expr: Any) -> Column | None:
+        name = next((n for e, n in key_exprs if e.equals(expr)), None)
+        if name is None:
+            return None
+        if expr.getClass().getSimpleName() == "UnresolvedAttribute":  # keeps its name
+            parts = expr.nameParts()
+            own = str(parts.apply(parts.size() - 1))
+            if own != name:
+                return F.col(quoted(name)).alias(own)
+        return F.col(quoted(name))
+
+    results = tuple(map_aggregates(spark, c, leaf, key) for c in columns)
+    if not aggregates:  # only keys and literals: the state keeps the groups
+        aggregates.append(F.count(F.lit(1)))
+    fields = template_grouped.agg(*aggregates).schema.fields[key_count:]
+    schema = StructType(fields)
+    probe_schema = StructType(
+        [
+            *template.schema.fields[:key_count],
+            *[StructField(f"__lockgate_agg_{i}", f.dataType, True) for i, f in enumerate(fields)],
+        ]
+    )
+    wanted = template.schema.fields[key_count:]
+    try:
+        probe = spark.createDataFrame([], probe_schema).select(
+            *[r.alias(f.name) for r, f in zip(results, wanted)]
+        )
+        got = [f.dataType for f in probe.schema.fields]
+    except Exception as exc:  # a key read through an expression lockgate does not match
+        raise NotSupportedYetError(
+            f"The streaming aggregation's columns {[str(c) for c in columns]} (Spark's columns "
+            f"{template.dtypes[key_count:]}): lockgate could not compute them from the "
+            f"grouping keys and the aggregate functions ({exc})",
+            "Aggregate in agg() and compute the expression in a select() after it.",
+        ) from exc
+    if got != [f.dataType for f in wanted]:
+        raise NotSupportedYetError(
+            f"The streaming aggregation's columns {template.dtypes[key_count:]}: lockgate's "
+            f"result expressions give the types {[t.simpleString() for t in got]}",
+            "Aggregate in agg() and compute the expression in a select() after it.",
+        )
+    return aggregates, results, schema
