@@ -6,6 +6,7 @@
     .venv/bin/python -m bench.run --soak 1000          # workload 2 on lockgate, memory drift
     .venv/bin/python -m bench.run --nexmark [ARGS]     # Nexmark (bench/nexmark.py; ARGS are its flags)
     .venv/bin/python -m bench.run --explicit-state [ARGS]  # explicit state (bench/explicit_state.py; ARGS are its flags)
+    .venv/bin/python -m bench.run --kafka-latency [ARGS]   # Kafka -> Kafka latency (bench/kafka_latency.py; ARGS are its flags)
 
 Both engines run in ONE process and ONE SparkSession, on the same source and sink, in
 interleaved rounds (native then lockgate, then lockgate then native, ...) so that drift
@@ -57,6 +58,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--explicit-state", action="store_true",
                         help="first flag only: run the explicit-state benchmark (python -m bench.explicit_state "
                         "--help) with the flags after it")
+    parser.add_argument("--kafka-latency", action="store_true",
+                        help="first flag only: run the Kafka -> Kafka latency benchmark (python -m "
+                        "bench.kafka_latency --help) with the flags after it")
     parser.add_argument("--soak", type=int, metavar="N", help="run N batches of workload 2 on lockgate and report memory drift")
     parser.add_argument("--results-dir", default=RESULTS_DIR)
     parser.add_argument("--driver-memory", default="4g")
@@ -110,6 +114,10 @@ def main(argv: list[str] | None = None, spark: Any = None, log: Callable[[str], 
         from bench.explicit_state import main as explicit_state
 
         return explicit_state(argv[1:], spark=spark, log=log)
+    if argv[:1] == ["--kafka-latency"]:
+        from bench.kafka_latency import main as kafka_latency
+
+        return kafka_latency(argv[1:], spark=spark, log=log)
     args = parse_args(argv)
     smoke = args.smoke
     batches = args.batches or (1 if smoke else 20)
