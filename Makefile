@@ -29,9 +29,14 @@ demo: check-java $(STAMP)
 kafka-jars: $(STAMP)
 	PYTHON=$(PY) bash tools/fetch_kafka.sh
 
+# Two pytest workers (pytest-xdist), one test module per worker at a time: on a 2-core
+# machine the suite's Spark jobs leave a core idle most of the time when run serially.
+# PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
+
 test: check-java $(STAMP) kafka-jars
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 bench: check-java $(STAMP)
 	$(PY) -m bench.run
