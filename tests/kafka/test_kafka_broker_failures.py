@@ -140,7 +140,8 @@ def test_topic_deleted_under_running_queries(
 ) -> None:
     """A subscribed topic deleted while the queries run, then created again with more
     records than before. With failOnDataLoss (the default) both engines fail, lockgate
-    naming the option. Without it lockgate goes on, with one of the two answers Spark's
+    naming the option, unless no trigger saw the topic gone (then nothing tells the
+    engines it was, and they read on as below). Without it lockgate goes on, with one of the two answers Spark's
     rules give, depending on whether a trigger ran while the topic was missing (below).
     Spark gives the same answers, or, when its trigger runs while the topic is missing,
     its admin client fails the query (UnknownTopicOrPartitionException, failOnDataLoss or
@@ -179,21 +180,25 @@ def test_topic_deleted_under_running_queries(
         finally:
             q.stop()
     native = outcome["native"]
+    first = [(i % 2, i // 2, f"v{i}") for i in range(6)]
+    new = [(i % 2, (i - 100) // 2, f"v{i}") for i in range(100, 110)]
+    allowed = {
+        # a trigger saw the topic gone (its partitions deleted: data loss, logged),
+        # so the topic created again has new partitions, read from their start
+        "seen gone": sorted(first + new),
+        # no trigger saw it gone (a trigger's offset fetch, retried 1 s apart as
+        # Spark retries it, can span the outage): the topic's offsets went on from
+        # those reached (3 in each partition), which no rule of Spark's can tell
+        "offsets went back": sorted(first + [r for r in new if r[1] >= 3]),
+    }
     if fail_on_data_loss == "true":
         for name, result in outcome.items():
-            assert isinstance(result, Exception), f"{name} did not fail: {result}"
-        assert "failOnDataLoss" in str(outcome["lockgate"]), str(outcome["lockgate"])[:2000]
+            assert isinstance(result, Exception) or result == allowed["offsets went back"], (
+                f"{name} did not fail: {result}"
+            )
+        if isinstance(outcome["lockgate"], Exception):
+            assert "failOnDataLoss" in str(outcome["lockgate"]), str(outcome["lockgate"])[:2000]
     else:
-        first = [(i % 2, i // 2, f"v{i}") for i in range(6)]
-        new = [(i % 2, (i - 100) // 2, f"v{i}") for i in range(100, 110)]
-        allowed = {
-            # a trigger saw the topic gone (its partitions deleted: data loss, logged),
-            # so the topic created again has new partitions, read from their start
-            "seen gone": sorted(first + new),
-            # no trigger ran while it was gone: its offsets went backwards, and the
-            # ranges go on from the offsets reached (3 in each partition)
-            "offsets went back": sorted(first + [r for r in new if r[1] >= 3]),
-        }
         assert outcome["lockgate"] in allowed.values(), outcome["lockgate"]
         assert native in allowed.values() or "UnknownTopicOrPartition" in str(native), native
 
