@@ -6,6 +6,8 @@ import json
 import math
 import os
 import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -64,6 +66,27 @@ def write_results(results: dict[str, Any], directory: str, name: str) -> str:
     with open(path, "w") as f:
         json.dump(results, f, indent=2, default=str)
     return path
+
+
+def close_run(results: dict[str, Any], started: float, directory: str, name: str, own_spark: Any = None) -> str:
+    """The end of a benchmark run, a failed one too: its elapsed time (from ``started``, a
+    ``time.perf_counter()``) and the load in ``results``, the results written to
+    ``directory/name`` (the path also in ``results["json_path"]``), and the run's own
+    SparkSession, if it made one, stopped. The path."""
+    results["elapsed_s"] = time.perf_counter() - started
+    results["loadavg_end"] = loadavg()
+    path = write_results(results, directory, name)
+    results["json_path"] = path
+    if own_spark is not None:
+        own_spark.stop()
+    return path
+
+
+def log_table(log: Callable[[str], None], table: str, results: dict[str, Any]) -> None:
+    """A run's closing lines: its table and where its results went."""
+    log("")
+    log(table)
+    log(f"wrote {results['json_path']} ({results['elapsed_s']:.0f} s)")
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -56,13 +56,14 @@ from bench.common import (
     ENGINES,
     RESULTS_DIR,
     QueryFailed,
+    close_run,
     end_offset,
     fmt,
     loadavg,
+    log_table,
     percentile,
     ratio,
     state_rows,
-    write_results,
 )
 from bench.suite import Bench
 from bench.workloads import FULL, Context, Workload
@@ -412,7 +413,6 @@ def main(argv: list[str] | None = None, spark: Any = None, log: Callable[[str], 
     }
     log(f"explicit state: {names}, scaling {sizes or '-'}; load {loadavg()}")
     started = time.perf_counter()
-    path = None
     try:
         for name in names:
             res = runs.run(name)
@@ -425,15 +425,8 @@ def main(argv: list[str] | None = None, spark: Any = None, log: Callable[[str], 
             results["scaling"][name] = runs.scaling(name, sizes)
     finally:
         bench.close()
-        results["elapsed_s"] = time.perf_counter() - started
-        results["loadavg_end"] = loadavg()
-        path = write_results(results, args.results_dir, f"explicit-state-{stamp}.json")
-        results["json_path"] = path
-        if own_spark:
-            spark.stop()
-    log("")
-    log(table(results))
-    log(f"wrote {path} ({results['elapsed_s']:.0f} s)")
+        close_run(results, started, args.results_dir, f"explicit-state-{stamp}.json", spark if own_spark else None)
+    log_table(log, table(results), results)
     return results
 
 

@@ -55,7 +55,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, BenchError, fmt, loadavg, percentile, ratio, write_results
+from bench.common import (
+    RESULTS_DIR,
+    BenchError,
+    close_run,
+    fmt,
+    loadavg,
+    log_table,
+    percentile,
+    ratio,
+)
 from bench.kafka_broker import KafkaBroker, broker_problem, connector_jars, read_classpath
 
 QUERIES = ("stateless", "dedup", "window")
@@ -554,7 +563,6 @@ def main(
         "queries": {},
     }
     started = time.perf_counter()
-    path = None
     try:
         with (
             tempfile.TemporaryDirectory(prefix="kafka-latency-") as tmp,
@@ -574,15 +582,8 @@ def main(
                 results["queries"].setdefault(query, {})[engine] = res
                 log(f"  {query} {engine}: {res}")
     finally:
-        results["elapsed_s"] = time.perf_counter() - started
-        results["loadavg_end"] = loadavg()
-        path = write_results(results, args.results_dir, f"kafka-latency-{stamp}.json")
-        results["json_path"] = path
-        if own_spark:
-            spark.stop()
-    log("")
-    log(table(results))
-    log(f"wrote {path} ({results['elapsed_s']:.0f} s)")
+        close_run(results, started, args.results_dir, f"kafka-latency-{stamp}.json", spark if own_spark else None)
+    log_table(log, table(results), results)
     return results
 
 

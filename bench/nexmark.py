@@ -32,7 +32,16 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from bench.common import ENGINES, RESULTS_DIR, fmt, loadavg, percentile, ratio, write_results
+from bench.common import (
+    ENGINES,
+    RESULTS_DIR,
+    close_run,
+    fmt,
+    loadavg,
+    log_table,
+    percentile,
+    ratio,
+)
 from bench.nexmark_queries import QUERIES, Config, Query, select
 from bench.workloads import FULL, Context, Workload
 
@@ -203,15 +212,8 @@ def main(argv: list[str] | None = None, spark: Any = None, log: Callable[[str], 
                 f"errors {res['errors'] or '-'} ({res['elapsed_s']:.0f} s, load {res['loadavg_after']})")
     finally:
         bench.close()
-        results["elapsed_s"] = time.perf_counter() - started
-        results["loadavg_end"] = loadavg()
-        path = write_results(results, args.results_dir, f"nexmark-{stamp}.json")
-        results["json_path"] = path
-        if own_spark:
-            spark.stop()
-    log("")
-    log(table(results))
-    log(f"wrote {path} ({results['elapsed_s']:.0f} s)")
+        close_run(results, started, args.results_dir, f"nexmark-{stamp}.json", spark if own_spark else None)
+    log_table(log, table(results), results)
     return results
 
 
