@@ -306,13 +306,20 @@ class MicroBatchExecution(StreamExecution):
         else:
             self.update_status("Waiting for data to arrive", isTriggerActive=False)
             if not isinstance(self.trigger, (OnceTrigger, AvailableNowTrigger)):
-                self.stop_event.wait(self.polling_delay_ms / 1000.0)
+                self._wait_for_data()
         self.update_status("Waiting for next trigger", isTriggerActive=False)
         if isinstance(self.trigger, OnceTrigger):
             return False
         if isinstance(self.trigger, AvailableNowTrigger) and not ran:
             return False
         return self.is_active
+
+    def _wait_for_data(self) -> None:
+        """Sleep the polling delay after a trigger found no data, as Spark does; a stop or
+        a processAllAvailable() call ends it early (Spark's does not end early: lockgate
+        lists the sources sooner for a test that waits)."""
+        self.wake_event.wait(self.polling_delay_ms / 1000.0)
+        self.wake_event.clear()
 
     # -- recovery ----------------------------------------------------------------------
     def _populate_start_offsets(self) -> None:

@@ -84,6 +84,10 @@ class StreamExecution:
         self._start_latch = threading.Event()
         self._termination_latch = threading.Event()
         self.stop_event = threading.Event()
+        # Set by stop() and processAllAvailable(): ends a trigger's wait for data
+        # (spark.sql.streaming.pollingDelay) early, so the waiter's next trigger lists
+        # the sources at once instead of after the delay.
+        self.wake_event = threading.Event()
         self._await_progress = threading.Condition()
         self._no_new_data = False
         self.stream_death_cause: StreamingQueryException | None = None
@@ -245,6 +249,7 @@ class StreamExecution:
     def stop(self) -> None:
         """Stop the query, waiting for the stream thread to end."""
         self.stop_event.set()
+        self.wake_event.set()
         self._transition(None, QueryState.TERMINATED)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             try:
@@ -279,6 +284,7 @@ class StreamExecution:
             return
         with self._await_progress:
             self._no_new_data = False
+            self.wake_event.set()
             while not self._no_new_data and self.is_active:
                 self._await_progress.wait(10.0)
                 if self.stream_death_cause is not None:

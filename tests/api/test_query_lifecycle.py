@@ -207,6 +207,25 @@ def test_process_all_available(ls, spark):
     assert table_values(spark, name) == [1, 2, 3]
 
 
+def test_process_all_available_ends_the_wait_for_data(ls, spark):
+    """A query idle for its pollingDelay (an hour here) lists its sources again when
+    processAllAvailable() is called, rather than after the delay."""
+    stream = MemoryStream(ls, "value INT")
+    name = unique()
+    with spark_conf(spark, "spark.sql.streaming.pollingDelay", "1h"):
+        q = stream.toDF().writeStream.format("memory").queryName(name).start()
+    try:
+        wait_until(lambda: q.status["message"] == "Waiting for data to arrive", timeout=60)
+        stream.addData([7])
+        waiter = threading.Thread(target=q.processAllAvailable, daemon=True)
+        waiter.start()
+        waiter.join(120)  # a deadline for an hour's wait, not a measure of speed
+        assert not waiter.is_alive(), "processAllAvailable waited out the polling delay"
+        assert table_values(spark, name) == [7]
+    finally:
+        q.stop()
+
+
 class _BlockingMemoryStream(MemoryStream):
     """Blocks inside latestOffset (after reading the offset) when armed."""
 
