@@ -49,6 +49,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,24 @@ def write_parquet(directory: Path | str, rows: list[dict[str, Any]], schema: Any
 
     table = pa.Table.from_pylist(rows, schema=schema)
     return _publish(directory, ".parquet", lambda p: pq.write_table(table, str(p)))
+
+
+def process_all(queries: Iterable[Any], times: int = 1) -> None:
+    """``processAllAvailable()`` ``times`` times on every query, the queries at once (a
+    thread each): a native query waits out its polling delay before its next trigger, and
+    waited one after another those delays add up over a test's dozens of queries."""
+    queries = list(queries)
+
+    def wait(query: Any) -> None:
+        for _ in range(times):
+            query.processAllAvailable()
+
+    if len(queries) == 1:
+        wait(queries[0])
+        return
+    with ThreadPoolExecutor(max_workers=len(queries)) as pool:
+        for done in [pool.submit(wait, q) for q in queries]:
+            done.result()
 
 
 def canonical(rows: Iterable[Any]) -> list[str]:
@@ -261,8 +280,7 @@ class Differential:
             for side in self.sides:
                 if side.query is None:
                     side.start()
-            for side in self.sides:
-                side.query.processAllAvailable()
+            process_all(side.query for side in self.sides)
         for side in self.sides:
             error = side.query.exception()
             assert error is None, f"{side.name} query failed: {error}"
@@ -368,6 +386,7 @@ def spark_conf(spark, key: str, value: str) -> Iterator[None]:
 
 # -- pairs of stateful queries over JSON files written in steps (the ``bench`` fixture) -----
 SCHEMA = "ts TIMESTAMP, k STRING, v DOUBLE"
+BENCH_POLLING_DELAY = "1s"
 REL_TOL = 1e-9
 BASE = datetime(2024, 1, 1)
 
@@ -551,12 +570,14 @@ class Pair:
         self.native.stop()
         self.lockgate.stop()
 
+    @property
+    def queries(self) -> list[Any]:
+        return [self.native.query, self.lockgate.query]
+
     def process(self) -> None:
-        for side in (self.native, self.lockgate):
-            # Twice: a trigger that listed the files just before the new one appeared may
-            # end the first wait; the second waits for a trigger that started after it.
-            side.query.processAllAvailable()
-            side.query.processAllAvailable()
+        # Twice: a trigger that listed the files just before the new one appeared may
+        # end the first wait; the second waits for a trigger that started after it.
+        process_all(self.queries, times=2)
 
     def differences(self, step: str) -> list[str]:
         errors = []
@@ -598,8 +619,13 @@ class Bench:
         return pair
 
     def start(self, pairs: list[Pair] | None = None) -> None:
-        for pair in pairs if pairs is not None else self.pairs:
-            pair.start(self.ls)
+        # A bench's dozens of idle native queries, listing their sources every 100 ms
+        # (the tests' pollingDelay), kept a core busy: its queries poll every second. A
+        # step waits for all of them at once (process_all), and lockgate's wait ends
+        # when processAllAvailable() is called.
+        with spark_conf(self.spark, "spark.sql.streaming.pollingDelay", BENCH_POLLING_DELAY):
+            for pair in pairs if pairs is not None else self.pairs:
+                pair.start(self.ls)
 
     def stop(self) -> None:
         for pair in self.pairs:
@@ -611,8 +637,7 @@ class Bench:
             pair.stop()
         write_json_together(files)
         self.start(paused)
-        for pair in self.pairs:
-            pair.process()
+        process_all((q for pair in self.pairs for q in pair.queries), times=2)  # as Pair.process
         errors = [e for pair in self.pairs for e in pair.differences(label)]
         assert not errors, "\n".join(errors)
 
@@ -676,8 +701,7 @@ class JoinPair:
             )
 
     def process(self) -> None:
-        for q in self.queries.values():
-            q.processAllAvailable()
+        process_all(self.queries.values())
 
     def rows(self, engine: str) -> list[str]:
         return canonical(self.spark.table(self.tables[engine]).collect())
@@ -706,12 +730,12 @@ def run_join_steps(
     ldir, rdir = tmp_path / "left", tmp_path / "right"
     ldir.mkdir()
     rdir.mkdir()
-    pairs = [JoinPair(spark, ls, name, fn, ldir, rdir, tmp_path) for name, fn in queries.items()]
+    with spark_conf(spark, "spark.sql.streaming.pollingDelay", BENCH_POLLING_DELAY):  # as Bench.start
+        pairs = [JoinPair(spark, ls, name, fn, ldir, rdir, tmp_path) for name, fn in queries.items()]
     try:
         for step, (side, rows) in enumerate(steps):
             write_json(ldir if side == "left" else rdir, rows)
-            for pair in pairs:
-                pair.process()
+            process_all(q for pair in pairs for q in pair.queries.values())
             for pair in pairs:
                 pair.check(step)
         # something was emitted by every query, outer rows included
