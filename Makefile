@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench check-java kafka-jars clean
+.PHONY: demo test test-all bench check-java kafka-jars clean
 
 check-java:
 	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { \
@@ -35,7 +35,14 @@ kafka-jars: $(STAMP)
 # per worker at a time, on a machine with cores and memory to spare.
 PYTEST_WORKERS ?= 0
 
+# make test leaves out the tests marked slow (kill -9 runs of other engines and state
+# kinds, the standalone cluster, the browser, the first-hour walkthrough: about 20 min
+# more on a 2-core machine); make test-all runs every test.
 test: check-java $(STAMP) kafka-jars
+	$(PY) -m ruff check .
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow"
+
+test-all: check-java $(STAMP) kafka-jars
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 

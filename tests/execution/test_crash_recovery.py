@@ -34,8 +34,6 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 DRIVER = Path(__file__).with_name("crash_driver.py")
 PHASES = ("after_wal", "during_sink", "after_sink", "after_commit")
 SINKS = ("file", "foreachBatch")
