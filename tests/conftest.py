@@ -11,7 +11,6 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 POLLING_DELAY = os.environ.get("LOCKGATE_TEST_POLLING_DELAY", "100ms")
-JAVA_OPTS = "-XX:TieredStopAtLevel=1"
 
 
 def _kafka_connector_jars() -> str | None:
@@ -46,9 +45,6 @@ def spark():
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
-        # C1 only: a test session's JVM runs each query shape a few times, and C2 spent
-        # about a third of its CPU compiling Spark's code (jstack, a differential test).
-        .config("spark.driver.extraJavaOptions", os.environ.get("LOCKGATE_TEST_JAVA_OPTS", JAVA_OPTS))
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         # An idle query (native or lockgate) lists its sources again after this delay;
         # Spark's 10ms default makes the dozens of idle queries of a differential test
