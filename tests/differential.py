@@ -144,10 +144,7 @@ def process_all(queries: Iterable[Any], times: int = 1) -> None:
         for _ in range(times):
             query.processAllAvailable()
 
-    if len(queries) == 1:
-        wait(queries[0])
-        return
-    with ThreadPoolExecutor(max_workers=len(queries)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, len(queries))) as pool:
         for done in [pool.submit(wait, q) for q in queries]:
             done.result()
 
@@ -574,11 +571,6 @@ class Pair:
     def queries(self) -> list[Any]:
         return [self.native.query, self.lockgate.query]
 
-    def process(self) -> None:
-        # Twice: a trigger that listed the files just before the new one appeared may
-        # end the first wait; the second waits for a trigger that started after it.
-        process_all(self.queries, times=2)
-
     def differences(self, step: str) -> list[str]:
         errors = []
         label = f"[{self.name} / {self.mode} @ {step}]"
@@ -637,7 +629,9 @@ class Bench:
             pair.stop()
         write_json_together(files)
         self.start(paused)
-        process_all((q for pair in self.pairs for q in pair.queries), times=2)  # as Pair.process
+        # Twice: a trigger that listed the files just before the new one appeared may
+        # end the first wait; the second waits for a trigger that started after it.
+        process_all((q for pair in self.pairs for q in pair.queries), times=2)
         errors = [e for pair in self.pairs for e in pair.differences(label)]
         assert not errors, "\n".join(errors)
 
@@ -699,9 +693,6 @@ class JoinPair:
                 .option("checkpointLocation", str(root / name / engine))
                 .start()
             )
-
-    def process(self) -> None:
-        process_all(self.queries.values())
 
     def rows(self, engine: str) -> list[str]:
         return canonical(self.spark.table(self.tables[engine]).collect())
