@@ -81,6 +81,10 @@ class StreamExecution:
 
         self._state = QueryState.INITIALIZING
         self._state_lock = threading.RLock()
+        # start() and a stop() of a run whose thread is not running yet exclude each
+        # other: another session may stop this run between its registration and its start
+        # (spark.sql.streaming.stopActiveRunOnRestart), and then it must not start at all.
+        self._lifecycle_lock = threading.Lock()
         self._start_latch = threading.Event()
         self._termination_latch = threading.Event()
         self.stop_event = threading.Event()
@@ -149,17 +153,20 @@ class StreamExecution:
         )
         from lockgate.checkpoint.run_lock import CheckpointRunLock
 
-        # Before anything is written under the checkpoint: refuse a second run of
-        # another driver process (runs of this application were settled by the manager).
-        self._run_lock = CheckpointRunLock.acquire(
-            self.fs, self.checkpoint_root, self.run_id, f"query {self.pretty_id_string}"
-        )
-        try:
-            self._check_state_provider()
-            self._thread.start()
-        except BaseException:
-            self._run_lock.release()
-            raise
+        with self._lifecycle_lock:
+            if self._termination_latch.is_set():
+                return  # stopped (by a newer run of this query) before it started
+            # Before anything is written under the checkpoint: refuse a second run of
+            # another driver process (runs of this application were settled by the manager).
+            self._run_lock = CheckpointRunLock.acquire(
+                self.fs, self.checkpoint_root, self.run_id, f"query {self.pretty_id_string}"
+            )
+            try:
+                self._check_state_provider()
+                self._thread.start()
+            except BaseException:
+                self._run_lock.release()
+                raise
         self._start_latch.wait()
 
     def _check_state_provider(self) -> None:
@@ -224,14 +231,16 @@ class StreamExecution:
         finally:
             self._transition(None, QueryState.TERMINATED)
             self.update_status("Stopped", isTriggerActive=False, isDataAvailable=False)
-            self.manager.query_terminated(self)
             if self.delete_checkpoint_on_stop and (
                 self.stream_death_cause is None or self._force_delete_temp_checkpoint()
             ):
                 self.fs.delete_recursive(self.checkpoint_root)
+            # The checkpoint is free before the manager hears the run ended: a run of the
+            # same query that the manager then lets start finds the lock released.
             run_lock = getattr(self, "_run_lock", None)
             if run_lock is not None:
                 run_lock.release()
+            self.manager.query_terminated(self)
             self._termination_latch.set()
             with self._await_progress:
                 self._await_progress.notify_all()
@@ -251,14 +260,16 @@ class StreamExecution:
         self.stop_event.set()
         self.wake_event.set()
         self._transition(None, QueryState.TERMINATED)
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            try:
-                self.spark.sparkContext.cancelJobGroup(self.run_id)
-            except Exception:
-                logger.debug("cancelJobGroup failed for %s", self.run_id, exc_info=True)
-            self._thread.join()
-        elif not self._thread.is_alive() and not self._termination_latch.is_set():
-            self._finish()
+        if threading.current_thread() is not self._thread:
+            with self._lifecycle_lock:
+                if self._thread.ident is None and not self._termination_latch.is_set():
+                    self._finish()  # never started; start() sees it and never will
+            if self._thread.is_alive():
+                try:
+                    self.spark.sparkContext.cancelJobGroup(self.run_id)
+                except Exception:
+                    logger.debug("cancelJobGroup failed for %s", self.run_id, exc_info=True)
+                self._thread.join()
         logger.info("Query %s was stopped", self.pretty_id_string)
 
     def await_termination(self, timeout: float | None = None) -> bool:

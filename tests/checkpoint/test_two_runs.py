@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +136,72 @@ def test_lock_refused_within_one_process_too(tmp_path):
         CheckpointRunLock.acquire(fs, str(tmp_path), "b", "query b")
     first.release()
     CheckpointRunLock.acquire(fs, str(tmp_path), "b", "query b").release()
+
+
+@pytest.mark.parametrize("stop_active", ["true", "false"])
+def test_sessions_starting_one_query_at_the_same_instant_leave_one_run(spark, ls, tmp_path, stop_active):
+    """Three sessions start the same checkpoint at once, released together by a barrier.
+    Whatever the interleaving, one run is left: every other start either failed with
+    Spark's error (CONCURRENT_QUERY when both passed the first check together, the
+    already-active error when the conf forbids stopping the older run) or started and
+    was stopped by a later start. The survivor then runs batches on the checkpoint."""
+    checkpoint = tmp_path / "ck"
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "0.json").write_text('{"value": 1}\n')
+    sessions = [lockgate.session(spark.newSession()) for _ in range(3)]
+    barrier = threading.Barrier(len(sessions))
+    outcomes: list[Any] = [None] * len(sessions)
+
+    def start(i: int) -> None:
+        session = sessions[i]
+        session.spark.conf.set("spark.sql.streaming.stopActiveRunOnRestart", stop_active)
+        df = session.readStream.schema("value INT").json(str(inp))
+        writer = df.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
+        barrier.wait()
+        try:
+            outcomes[i] = writer.start()
+        except Exception as exc:  # noqa: BLE001 - every outcome is checked below
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(len(sessions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert None not in outcomes, outcomes
+    started = [o for o in outcomes if not isinstance(o, Exception)]
+    refused = [o for o in outcomes if isinstance(o, Exception)]
+    try:
+        assert len(started) + len(refused) == len(sessions), outcomes
+        active = [q for s in sessions for q in s.streams.active]
+        assert len(active) == 1, (active, outcomes)
+        survivor = active[0]
+        assert survivor in started
+        for q in started:
+            if q is not survivor:
+                q.awaitTermination(60)
+                assert not q.isActive and q.exception() is None
+        for exc in refused:
+            assert isinstance(exc, AnalysisException), repr(exc)
+            message = str(exc)
+            assert "[CONCURRENT_QUERY]" in message or (
+                "another query with same id is already active" in message
+            ), message
+        if stop_active == "false":
+            assert len(started) == 1  # nothing was stopped: every later start was refused
+        survivor.processAllAvailable()
+        before = _committed(checkpoint)
+        (inp / "1.json").write_text('{"value": 2}\n')
+        survivor.processAllAvailable()
+        assert survivor.exception() is None
+        after = _committed(checkpoint)
+        assert after == list(range(len(after))) and len(after) == len(before) + 1, (before, after)
+        assert survivor.lastProgress["numInputRows"] == 1
+    finally:
+        for q in started:
+            q.stop()
+
+
+def _committed(checkpoint: Path) -> list[int]:
+    return sorted(int(n) for n in os.listdir(checkpoint / "commits") if n.isdigit())
