@@ -5,6 +5,7 @@ error naming it and the fix; files without a ``.crc`` (older checkpoints) still 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -160,3 +161,48 @@ def test_missing_log_file_reads_as_absent_and_purge_removes_checksums(tmp_path):
     log.add(2, CommitMetadata(2))
     assert sorted(os.listdir(tmp_path / "commits")) == ["2", "2.crc"]
     assert log.batch_ids() == [2]
+
+
+def test_sparks_own_checksum_files_verify_and_catch_a_flipped_bit(spark, tmp_path):
+    """Spark 4.3 writes ``<file>.crc`` beside its state files when
+    ``spark.sql.streaming.checkpoint.fileChecksum.enabled`` is on (with the RocksDB
+    provider's checkpoint format 2). lockgate's reader accepts each one for the file
+    Spark wrote and refuses the file with one bit flipped: the format is Spark's."""
+    from differential import spark_conf
+    from pyspark.sql import functions as F
+
+    from lockgate.checkpoint.checksum import verify
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "0.json").write_text('{"k": 1}\n{"k": 2}\n{"k": 2}\n')
+    confs = {
+        "spark.sql.streaming.checkpoint.fileChecksum.enabled": "true",
+        "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
+        "spark.sql.streaming.stateStore.providerClass":
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    }
+    with contextlib.ExitStack() as stack:
+        for key, value in confs.items():
+            stack.enter_context(spark_conf(spark, key, value))
+        q = (spark.readStream.schema("k INT").json(str(inp)).groupBy("k").agg(F.count("*"))
+             .writeStream.format("noop").outputMode("update")
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+        try:
+            q.processAllAvailable()
+        finally:
+            q.stop()
+    checked = []
+    for crc in (tmp_path / "ck" / "state").rglob("*.crc"):
+        if crc.name.startswith("."):
+            continue  # Hadoop's local-file checksums, not Spark's checkpoint checksums
+        main = crc.with_name(crc.name[: -len(".crc")])
+        data = main.read_bytes()
+        assert json.loads(crc.read_text())["algorithm"] == "CRC32C"
+        verify(str(main), data, crc.read_bytes())
+        flipped = bytearray(data)
+        flipped[len(flipped) // 2] ^= 0x01
+        with pytest.raises(ChecksumMismatchError, match="Checksum verification failed"):
+            verify(str(main), bytes(flipped), crc.read_bytes())
+        checked.append(main.name)
+    assert len(checked) >= 1, "Spark wrote no checksum file to check against"
