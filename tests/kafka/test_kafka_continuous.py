@@ -312,3 +312,59 @@ def test_bad_options_get_sparks_errors(native_kafka, ls, kafka, names, tmp_path)
         assert sorted(got) == [(3,), (4,), (5,)]
     finally:
         lenient.stop()
+
+
+def test_partition_added_while_running_is_read_from_its_start(
+    native_kafka, ls, kafka, names, tmp_path
+):
+    """A partition added to the subscribed topic while a continuous query runs: the query
+    reconfigures (its tasks stop and start again from the committed offsets) and reads
+    the new partition from its earliest offset, as Spark's KafkaContinuousStream does.
+    Each engine reads its own topic, grown while its query runs. Kafka to Kafka, so that
+    the two tasks can hold both of the session's cores: every record reaches the output
+    (at least once), as natively, and the offsets log ends with both partitions."""
+    expected = {f"v{i}+" for i in range(14)}
+
+    def run(engine, reader, **sink_options):
+        topic_in, sink_topic = names(f"grow{engine}"), names(f"gout{engine}")
+        kafka.create_topic(topic_in)
+        kafka.create_topic(sink_topic)
+        kafka.produce(topic_in, records(0, 6))
+        checkpoint = tmp_path / engine
+        df = source(reader, kafka, topic_in).select(
+            "key", F.concat(F.col("value").cast("string"), F.lit("+")).alias("value")
+        )
+        writer = (
+            df.writeStream.format("kafka")
+            .option("kafka.bootstrap.servers", kafka.bootstrap)
+            .option("topic", sink_topic)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(continuous=INTERVAL)
+        )
+        for k, v in sink_options.items():
+            writer = writer.option(k, v)
+        q = writer.start()
+        try:
+            wait_for(lambda: len(consume_values(kafka, sink_topic, 6)) >= 6, f"{engine}: the first 6", query=q)
+            kafka.add_partitions(topic_in, 2)
+            # records 6..13 alternate between the old partition and the new one
+            kafka.produce(topic_in, records(6, 14, partitions=2))
+            values = wait_for(
+                lambda: (v := consume_values(kafka, sink_topic, 14)) and set(v) == expected and v,
+                f"{engine}: every record, the new partition's too",
+                query=q,
+            )
+            wait_for(
+                lambda: committed_epochs(checkpoint)
+                and last_offsets(checkpoint)[1].get(topic_in, {}).get("1") == 4,
+                f"{engine}: an epoch past the new partition's records",
+                query=q,
+            )
+        finally:
+            q.stop()
+        return values, last_offsets(checkpoint)[1][topic_in]
+
+    native_values, native_offsets = run("native", native_kafka.readStream)
+    values, offsets = run("lockgate", ls.readStream, exactlyOnce="false")
+    assert set(values) == set(native_values) == expected
+    assert offsets == native_offsets == {"0": 10, "1": 4}
