@@ -13,27 +13,16 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 POLLING_DELAY = os.environ.get("LOCKGATE_TEST_POLLING_DELAY", "100ms")
 
 
-def _kafka_connector_jars() -> str | None:
-    """Spark's Kafka connector for the oracle, when tools/fetch_kafka.sh has fetched it
-    (its classpath file lists the jars); other tests do not depend on it."""
-    from pathlib import Path
-
-    root = Path(os.environ.get("LOCKGATE_KAFKA_DIR", Path(__file__).parents[1] / "build" / "kafka"))
-    listing = root / "spark-connector.classpath"
-    if not listing.is_file():
-        return None
-    jars = [j for j in listing.read_text().strip().split(":") if j]
-    if not jars or not all(os.path.isfile(j) for j in jars):
-        return None
-    return ",".join(jars)
-
-
 @pytest.fixture(scope="session")
 def spark():
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
-    kafka_jars = _kafka_connector_jars()
+    # Spark's Kafka connector for the oracle, when tools/fetch_kafka.sh has fetched it;
+    # other tests do not depend on it.
+    from bench.kafka_broker import connector_jars
+
+    kafka_jars = connector_jars()
     if kafka_jars:
         builder = builder.config("spark.jars", kafka_jars)
     session = (
