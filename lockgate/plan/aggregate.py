@@ -38,6 +38,7 @@ from lockgate.plan.aggregate_functions import (
     final_column,
     finish_after_state,
     finished_after_state,
+    sparks_buffer_names,
 )
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
@@ -524,6 +525,8 @@ def build_aggregate(
     schema = OperatorStateSchema(
         operator_id, "stateStoreSave", key_schema, value_schema, num_partitions,
         metadata_partitions=ctx.num_partitions,
+        key_nesting=tuple((layout.name, layout.fields) for layout in layouts),
+        value_names=tuple(n for spec in node.specs for n in sparks_buffer_names(spec)),
     )
     finished = frame(stateful, stateful._jdf.select(out))
     if node.results is not None:

@@ -581,6 +581,29 @@ def buffer_roles(spec: AggSpec) -> tuple[str, ...]:
     return _BUFFER_ROLES.get(spec.kind, ("n", "mean", "m2"))
 
 
+_SPARK_BUFFER_NAMES = {
+    "count_if": ("count",),  # Spark rewrites it to count(nullif(...))
+    "bool_and": ("min",),  # ... and these to min and max
+    "bool_or": ("max",),
+    "first": ("first", "valueSet"),
+    "last": ("last", "valueSet"),
+    "max_by": ("valueWithExtremumOrdering", "extremumOrdering"),
+    "min_by": ("valueWithExtremumOrdering", "extremumOrdering"),
+}
+
+
+def sparks_buffer_names(spec: AggSpec) -> tuple[str, ...]:
+    """The names Spark gives the function's buffers (its ``aggBufferAttributes``), which
+    its state reader shows as the value's fields; one per lockgate buffer. Where
+    lockgate's buffers are not Spark's in kind (collect_list's and percentile's values
+    where Spark keeps one binary ``buf``, approx_count_distinct's values where Spark
+    keeps HyperLogLog++ words ``MS[i]``), lockgate's own role names."""
+    names = _SPARK_BUFFER_NAMES.get(spec.kind)
+    if names is not None:
+        return names
+    return tuple("avg" if role == "mean" else role for role in buffer_roles(spec))
+
+
 # -- expressions over aggregate functions ---------------------------------------------
 def is_aggregate_call(spark: SparkSession, expr: Any) -> bool:
     """Whether the unresolved expression ``expr`` is a call of an aggregate function:

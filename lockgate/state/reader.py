@@ -65,6 +65,7 @@ def _read_partition(
     batches: Any,
     sessions: bool = False,
     columns: tuple[list[str], list[str]] | None = None,
+    key_groups: list[int | None] | None = None,
 ) -> Any:
     from lockgate.state.store import read_state_table
 
@@ -83,8 +84,11 @@ def _read_partition(
                 types = {**_field_types(out_schema, "key"), **_field_types(out_schema, "value")}
                 table = pa.table({n: table.column(n).cast(types[n]) for n in table.column_names})
             out_key, out_value = out_schema.field("key").type, out_schema.field("value").type
+            key_columns = [table.column(n).combine_chunks() for n in key_names]
+            if key_groups is not None:
+                key_columns = _nest(key_columns, key_groups, out_key)
             key = pa.StructArray.from_arrays(
-                [table.column(n).combine_chunks() for n in key_names],
+                key_columns,
                 names=[out_key.field(i).name for i in range(out_key.num_fields)],
             ) if key_names else pa.array([{}] * table.num_rows)
             value = pa.StructArray.from_arrays(
@@ -188,6 +192,25 @@ def read_state(
     if sessions:
         elements = [pa.field(f.name, f.type.value_type) for f in value_fields]
         key_fields, value_fields = key_fields + elements[:1], elements[1:]
+    shown = meta.get("valueNames")
+    if not shown or store_name is not None or sessions or len(shown) != len(value_fields):
+        shown = None
+    key_groups = None
+    nesting = meta.get("keyNesting")
+    if nesting and store_name is None and not sessions:
+        key_groups = [None if parts is None else len(parts) for _, parts in nesting]
+        if sum(g or 1 for g in key_groups) != len(key_fields):
+            key_groups = None  # not the layout this file's key columns have: show them flat
+    if key_groups is not None:
+        # the grouping keys as Spark's reader shows them (key.window.start, key.k)
+        nested, rest = [], iter(key_fields)
+        for (name, parts), group in zip(nesting, key_groups):
+            if group is None:
+                nested.append(next(rest).with_name(str(name)))
+            else:
+                children = [next(rest).with_name(str(p)) for p in parts]
+                nested.append(pa.field(str(name), pa.struct(children)))
+        key_fields = nested
     key_type = StructType([_arrow_field_to_spark(f) for f in key_fields])
     value_type = StructType([_arrow_field_to_spark(f) for f in value_fields])
     out = StructType(
@@ -202,9 +225,34 @@ def read_state(
     ids = spark.range(0, num_partitions, 1, num_partitions).selectExpr("cast(id as int) as id")
     read = bind(
         _read_partition, conf, batch_id + 1, out_arrow, sessions=sessions,
-        columns=columns,
+        columns=columns, key_groups=key_groups,
     )
-    return ids.mapInArrow(read, out)
+    result = ids.mapInArrow(read, out)
+    if shown is not None:
+        # An aggregation's buffers as Spark's reader names them (count, sum, sum, ...).
+        # The names may repeat, which Arrow's Java reader cannot take: the rows come
+        # with the stored (unique) names and a struct cast renames them.
+        renamed = StructType(
+            [StructField(str(n), f.dataType, f.nullable) for n, f in zip(shown, value_type.fields)]
+        )
+        result = result.select("key", result["value"].cast(renamed).alias("value"), "partition_id")
+    return result
+
+
+def _nest(columns: list[Any], groups: list[int | None], key_type: pa.StructType) -> list[Any]:
+    """The flat key columns grouped into the key's fields: a group of n columns becomes
+    one struct column of the key type's field at that place."""
+    out, position = [], 0
+    for i, group in enumerate(groups):
+        if group is None:
+            out.append(columns[position])
+            position += 1
+        else:
+            field_type = key_type.field(i).type
+            names = [field_type.field(j).name for j in range(field_type.num_fields)]
+            out.append(pa.StructArray.from_arrays(columns[position : position + group], names=names))
+            position += group
+    return out
 
 
 def _side_schema(schema: pa.Schema, side: str) -> pa.Schema:

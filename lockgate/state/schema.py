@@ -52,6 +52,14 @@ class OperatorStateSchema:
     """The partition count Spark's operator metadata records (``_metadata/metadata``):
     the query's state partitions, also for operators lockgate keeps in one partition
     (``limit``, an aggregation without keys); None: ``num_partitions``."""
+    key_nesting: tuple[tuple[str, tuple[str, ...] | None], ...] | None = None
+    """How the flat key columns nest into the query's grouping keys, as Spark's state
+    reader shows the key: per grouping key its name and, for a struct key (a window),
+    its fields, which take that many flat columns in order. None: the flat columns."""
+    value_names: tuple[str, ...] | None = None
+    """The value fields' names as Spark's state reader shows them (an aggregation's
+    buffers: ``count``, ``sum``, ``sum``, ``count``, ...; they may repeat), which
+    ``ls.read.state`` uses; None: the value columns' own names."""
     variables_since: dict[str, int] | None = None
     """transformWithState: each value column is a state variable (Spark's column
     families), compared by name; a variable added on a restart is accepted (it starts
@@ -59,7 +67,13 @@ class OperatorStateSchema:
     ``StateSchemaCompatibilityChecker`` does per column family. None: other operators."""
 
     def to_json(self) -> str:
-        extra = {} if self.variables_since is None else {"stateVariablesSince": self.variables_since}
+        extra: dict[str, object] = {}
+        if self.variables_since is not None:
+            extra["stateVariablesSince"] = self.variables_since
+        if self.key_nesting is not None:
+            extra["keyNesting"] = [[name, None if parts is None else list(parts)] for name, parts in self.key_nesting]
+        if self.value_names is not None:
+            extra["valueNames"] = list(self.value_names)
         return json.dumps(
             {
                 **extra,
