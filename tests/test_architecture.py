@@ -7,6 +7,8 @@ inside a function, or under ``if TYPE_CHECKING:``. The rules:
 * ``state/``, ``checkpoint/``, ``sources/`` and ``sinks/`` import nothing above them
   (``plan/``, ``execution/``, ``api/``, ``testing/``);
 * ``execution/`` never imports ``api/`` or ``testing/``;
+* the modules below every package (``errors``, ``options``, ``clock``, ``jvm``,
+  ``row_codec``, ``compat``) import no package of lockgate;
 * importing ``lockgate`` itself (whose ``__init__`` imports the API) counts as importing
   ``api/``;
 * no module imports another module's ``_private`` name.
@@ -27,6 +29,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import lockgate
 
 PACKAGE = Path(lockgate.__file__).parent
@@ -40,6 +44,14 @@ FORBIDDEN = {
     "sinks": ("plan", "execution", "api", "testing"),
     "execution": ("api", "testing"),
 }
+BASE = ("errors", "options", "clock", "jvm", "row_codec", "compat")
+"""``lockgate/*.py`` below every package: they import only each other."""
+FORBIDDEN.update(
+    {
+        base: ("api", "execution", "plan", "state", "checkpoint", "sources", "sinks", "testing", "cli", "demo")
+        for base in BASE
+    }
+)
 
 JVM_ATTRIBUTES = frozenset(
     {
@@ -119,6 +131,17 @@ def test_imports_point_down() -> None:
     assert not found, "imports that break the layer rules (docs/architecture.md):\n" + "\n".join(map(str, found))
 
 
+def test_the_layer_check_finds_an_import_from_below_every_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lockgate/jvm.py`` importing a plan module would break the rule for ``lockgate/*.py``."""
+    real = _imports
+
+    def with_edge(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, str | None]]:
+        return real(module, path, modules) + ([("lockgate.plan.nodes", None)] if module == "lockgate.jvm" else [])
+
+    monkeypatch.setitem(globals(), "_imports", with_edge)
+    assert ("lockgate.jvm", "lockgate.plan.nodes") in violations()
+
+
 def jvm_reads(path: Path) -> list[tuple[int, str]]:
     """(line, what) for every read of ``JVM_ATTRIBUTES`` and every ``py4j`` import in ``path``."""
     found = []
@@ -129,7 +152,7 @@ def jvm_reads(path: Path) -> list[tuple[int, str]]:
             found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "py4j"]
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "py4j":
             found.append((node.lineno, node.module or ""))
-    return found
+    return sorted(found)
 
 
 def api_jvm_reads() -> list[str]:
