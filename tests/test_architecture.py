@@ -270,3 +270,20 @@ def test_the_check_sees_each_kind_of_import(tmp_path: Path) -> None:
     assert ("lockgate.execution.microbatch", None) in found
     assert ("lockgate.api.query", None) in found
     assert ("lockgate.plan.aggregate", "_micros") in found
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared test helpers live in helper modules (``differential.py``, ``redis_testing.py``,
+    ``expression_cases.py`` ...), never in a ``test_*`` module another one imports."""
+    tests = Path(__file__).parent
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{path.relative_to(tests)}: {n}" for n in names if n.split(".")[-1].startswith("test_")]
+    assert not found, "test modules importing test modules:\n" + "\n".join(found)
