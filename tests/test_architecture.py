@@ -7,9 +7,17 @@ inside a function, or under ``if TYPE_CHECKING:``. The rules:
 * ``state/``, ``checkpoint/``, ``sources/`` and ``sinks/`` import nothing above them
   (``plan/``, ``execution/``, ``api/``, ``testing/``);
 * ``execution/`` never imports ``api/`` or ``testing/``;
+* the modules below every package (``errors``, ``options``, ``clock``, ``jvm``,
+  ``row_codec``, ``compat``) import no package of lockgate;
 * importing ``lockgate`` itself (whose ``__init__`` imports the API) counts as importing
   ``api/``;
 * no module imports another module's ``_private`` name.
+
+``api/`` is a thin PySpark-shaped facade: it never reaches into Spark's JVM side (a
+DataFrame's ``_jdf``, a Column's ``_jc``, the session's ``_jvm``/``_jsparkSession``, a
+query execution and its plans) nor imports ``py4j``; what Spark's plans say is read in
+``plan/`` (``aggregate_plan.py``, ``event_time.py``, ``explain.py``, ``sql_plan.py``,
+``catalog.py``), which the API calls with plan values.
 
 And the only import cycle is the API's own (``lockgate``, ``api/`` and ``testing/``,
 whose ``MemoryStream`` builds streaming DataFrames the API re-exports), as PySpark's
@@ -20,6 +28,8 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 import lockgate
 
@@ -34,6 +44,28 @@ FORBIDDEN = {
     "sinks": ("plan", "execution", "api", "testing"),
     "execution": ("api", "testing"),
 }
+BASE = ("errors", "options", "clock", "jvm", "row_codec", "compat")
+"""``lockgate/*.py`` below every package: they import only each other."""
+FORBIDDEN.update(
+    {
+        base: ("api", "execution", "plan", "state", "checkpoint", "sources", "sinks", "testing", "cli", "demo")
+        for base in BASE
+    }
+)
+
+JVM_ATTRIBUTES = frozenset(
+    {
+        "_jdf", "_jc", "_jvm", "_jsc", "_jsparkSession", "_gateway", "_jconf",
+        "queryExecution", "analyzed", "logicalPlan", "optimizedPlan", "executedPlan", "sparkPlan",
+        "getClass",
+    }
+)
+"""Attributes through which a module reads Spark's JVM side: the py4j handles of a
+DataFrame, Column, session or context, and Catalyst's query execution and plans."""
+
+JVM_READS_ALLOWED: dict[str, frozenset[str]] = {}
+"""API modules that may read some of those attributes, and which (none do: each read
+of theirs has a function in ``plan/``)."""
 
 CYCLE_ALLOWED = ("api", "testing")
 """Layers whose modules may import each other in a cycle (``lockgate`` itself is ``api``)."""
@@ -97,6 +129,63 @@ def violations() -> set[tuple[str, ...]]:
 def test_imports_point_down() -> None:
     found = sorted(violations())
     assert not found, "imports that break the layer rules (docs/architecture.md):\n" + "\n".join(map(str, found))
+
+
+def test_the_layer_check_finds_an_import_from_below_every_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lockgate/jvm.py`` importing a plan module would break the rule for ``lockgate/*.py``."""
+    real = _imports
+
+    def with_edge(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, str | None]]:
+        return real(module, path, modules) + ([("lockgate.plan.nodes", None)] if module == "lockgate.jvm" else [])
+
+    monkeypatch.setitem(globals(), "_imports", with_edge)
+    assert ("lockgate.jvm", "lockgate.plan.nodes") in violations()
+
+
+def jvm_reads(path: Path) -> list[tuple[int, str]]:
+    """(line, what) for every read of ``JVM_ATTRIBUTES`` and every ``py4j`` import in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in JVM_ATTRIBUTES:
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "py4j"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "py4j":
+            found.append((node.lineno, node.module or ""))
+    return sorted(found)
+
+
+def api_jvm_reads() -> list[str]:
+    out = []
+    for module, path in sorted(_modules().items()):
+        if _layer(module) != "api":
+            continue
+        allowed = JVM_READS_ALLOWED.get(module, frozenset())
+        out += [f"{module}:{line}: {what}" for line, what in jvm_reads(path) if what not in allowed]
+    return out
+
+
+def test_the_api_reads_no_catalyst_plan() -> None:
+    found = api_jvm_reads()
+    assert not found, "api/ reads Spark's JVM side; read it in plan/ (docs/architecture.md):\n" + "\n".join(found)
+
+
+def test_the_jvm_read_check_sees_each_kind_of_read(tmp_path: Path) -> None:
+    """What api/grouped.py, api/dataframe.py and api/sql.py read before their reads moved to plan/."""
+    source = (
+        "from py4j.protocol import Py4JJavaError\n"
+        "def agg(df, spark, name):\n"
+        "    plan = df._template._jdf.queryExecution().analyzed()\n"
+        "    text = df._template._jdf.queryExecution().executedPlan().toString()\n"
+        "    node = spark._jvm.org.apache.spark.sql.classic.ExpressionColumnNode.apply(plan)\n"
+        "    return spark._jsparkSession.sessionState(), plan.getClass().getSimpleName()\n"
+    )
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    found = {what for _, what in jvm_reads(path)}
+    assert found == {
+        "py4j.protocol", "_jdf", "queryExecution", "analyzed", "executedPlan", "_jvm", "_jsparkSession", "getClass"
+    }
 
 
 def import_cycles(added: tuple[tuple[str, str], ...] = ()) -> list[list[str]]:
@@ -181,3 +270,20 @@ def test_the_check_sees_each_kind_of_import(tmp_path: Path) -> None:
     assert ("lockgate.execution.microbatch", None) in found
     assert ("lockgate.api.query", None) in found
     assert ("lockgate.plan.aggregate", "_micros") in found
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared test helpers live in helper modules (``differential.py``, ``redis_testing.py``,
+    ``expression_cases.py`` ...), never in a ``test_*`` module another one imports."""
+    tests = Path(__file__).parent
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{path.relative_to(tests)}: {n}" for n in names if n.split(".")[-1].startswith("test_")]
+    assert not found, "test modules importing test modules:\n" + "\n".join(found)

@@ -17,7 +17,11 @@ from pyspark.sql import functions as F
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.jvm import quoted
 from lockgate.options import watermark_delay_ms
-from lockgate.plan.event_time import event_time_columns, with_event_time
+from lockgate.plan.dedup import make_deduplicate
+from lockgate.plan.event_time import check_event_time_column, event_time_columns, with_event_time
+from lockgate.plan.explain import explain_definition
+from lockgate.plan.join import make_stream_join
+from lockgate.plan.limit import StreamingLimit
 from lockgate.plan.nodes import (
     EventTimeWatermark,
     Observed,
@@ -350,8 +354,6 @@ class StreamingDataFrame:
 
     def join(self, other: Any, on: Any = None, how: str | None = None) -> StreamingDataFrame:
         if isinstance(other, StreamingDataFrame):
-            from lockgate.plan.join import make_stream_join
-
             if other._session.spark is not self._session.spark:
                 raise AnalysisError("Cannot join streaming DataFrames of different Spark sessions.")
             left, right = self._bound(on), other._bound(on)
@@ -397,17 +399,7 @@ class StreamingDataFrame:
         # PySpark's argument checks and Spark's parsing of the delay (CANNOT_PARSE_INTERVAL,
         # "should not be negative"); Spark's analyzer checks the column below.
         template = self._template.withWatermark(eventTime, delayThreshold)
-        field = next((f for f in self._template.schema.fields if f.name == eventTime), None)
-        if field is None:
-            self._template.select(eventTime)  # Spark's UNRESOLVED_COLUMN error
-        from pyspark.sql.types import TimestampNTZType, TimestampType
-
-        if field is not None and not isinstance(field.dataType, (TimestampType, TimestampNTZType)):
-            sql_type = self._template._jdf.schema().apply(eventTime).dataType().sql()
-            raise AnalysisError(
-                f"[EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE] The event time `{eventTime}` has the "
-                f'invalid type "{sql_type}", but expected "TIMESTAMP". SQLSTATE: 42K09'
-            )
+        check_event_time_column(self._template, eventTime)
         delay_ms = watermark_delay_ms(delayThreshold)  # Spark's: a month is 31 days
         node = EventTimeWatermark(self._plan, eventTime, delay_ms, delayThreshold)
         return self._derive(node, template)
@@ -468,8 +460,6 @@ class StreamingDataFrame:
     drop_duplicates = dropDuplicates
 
     def limit(self, num: int) -> StreamingDataFrame:
-        from lockgate.plan.limit import StreamingLimit
-
         template = self._template.limit(num)
         return self._derive(StreamingLimit(self._plan, int(num)), template)
 
@@ -480,8 +470,6 @@ class StreamingDataFrame:
         return self._dedup(subset, within_watermark=True)
 
     def _dedup(self, subset: Any, within_watermark: bool) -> StreamingDataFrame:
-        from lockgate.plan.dedup import make_deduplicate
-
         if subset is not None and not isinstance(subset, (list, tuple)):
             raise TypeError(f"subset should be a list or tuple of column names, got {subset!r}")
         # Spark's analysis errors first (a missing column, a map column: SET_OPERATION_ON_MAP_TYPE)
@@ -500,31 +488,8 @@ class StreamingDataFrame:
         print(self._explain_string(bool(extended) or mode == "extended"))
 
     def _explain_string(self, extended: bool) -> str:
-        from lockgate.plan.explain import stateful_tree
-        from lockgate.plan.stateful import stateful_operators
-
-        lines = []
-        if extended:
-            lines += ["== Parsed Logical Plan (lockgate) ==", self._plan.tree_string(), ""]
-        operators = stateful_operators(self._plan)
-        if operators:
-            partitions = int(self._session.spark.conf.get("spark.sql.shuffle.partitions", "200") or 200)
-            lines += [
-                "== Stateful Operators (lockgate; state info is known once the query runs) ==",
-                stateful_tree(
-                    self._plan,
-                    operator_ids={id(op): i for i, op in enumerate(operators)},
-                    state_root="<checkpoint>/state",
-                    version=None,
-                    num_partitions=partitions,
-                    output_mode="append",
-                    watermark_ms=None,
-                ),
-                "",
-            ]
-        lines += ["== Physical Plan (per batch, sources as empty relations) =="]
-        lines.append(self._template._jdf.queryExecution().executedPlan().toString().rstrip())
-        return "\n".join(lines)
+        partitions = int(self._session.spark.conf.get("spark.sql.shuffle.partitions", "200") or 200)
+        return explain_definition(self._plan, self._template, partitions, extended)
 
     @property
     def writeStream(self) -> DataStreamWriter:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
@@ -12,20 +10,18 @@ from pyspark.sql.types import NumericType, StructType
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.jvm import quoted
-from lockgate.plan.aggregate import Aggregate
-from lockgate.plan.aggregate_functions import decompose, is_plain_aggregate, map_aggregates
 from lockgate.plan.aggregate_plan import (
-    aggregated_columns,
-    for_rows_where,
-    groups_by_column,
-    inner_pivot_aggregate,
-    read_expansion,
+    aggregate_node,
+    grouping_sets_plan,
+    pivot_aggregate_names,
+    pivot_first_outputs,
+    pivot_value_outputs,
     refuse_expressions_over_aggregates,
-    result_expressions,
 )
-from lockgate.plan.event_time import event_time_columns, grouping_event_time_key
-from lockgate.plan.nodes import GroupedMap, Transform
-from lockgate.plan.session_window import session_key_index, session_window_aggregate
+from lockgate.plan.event_time import event_time_columns
+from lockgate.plan.flat_map_groups import apply_in_pandas_with_state
+from lockgate.plan.nodes import GroupedMap
+from lockgate.plan.transform_with_state import make_transform_with_state
 
 if TYPE_CHECKING:
     from lockgate.api.dataframe import StreamingDataFrame
@@ -39,82 +35,15 @@ def _grouping_sets_aggregate(
     columns: list[Column],
     template: Any,
 ) -> StreamingDataFrame:
-    """``rollup``/``cube``/``groupingSets`` as Spark plans them: each row once per
-    grouping set (Spark's ``Expand``, here an ``explode`` of one struct per set), the keys
-    a set leaves out null, and a streaming aggregation keyed by the keys,
-    ``spark_grouping_id`` (bit ``n - 1 - i`` set when key ``i`` is left out) and, when
-    two sets hold the same keys, ``_gen_grouping_pos`` (the set's position), which are
-    dropped from the output. The keys, the sets and their ids are those of Spark's own
-    plan of ``template``: the distinct expressions of the columns and the sets, so a set
-    may group by an expression that is not among the columns (a key the output leaves
-    out). The event-time key is the one Spark's plan has (a window or a watermarked
-    column), so Append mode emits a set's groups when the watermark passes them; a set
-    without it is never emitted in Append mode, as in Spark."""
-    shown = len(template.columns) - len(columns)
-    if session_key_index(template.schema, shown) is not None:
-        raise NotSupportedYetError(f"A streaming {kind} by a session window", "Group by the session window.")
-    if any(re.search(r"\bgrouping(_id)?\(", str(c)) for c in columns):
-        raise NotSupportedYetError(
-            f"grouping()/grouping_id() in a streaming {kind}",
-            "Tell the sets apart by which keys are null.",
-        )
-    if sets is not None and not sets:
-        raise AnalysisError(
-            "groupingSets needs at least one grouping set ([] is the grand total); Spark's own "
-            "query fails on none at its first batch"
-        )
-    expansion = read_expansion(template)
-    if expansion is None:  # a single set of no keys: Spark's plain global aggregation
+    """``rollup``/``cube``/``groupingSets``: the expansion and aggregation
+    :func:`~lockgate.plan.aggregate_plan.grouping_sets_plan` reads from Spark's plan,
+    applied as DataFrame operations."""
+    planned = grouping_sets_plan(df._plan, df._template, grouping, kind, sets, columns, template)
+    if planned is None:  # a single set of no keys: Spark's plain global aggregation
         return StreamingGroupedData(df, ()).agg(*columns)
-    n = len(expansion.names)
-    candidates = [_key_column(df, c) for c in (*grouping, *(c for s in sets or () for c in s))]
-    # which candidate is which key: Spark's own de-duplication, read from the plan of one
-    # set per candidate (a window, an alias, `a + b` and `b + a` as Spark compares them)
-    probe = read_expansion(df._template.groupingSets([[c] for c in candidates]).agg(F.count(F.lit(1)))) if n else None
-    if probe is not None and probe.names != expansion.names:
-        raise NotSupportedYetError(f"A streaming {kind} whose keys Spark orders differently from its columns")
-    positions = [kept[0] for kept in probe.kept] if probe is not None else []
-    if positions[: len(grouping)] != list(range(len(grouping))) or shown != len(grouping):
-        raise NotSupportedYetError(
-            f"A streaming {kind} by the same key twice", "Name each grouping key once."
-        )
-    keys = [candidates[positions.index(j)] for j in range(n)]
-    names = [*template.columns[:shown], *expansion.names[shown:]]
-    internal = ["spark_grouping_id"] + (["_gen_grouping_pos"] if expansion.positions else [])
-    if len({*names, *internal}) != n + len(internal):
-        raise NotSupportedYetError(f"{kind} by keys of the same name ({', '.join(names)})")
-    read = aggregated_columns(df._template, columns)
-    shadowed = sorted(read & {*names, *internal} & set(df.columns))
-    if shadowed:
-        raise NotSupportedYetError(
-            f"A streaming {kind} aggregating its own grouping column ({', '.join(shadowed)})",
-            "Aggregate a copy of the column (withColumn) instead.",
-        )
-    plain = df._template.groupBy(*keys).agg(F.count(F.lit(1)))  # the keys' types, event time
-    key_fields = plain.schema.fields[:n]
-    keyed = df.select("*", *[k.alias(f"__lockgate_set_key_{j}") for j, k in enumerate(keys)])
-    structs = [
-        F.struct(
-            *[
-                (F.col(f"__lockgate_set_key_{j}") if j in kept else F.lit(None).cast(f.dataType)).alias(name)
-                for j, (f, name) in enumerate(zip(key_fields, names))
-            ],
-            F.lit(mask).cast(expansion.id_type).alias("spark_grouping_id"),
-            *([F.lit(i).cast("int").alias("_gen_grouping_pos")] if expansion.positions else []),
-        )
-        for i, (kept, mask) in enumerate(zip(expansion.kept, expansion.masks))
-    ]
-    others = [c for c in df.columns if c not in {*names, *internal}]
-    expanded = keyed.select(*[F.col(quoted(c)) for c in others], F.explode(F.array(*structs)).alias("__lockgate_set"))
-    expanded = expanded.select(*[F.col(quoted(c)) for c in others], "__lockgate_set.*")
-    # the aggregation of the expanded rows, with the event-time key of Spark's plan (the
-    # expansion hides which key carries event time from lockgate's own rules)
-    aggregated = StreamingGroupedData(expanded, tuple(F.col(quoted(c)) for c in (*names, *internal))).agg(*columns)
-    spark_key = StreamingGroupedData(df, tuple(keys))._event_time_key(plain.schema, n)
-    node = replace(
-        aggregated._plan, event_time_key=spark_key, event_time_key_is_attribute=groups_by_column(template, spark_key)
-    )
-    return aggregated._derive(Transform(node, "drop", (*names[shown:], *internal)), template)
+    expanded = df.select(*planned.keyed).select(*planned.exploded).select(*planned.flattened)
+    aggregated = StreamingGroupedData(expanded, planned.grouping).agg(*columns)
+    return aggregated._derive(planned.finish(aggregated._plan), template)
 
 
 def _agg_columns(exprs: tuple[Column | dict[str, str], ...]) -> list[Column]:
@@ -129,12 +58,6 @@ def _agg_columns(exprs: tuple[Column | dict[str, str], ...]) -> list[Column]:
         if not isinstance(c, Column):
             raise TypeError(f"all exprs should be Column, got {type(c).__name__}")
     return columns
-
-
-def _key_column(df: StreamingDataFrame, item: Any) -> Column:
-    if isinstance(item, int) and not isinstance(item, bool):  # 1-based ordinal, as PySpark's
-        return F.col(quoted(df.columns[item - 1]))
-    return F.col(item) if isinstance(item, str) else item
 
 
 class StreamingGroupedData:
@@ -167,56 +90,16 @@ class StreamingGroupedData:
             return _grouping_sets_aggregate(
                 self._df, self._grouping, self._sets, self._grouping_sets, columns, template
             )
-        spark = self._df._session.spark
-        key_count = len(template.columns) - len(columns)
-        split = result_expressions(
-            spark, self._grouping, columns, template, self._template_grouped, key_count
+        node = aggregate_node(
+            self._df._session.spark,
+            self._df._plan,
+            self._df._template,
+            self._grouping,
+            columns,
+            template,
+            self._template_grouped,
         )
-        aggregates = columns if split is None else split[0]
-        specs = tuple(decompose(spark, c) for c in aggregates)
-        key_names = tuple(template.columns[:key_count])
-        event_time_key = self._event_time_key(template.schema, key_count)
-        session_key = session_key_index(template.schema, key_count)
-        input_plan = self._df._template._jdf.queryExecution().analyzed()
-        node: Aggregate
-        if session_key is not None:
-            if any(spec.kind == "approx_count_distinct" for spec in specs):
-                raise NotSupportedYetError(
-                    "approx_count_distinct over session windows",
-                    "Use it with window() or plain grouping keys, or count distinct values "
-                    "per session in a second query.",
-                )
-            node = session_window_aggregate(
-                spark,
-                child=self._df._plan,
-                grouping=self._grouping,
-                aggregations=tuple(aggregates),
-                specs=specs,
-                output_schema=template.schema,
-                key_names=key_names,
-                session_key=session_key,
-                watermarked=event_time_columns(self._df._plan),
-                other_event_time_key=None if event_time_key == session_key else event_time_key,
-                input_plan=input_plan,
-            )
-        else:
-            node = Aggregate(
-                child=self._df._plan,
-                grouping=self._grouping,
-                aggregations=tuple(aggregates),
-                specs=specs,
-                output_schema=template.schema,
-                key_names=key_names,
-                event_time_key=event_time_key,
-                input_plan=input_plan,
-                event_time_key_is_attribute=groups_by_column(template, event_time_key),
-            )
-        if split is not None:
-            node = replace(node, results=split[1], aggregate_schema=split[2])
         return self._df._derive(node, template)
-
-    def _event_time_key(self, schema: StructType, key_count: int) -> int | None:
-        return grouping_event_time_key(schema, key_count, self._grouping, event_time_columns(self._df._plan))
 
     def count(self) -> StreamingDataFrame:
         return self.agg(F.count(F.lit(1)).alias("count"))
@@ -265,8 +148,6 @@ class StreamingGroupedData:
     ) -> StreamingDataFrame:
         """PySpark's ``applyInPandasWithState`` on lockgate's state store
         (:mod:`lockgate.plan.flat_map_groups`; ``docs/explicit-state.md``)."""
-        from lockgate.plan.flat_map_groups import apply_in_pandas_with_state
-
         spark = self._df._session.spark
         node = apply_in_pandas_with_state(
             spark, self._df._plan, self._df._template.schema, self._grouping,
@@ -308,8 +189,6 @@ class StreamingGroupedData:
         initial_state: Any, event_time_column_name: str,
     ) -> StreamingDataFrame:
         from pyspark.sql.types import _parse_datatype_string
-
-        from lockgate.plan.transform_with_state import make_transform_with_state
 
         if self._sets is not None:
             raise NotSupportedYetError(f"transformWithState after {self._sets}")
@@ -375,9 +254,9 @@ class StreamingPivotedData:
         template = self._template.agg(*columns)
         refuse_expressions_over_aggregates(self._grouped._df._session.spark, columns, "pivot")
         keys = len(template.columns) - len(self._values) * len(columns)
-        inner = inner_pivot_aggregate(template)
-        if inner is not None:
-            result = self._two_aggregations(columns, template, inner, keys)
+        names = pivot_aggregate_names(template, len(columns))
+        if names is not None:
+            result = self._two_aggregations(columns, template, names, keys)
         else:
             result = self._one_aggregation(columns, template, keys)
         if [(f.name, f.dataType) for f in result.schema] != [(f.name, f.dataType) for f in template.schema]:
@@ -387,10 +266,7 @@ class StreamingPivotedData:
             )
         return result
 
-    def _two_aggregations(self, columns: list[Column], template: Any, inner: Any, keys: int) -> StreamingDataFrame:
-        expressions = inner.aggregateExpressions()
-        size = expressions.size()
-        names = [str(expressions.apply(i).name()) for i in range(size - len(columns), size)]
+    def _two_aggregations(self, columns: list[Column], template: Any, names: list[str], keys: int) -> StreamingDataFrame:
         df, grouping = self._grouped._df, self._grouped._grouping
         first = StreamingGroupedData(df, (*grouping, self._column)).agg(
             *[c.alias(name) for c, name in zip(columns, names)]
@@ -400,34 +276,13 @@ class StreamingPivotedData:
                 "A streaming pivot whose keys, pivot column and aggregates share names "
                 f"({', '.join(first.columns)})"
             )
-        pivot = first.schema.fields[keys]
-        column = F.col(quoted(pivot.name))
-        outputs = [
-            F.last(F.when(column.eqNullSafe(F.lit(value).cast(pivot.dataType)), F.col(quoted(name))), ignorenulls=True)
-            for value in self._values
-            for name in names
-        ]
+        outputs = pivot_first_outputs(first.schema.fields[keys], self._values, names)
         second = StreamingGroupedData(first, tuple(F.col(quoted(c)) for c in first.columns[:keys]))
         return second.agg(*[o.alias(name) for o, name in zip(outputs, template.columns[keys:])])
 
     def _one_aggregation(self, columns: list[Column], template: Any, keys: int) -> StreamingDataFrame:
         df = self._grouped._df
-        spark = df._session.spark
-        pivot = F.col(self._column)
-        pivot_type = df._template.select(pivot).schema.fields[0].dataType
-        outputs = [
-            for_rows_where(spark, c, pivot.eqNullSafe(F.lit(value).cast(pivot_type)))
-            if is_plain_aggregate(spark, c)
-            else map_aggregates(  # each aggregate of the expression over the value's rows
-                spark,
-                c,
-                lambda call, v=value: for_rows_where(
-                    spark, call, pivot.eqNullSafe(F.lit(v).cast(pivot_type))
-                ),
-            )
-            for value in self._values
-            for c in columns
-        ]
+        outputs = pivot_value_outputs(df._session.spark, df._template, self._column, self._values, columns)
         grouped = StreamingGroupedData(df, self._grouped._grouping)
         return grouped.agg(*[o.alias(name) for o, name in zip(outputs, template.columns[keys:])])
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lockgate.plan.explain import explain_execution
+
 if TYPE_CHECKING:
     from pyspark.sql.streaming.listener import StreamingQueryProgress
 
@@ -73,8 +75,6 @@ class StreamingQuery:
         print(self._explain_string(extended))
 
     def _explain_string(self, extended: bool) -> str:
-        from lockgate.plan.explain import explain_execution
-
         continuous = getattr(self._execution, "explain_string", None)
         if continuous is not None:
             return str(continuous())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lockgate.state.reader import read_state
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -40,8 +42,6 @@ class LockgateReader:
         ``user_map_value`` for a ``MapState``, or ``map_value``), ``readRegisteredTimers``
         its timers (``key``, ``expiration_timestamp_ms``); then ``partition_id``.
         """
-        from lockgate.state.reader import read_state
-
         return read_state(
             self._session.spark,
             checkpointLocation,

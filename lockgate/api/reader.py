@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import StructType
 
+from lockgate.api.dataframe import StreamingDataFrame
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.options import Options, to_option_string
+from lockgate.plan.catalog import file_table
 from lockgate.plan.nodes import StreamingRelation
 from lockgate.sources import SourceProvider, lookup_source
 
 if TYPE_CHECKING:
-    from lockgate.api.dataframe import StreamingDataFrame
     from lockgate.api.session import StreamingSession
-
-
-_TABLE_FORMATS = ("parquet", "orc", "json", "csv", "text")
-"""Formats of the catalog tables ``readStream.table()`` streams (file sources)."""
 
 
 SOURCE_EVOLUTION_CONF = "spark.sql.streaming.queryEvolution.enableSourceEvolution"
@@ -106,8 +102,6 @@ class DataStreamReader:
         schema: StructType | str | None = None,
         **options: Any,
     ) -> StreamingDataFrame:
-        from lockgate.api.dataframe import StreamingDataFrame
-
         if self._source_name is not None:
             check_source_evolution(self._session.spark, self._source_name)
         if format is not None:
@@ -170,36 +164,7 @@ class DataStreamReader:
         last) and storage options; options set on this reader take precedence."""
         if not isinstance(tableName, str) or not tableName.strip():
             raise ValueError("tableName should be a non-empty string")
-        spark = self._session.spark
-        # Spark resolves the name (its TABLE_OR_VIEW_NOT_FOUND error for a missing one)
-        node = spark.read.table(tableName)._jdf.queryExecution().analyzed()
-        while node.getClass().getSimpleName() == "SubqueryAlias":
-            node = node.child()
-        kind = node.getClass().getSimpleName()
-        if kind == "View" and node.isTempView():
-            raise AnalysisError(
-                f"{tableName} is not a temp view of streaming logical plan, please use batch "
-                "API such as `DataFrameReader.table` to read it."
-            )
-        table = node.catalogTable() if kind == "LogicalRelation" else None
-        provider = (
-            str(table.get().provider().get()).lower()
-            if table is not None and table.isDefined() and table.get().provider().isDefined()
-            else None
-        )
-        if provider not in _TABLE_FORMATS:
-            what = f"a {provider} table" if provider else ("a view" if kind == "View" else f"a table read as {kind}")
-            raise NotSupportedYetError(
-                f"readStream.table({tableName!r}) of {what}",
-                f"lockgate streams catalog tables stored as files ({', '.join(_TABLE_FORMATS)}); "
-                "read other sources with their own format.",
-            )
-        catalog_table = table.get()  # type: ignore[union-attr]
-        storage = catalog_table.storage().properties()
-        keys = storage.keySet().iterator()
-        while keys.hasNext():
-            key = str(keys.next())
-            if key.lower() != "path":
-                self._options.setdefault(key, str(storage.apply(key)))
-        schema = StructType.fromJson(json.loads(str(catalog_table.schema().json())))
-        return self.load(path=str(catalog_table.location().toString()), format=provider, schema=schema)
+        table = file_table(self._session.spark, tableName)
+        for key, value in table.options.items():
+            self._options.setdefault(key, value)
+        return self.load(path=table.location, format=table.provider, schema=table.schema)

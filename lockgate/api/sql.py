@@ -6,8 +6,9 @@ template (an empty DataFrame of its schema) would run and silently return no row
 So ``spark.sql`` does not see lockgate's views (it fails with Spark's
 ``TABLE_OR_VIEW_NOT_FOUND``), and ``ls.sql`` runs SQL over them.
 
-``ls.sql`` parses the query with Spark's own parser and applies the parsed plan, node
-by node, as the DataFrame operations a user would write (``Project`` as ``select``,
+``ls.sql`` parses the query with Spark's own parser and applies the parsed plan (read
+through :mod:`lockgate.plan.sql_plan`), node by node, as the DataFrame operations a user
+would write (``Project`` as ``select``,
 ``Aggregate`` as ``groupBy(...).agg(...)``, ``Join`` as ``join``, ...), with Spark's
 parsed expressions as Columns. So the result is a lockgate streaming DataFrame that
 runs, checks and fails exactly as the DataFrame API does, and Spark's analyser resolves
@@ -22,16 +23,18 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from py4j.protocol import Py4JJavaError
 from pyspark.sql import functions as F
 from pyspark.sql.classic.column import Column
 
+from lockgate.api.dataframe import StreamingDataFrame
 from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.plan import sql_plan as parsed
+from lockgate.plan.aggregate_plan import aggregate_items
+from lockgate.plan.catalog import has_temp_view
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from lockgate.api.dataframe import StreamingDataFrame
     from lockgate.api.session import StreamingSession
 
 _GLOBAL_TEMP_DATABASE = "spark.sql.globalTempDatabase"
@@ -46,14 +49,6 @@ def _key(spark: SparkSession, name: str, global_: bool) -> str:
     return name.lower()
 
 
-def _spark_has_temp_view(spark: SparkSession, key: str) -> bool:
-    catalog = spark._jsparkSession.sessionState().catalog()
-    parts = key.split(".")
-    if len(parts) == 2:
-        return bool(catalog.getGlobalTempView(parts[1]).isDefined())
-    return bool(catalog.getTempView(parts[0]).isDefined())
-
-
 def create_view(sdf: StreamingDataFrame, name: str, *, replace: bool, global_: bool) -> None:
     """Register ``sdf`` as a streaming view named ``name`` for :func:`sql`."""
     if not isinstance(name, str) or not name.strip() or "." in name:
@@ -65,7 +60,7 @@ def create_view(sdf: StreamingDataFrame, name: str, *, replace: bool, global_: b
     key = _key(spark, name, global_)
     with _lock:
         views = _views.setdefault(spark, {})
-        if not replace and (key in views or _spark_has_temp_view(spark, key)):
+        if not replace and (key in views or has_temp_view(spark, key)):
             shown = key if global_ else f"`{name}`"
             raise AnalysisError(
                 f"[TEMP_TABLE_OR_VIEW_ALREADY_EXISTS] Cannot create the temporary view {shown} "
@@ -73,7 +68,7 @@ def create_view(sdf: StreamingDataFrame, name: str, *, replace: bool, global_: b
                 "view, or add the IF NOT EXISTS clause to tolerate pre-existing views. SQLSTATE: 42P07"
             )
         # One namespace, as in Spark: a streaming view replaces a batch temp view of its name.
-        if _spark_has_temp_view(spark, key):
+        if has_temp_view(spark, key):
             if global_:
                 spark.catalog.dropGlobalTempView(name)
             else:
@@ -99,15 +94,12 @@ def sql(session: StreamingSession, query: str, args: Any = None, **kwargs: Any) 
                 "format the values into the query, or use the DataFrame API.",
             )
         return spark.sql(query, args, **kwargs)
-    try:
-        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(query)
-    except Py4JJavaError:
+    plan = parsed.parse(spark, query)
+    if plan is None:
         return spark.sql(query)  # raises Spark's own ParseException
     if not _reads_views(spark, query, plan):
         return spark.sql(query)
     result = _Translator(session).apply(plan)
-    from lockgate.api.dataframe import StreamingDataFrame
-
     if not isinstance(result, StreamingDataFrame):  # pragma: no cover - checked above
         return spark.sql(query)
     return result
@@ -115,74 +107,22 @@ def sql(session: StreamingSession, query: str, args: Any = None, **kwargs: Any) 
 
 def _reads_views(spark: SparkSession, query: str, plan: Any = None) -> bool:
     if plan is None:
-        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(query)
+        plan = parsed.parse(spark, query)
+        if plan is None:  # spark.sql raises Spark's own ParseException
+            return False
     found = False
 
     def visit(node: Any) -> None:
         nonlocal found
-        if _kind(node) == "UnresolvedRelation" and _lookup(spark, _parts(node)) is not None:
+        if parsed.kind(node) == "UnresolvedRelation" and _lookup(spark, parsed.relation_parts(node)) is not None:
             found = True
-        for child in _children(node) + _cte_relations(node):
+        for child in parsed.children(node) + parsed.cte_relations(node):
             visit(child)
-        for sub in _subqueries(node):
+        for sub in parsed.subqueries(node):
             visit(sub)
 
     visit(plan)
     return found
-
-
-# -- py4j helpers ----------------------------------------------------------------------
-def _kind(node: Any) -> str:
-    return str(node.getClass().getSimpleName())
-
-
-def _seq(seq: Any) -> list[Any]:
-    out = []
-    it = seq.iterator()
-    while it.hasNext():
-        out.append(it.next())
-    return out
-
-
-def _children(node: Any) -> list[Any]:
-    return _seq(node.children())
-
-
-def _attribute_names(expr: Any) -> list[str]:
-    """The (last parts of the) names of the columns a parsed expression reads."""
-    if _kind(expr) == "UnresolvedAttribute":
-        return [str(_seq(expr.nameParts())[-1]).lower()]
-    return [n for child in _children(expr) for n in _attribute_names(child)]
-
-
-def _cte_relations(node: Any) -> list[Any]:
-    """The queries a ``WITH`` defines (not among its children)."""
-    if _kind(node) != "UnresolvedWith":
-        return []
-    return [pair._2() for pair in _seq(node.cteRelations())]
-
-
-def _subqueries(node: Any) -> list[Any]:
-    try:
-        return _seq(node.subqueries())
-    except Exception:  # noqa: BLE001 - a node without expressions
-        return []
-
-
-def _parts(relation: Any) -> list[str]:
-    return [str(p) for p in _seq(relation.multipartIdentifier())]
-
-
-def _has_aggregate(expr: Any) -> bool:
-    if _kind(expr) == "AggregateExpression":
-        return True
-    return any(_has_aggregate(c) for c in _seq(expr.children()))
-
-
-def _col(expr: Any, spark: SparkSession) -> Column:
-    jvm = spark._jvm
-    node = jvm.org.apache.spark.sql.classic.ExpressionColumnNode.apply(expr)
-    return Column(jvm.org.apache.spark.sql.Column(node))
 
 
 _JOIN_TYPES = {
@@ -205,10 +145,10 @@ class _Translator:
         self.ctes: dict[str, Any] = {}
 
     def c(self, expr: Any) -> Column:
-        return _col(expr, self.spark)
+        return parsed.column(self.spark, expr)
 
     def apply(self, node: Any) -> Any:
-        kind = _kind(node)
+        kind = parsed.kind(node)
         handler = getattr(self, f"_{kind}", None)
         if handler is None:
             if not _reads_views_node(self, node):
@@ -219,7 +159,7 @@ class _Translator:
                 "DISTINCT, ORDER BY and LIMIT over streaming views; write the rest with the "
                 "DataFrame API.",
             )
-        for sub in _subqueries(node):
+        for sub in parsed.subqueries(node):
             if _reads_views_node(self, sub):
                 raise NotSupportedYetError(
                     "a subquery over a streaming view",
@@ -228,20 +168,13 @@ class _Translator:
         return handler(node)
 
     def _static(self, node: Any) -> DataFrame:
-        from pyspark.errors.exceptions.captured import convert_exception
-        from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
-
-        if _kind(node) == "UnresolvedRelation":
-            return self.spark.table(".".join(f"`{p}`" for p in _parts(node)))
-        try:
-            jdf = self.spark._jvm.org.apache.spark.sql.classic.Dataset.ofRows(self.spark._jsparkSession, node)
-        except Py4JJavaError as exc:
-            raise convert_exception(exc.java_exception) from None
-        return ClassicDataFrame(jdf, self.spark)
+        if parsed.kind(node) == "UnresolvedRelation":
+            return self.spark.table(".".join(f"`{p}`" for p in parsed.relation_parts(node)))
+        return parsed.static_frame(self.spark, node)
 
     # -- leaves ----------------------------------------------------------------------------
     def _UnresolvedRelation(self, node: Any) -> Any:
-        parts = _parts(node)
+        parts = parsed.relation_parts(node)
         if len(parts) == 1 and parts[0].lower() in self.ctes:
             return self.ctes[parts[0].lower()]
         view = _lookup(self.spark, parts)
@@ -253,7 +186,7 @@ class _Translator:
         # WITH name AS (query), ...: each later one and the body may read the earlier ones.
         outer = dict(self.ctes)
         try:
-            for pair in _seq(node.cteRelations()):
+            for pair in parsed.items(node.cteRelations()):
                 name, relation = str(pair._1()), pair._2()
                 self.ctes[name.lower()] = self.apply(relation) if _reads_views_node(self, relation) else self._static(relation)
             return self.apply(node.child())
@@ -266,17 +199,17 @@ class _Translator:
 
     def _Project(self, node: Any) -> Any:
         child = self.apply(node.child())
-        return child.select(*[self.c(e) for e in _seq(node.projectList())])
+        return child.select(*[self.c(e) for e in parsed.items(node.projectList())])
 
     def _Filter(self, node: Any) -> Any:
         child = node.child()
-        if _kind(child) == "Aggregate":
+        if parsed.kind(child) == "Aggregate":
             return self._aggregate(child, having=node.condition())
         return self.apply(child).where(self.c(node.condition()))
 
     def _UnresolvedHaving(self, node: Any) -> Any:
         child = node.child()
-        if _kind(child) != "Aggregate":
+        if parsed.kind(child) != "Aggregate":
             return self.apply(child).where(self.c(node.havingCondition()))
         return self._aggregate(child, having=node.havingCondition())
 
@@ -285,19 +218,19 @@ class _Translator:
 
     def _aggregate(self, node: Any, having: Any) -> Any:
         child = self.apply(node.child())
-        select = _seq(node.aggregateExpressions())
+        select = parsed.items(node.aggregateExpressions())
         items = [self.c(e) for e in select]
         grouping = []
         inputs = {c.lower() for c in child.columns}
-        by_alias = {str(e.name()).lower(): e.child() for e in select if _kind(e) == "Alias"}
-        for g in _seq(node.groupingExpressions()):
-            if _kind(g) == "UnresolvedAttribute" and len(_seq(g.nameParts())) == 1:
-                name = str(_seq(g.nameParts())[0]).lower()
+        by_alias = {str(e.name()).lower(): e.child() for e in select if parsed.kind(e) == "Alias"}
+        for g in parsed.items(node.groupingExpressions()):
+            if parsed.kind(g) == "UnresolvedAttribute" and len(parsed.items(g.nameParts())) == 1:
+                name = str(parsed.items(g.nameParts())[0]).lower()
                 if name in by_alias and name not in inputs:  # GROUP BY a select-list alias
                     grouping.append(self.c(by_alias[name]))
                     continue
-            ordinal = _kind(g) == "UnresolvedOrdinal"
-            if ordinal or (_kind(g) == "Literal" and str(g.dataType().typeName()) == "integer"):
+            ordinal = parsed.kind(g) == "UnresolvedOrdinal"
+            if ordinal or (parsed.kind(g) == "Literal" and str(g.dataType().typeName()) == "integer"):
                 index = int(g.ordinal()) if ordinal else int(g.value())
                 if not 1 <= index <= len(items):
                     raise AnalysisError(
@@ -305,7 +238,7 @@ class _Translator:
                         f"list (valid range is [1, {len(items)}]). SQLSTATE: 42805"
                     )
                 target = select[index - 1]
-                grouping.append(self.c(target.child() if _kind(target) == "Alias" else target))
+                grouping.append(self.c(target.child() if parsed.kind(target) == "Alias" else target))
             else:
                 grouping.append(self.c(g))
         having_col = self.c(having) if having is not None else None
@@ -315,28 +248,22 @@ class _Translator:
         # to the aggregate's output, so the condition applies to the output rows.
         aliases = set(by_alias)
         having_on_output = having is not None and any(
-            name in aliases and name not in inputs for name in _attribute_names(having)
+            name in aliases and name not in inputs for name in parsed.attribute_names(having)
         )
         extra = [having_col.alias("__lg_having")] if having_col is not None and not having_on_output else []
         template = child._template.groupBy(*grouping).agg(*items, *extra)
-        analysed = template._jdf.queryExecution().analyzed()
-        while _kind(analysed) != "Aggregate":
-            analysed = _children(analysed)[0]
-        resolved_groups = _seq(analysed.groupingExpressions())
-        resolved = _seq(analysed.aggregateExpressions())
         keys = len(template.columns) - len(items) - len(extra)
         names = template.columns[keys : keys + len(items)]
+        kinds, last_aggregates = aggregate_items(template, keys, len(items))
         plan: list[tuple[str, Any]] = []
         aggregates: list[Column] = []
-        for i, (item, expr) in enumerate(zip(items, resolved[keys : keys + len(items)])):
-            inner = expr.child() if _kind(expr) == "Alias" else expr
-            if _has_aggregate(inner):
+        for i, (item, found) in enumerate(zip(items, kinds)):
+            if found == "agg":
                 plan.append(("agg", len(aggregates)))
                 aggregates.append(item.alias(f"__lg_a{len(aggregates)}"))
             else:
-                match = next((j for j, g in enumerate(resolved_groups) if inner.semanticEquals(g)), None)
-                plan.append(("key", match) if match is not None else ("expr", i))
-        having_is_agg = having is not None and not having_on_output and _has_aggregate(resolved[-1])
+                plan.append(("key", found) if found is not None else ("expr", i))
+        having_is_agg = having is not None and not having_on_output and last_aggregates
         if having_is_agg:
             aggregates.append(having_col.alias("__lg_having"))  # type: ignore[union-attr]
         out = child.groupBy(*grouping).agg(*aggregates) if aggregates else child.groupBy(*grouping).count()
@@ -372,14 +299,14 @@ class _Translator:
 
     def _Sort(self, node: Any) -> Any:
         child = self.apply(node.child())
-        order = [self.c(o) for o in _seq(node.order())]
+        order = [self.c(o) for o in parsed.items(node.order())]
         return child.orderBy(*order) if getattr(node, "global")() else child.sortWithinPartitions(*order)
 
     def _GlobalLimit(self, node: Any) -> Any:
         local = node.child()
-        inner = local.child() if _kind(local) == "LocalLimit" else local
+        inner = local.child() if parsed.kind(local) == "LocalLimit" else local
         limit = node.limitExpr()
-        if _kind(limit) != "Literal":
+        if parsed.kind(limit) != "Literal":
             raise NotSupportedYetError("LIMIT of an expression in SQL over a streaming view", "use a number.")
         return self.apply(inner).limit(int(limit.value()))
 
@@ -387,11 +314,11 @@ class _Translator:
     def _Join(self, node: Any) -> Any:
         left, right = self.apply(node.left()), self.apply(node.right())
         join_type = node.joinType()
-        kind = _kind(join_type).rstrip("$")
+        kind = parsed.kind(join_type).rstrip("$")
         on: Any = None
         if kind == "UsingJoin":
-            on = [str(c) for c in _seq(join_type.usingColumns())]
-            kind = _kind(join_type.tpe()).rstrip("$")
+            on = [str(c) for c in parsed.items(join_type.usingColumns())]
+            kind = parsed.kind(join_type.tpe()).rstrip("$")
         elif kind == "NaturalJoin":
             raise NotSupportedYetError("NATURAL JOIN over a streaming view", "name the join columns with USING.")
         how = _JOIN_TYPES.get(kind)
@@ -399,8 +326,6 @@ class _Translator:
             raise NotSupportedYetError(f"{kind} join over a streaming view", "use an inner, outer, semi or anti join.")
         if node.condition().isDefined():
             on = self.c(node.condition().get())
-        from lockgate.api.dataframe import StreamingDataFrame
-
         if not isinstance(left, StreamingDataFrame):
             raise NotSupportedYetError(
                 "a join with a static table on the left of a streaming view in SQL",
@@ -415,15 +340,13 @@ class _Translator:
         raise AnalysisError("Intersect of streaming DataFrames/Datasets is not supported")
 
     def _Except(self, node: Any) -> Any:
-        from lockgate.api.dataframe import StreamingDataFrame
-
         left, right = self.apply(node.left()), self.apply(node.right())
         if isinstance(right, StreamingDataFrame):
             raise AnalysisError("Except on a streaming DataFrame/Dataset on the right is not supported")
         return left.exceptAll(right) if node.isAll() else left.subtract(right)
 
     def _Union(self, node: Any) -> Any:
-        children = [self.apply(c) for c in _seq(node.children())]
+        children = [self.apply(c) for c in parsed.items(node.children())]
         result = children[0]
         for other in children[1:]:
             if node.byName():
@@ -434,13 +357,11 @@ class _Translator:
 
 
 def _reads_views_node(translator: _Translator, node: Any) -> bool:
-    if _kind(node) == "UnresolvedRelation":
-        parts = _parts(node)
+    if parsed.kind(node) == "UnresolvedRelation":
+        parts = parsed.relation_parts(node)
         if len(parts) == 1 and parts[0].lower() in translator.ctes:
-            from lockgate.api.dataframe import StreamingDataFrame
-
-            return isinstance(translator.ctes[parts[0].lower()], StreamingDataFrame)
+                return isinstance(translator.ctes[parts[0].lower()], StreamingDataFrame)
         return _lookup(translator.spark, parts) is not None
-    return any(_reads_views_node(translator, c) for c in _children(node) + _cte_relations(node)) or any(
-        _reads_views_node(translator, s) for s in _subqueries(node)
+    return any(_reads_views_node(translator, c) for c in parsed.children(node) + parsed.cte_relations(node)) or any(
+        _reads_views_node(translator, s) for s in parsed.subqueries(node)
     )

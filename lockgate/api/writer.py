@@ -19,6 +19,8 @@ from lockgate.execution.triggers import (
 )
 from lockgate.options import to_option_string
 from lockgate.sinks.base import OUTPUT_MODES
+from lockgate.sinks.foreach import writer_functions
+from lockgate.sinks.table import prepare_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -144,8 +146,6 @@ class DataStreamWriter:
         return self
 
     def foreach(self, f: Any) -> DataStreamWriter:
-        from lockgate.sinks.foreach import writer_functions
-
         writer_functions(f)
         self._format = "foreach"
         self._foreach_writer = f
@@ -188,8 +188,6 @@ class DataStreamWriter:
         queryName: str | None = None,
         **options: Any,
     ) -> StreamingQuery:
-        from lockgate.sinks.table import prepare_table
-
         if format is not None:
             self.format(format)
         if outputMode is not None:

@@ -25,7 +25,12 @@ from lockgate.checkpoint import (
 from lockgate.errors import CheckpointError, ConcurrentWriteError, OptionError
 from lockgate.execution.conf import pin_confs
 from lockgate.execution.faults import crash_point
-from lockgate.execution.progress import ProgressTracker, format_timestamp, json_or_none, rate
+from lockgate.execution.progress import (
+    ProgressTracker,
+    format_timestamp,
+    query_progress,
+    source_progress,
+)
 from lockgate.execution.stream import StreamExecution
 from lockgate.execution.triggers import (
     AvailableNowTrigger,
@@ -751,35 +756,20 @@ class MicroBatchExecution(StreamExecution):
             else 0.0
         )
         process_secs = trigger_ms / 1000.0
-        total_rows = sum(int(c or 0) for c in batch["counts"].values())
-        sources = []
-        for slot in self._slots:
-            rows = int(batch["counts"].get(slot.index) or 0)
-            sources.append(
-                {
-                    "description": slot.source.description(),
-                    "startOffset": json_or_none(batch["start_offsets"][slot.index]),
-                    "endOffset": json_or_none(self.available[slot.index]),
-                    "latestOffset": json_or_none(self.available[slot.index]),
-                    "numInputRows": rows,
-                    "inputRowsPerSecond": rate(rows, input_secs),
-                    "processedRowsPerSecond": rate(rows, process_secs),
-                }
+        sources = [
+            source_progress(
+                slot.source.description(),
+                batch["start_offsets"][slot.index],
+                self.available[slot.index],
+                int(batch["counts"].get(slot.index) or 0),
+                input_secs,
+                process_secs,
             )
-        progress: dict[str, Any] = {
-            "id": self.id,
-            "runId": self.run_id,
-            "name": self.name,
-            "timestamp": format_timestamp(tracker.trigger_start_ms),
-            "batchId": self.current_batch_id,
-            "batchDuration": trigger_ms,
-            "numInputRows": total_rows,
-            "inputRowsPerSecond": rate(total_rows, input_secs),
-            "processedRowsPerSecond": rate(total_rows, process_secs),
-            "durationMs": dict(tracker.durations),
-        }
+            for slot in self._slots
+        ]
+        event_time: dict[str, str] | None = None
         if self._watermark_nodes:
-            event_time: dict[str, str] = {}
+            event_time = {}
             known = [s for s in batch["event_stats"] if s]
             if known:
                 count = sum(s["count"] for s in known)
@@ -787,51 +777,53 @@ class MicroBatchExecution(StreamExecution):
                 event_time["max"] = format_timestamp(max(s["max"] for s in known))
                 event_time["min"] = format_timestamp(min(s["min"] for s in known))
             event_time["watermark"] = format_timestamp(self.offset_metadata.batchWatermarkMs)
-            progress["eventTime"] = event_time
-        progress["stateOperators"] = self._last_state_progress
-        progress["sources"] = sources
-        progress["sink"] = {
-            "description": self.sink.description(),
-            "numOutputRows": batch["num_output_rows"],
-        }
-        if batch["observed"]:
-            progress["observedMetrics"] = batch["observed"]
+        progress = query_progress(
+            query_id=self.id,
+            run_id=self.run_id,
+            name=self.name,
+            timestamp_ms=tracker.trigger_start_ms,
+            batch_id=self.current_batch_id,
+            batch_duration_ms=trigger_ms,
+            durations=tracker.durations,
+            input_secs=input_secs,
+            process_secs=process_secs,
+            event_time=event_time,
+            state_operators=self._last_state_progress,
+            sources=sources,
+            sink_description=self.sink.description(),
+            output_rows=batch["num_output_rows"],
+            observed=batch["observed"],
+        )
         tracker.last_trigger_start_ms = tracker.trigger_start_ms
         parsed = tracker.record(progress)
         self.manager.query_progress(self, parsed)
 
     def _idle_progress(self) -> dict[str, Any]:
         tracker = self.progress
-        sources = [
-            {
-                "description": slot.source.description(),
-                "startOffset": json_or_none(self.committed[slot.index]),
-                "endOffset": json_or_none(self.available[slot.index]),
-                "latestOffset": json_or_none(self.available[slot.index]),
-                "numInputRows": 0,
-                "inputRowsPerSecond": 0.0,
-                "processedRowsPerSecond": 0.0,
-            }
-            for slot in self._slots
-        ]
-        progress: dict[str, Any] = {
-            "id": self.id,
-            "runId": self.run_id,
-            "name": self.name,
-            "timestamp": format_timestamp(tracker.trigger_start_ms),
-            "batchId": self.current_batch_id,
-            "batchDuration": tracker.durations.get("triggerExecution", 0),
-            "numInputRows": 0,
-            "inputRowsPerSecond": 0.0,
-            "processedRowsPerSecond": 0.0,
-            "durationMs": dict(tracker.durations),
-        }
+        event_time = None
         if self._watermark_nodes:
-            progress["eventTime"] = {"watermark": format_timestamp(self.offset_metadata.batchWatermarkMs)}
-        progress["stateOperators"] = [dict(op, numRowsUpdated=0) for op in self._last_state_progress]
-        progress["sources"] = sources
-        progress["sink"] = {"description": self.sink.description(), "numOutputRows": -1}
-        return progress
+            event_time = {"watermark": format_timestamp(self.offset_metadata.batchWatermarkMs)}
+        return query_progress(
+            query_id=self.id,
+            run_id=self.run_id,
+            name=self.name,
+            timestamp_ms=tracker.trigger_start_ms,
+            batch_id=self.current_batch_id,
+            batch_duration_ms=tracker.durations.get("triggerExecution", 0),
+            durations=tracker.durations,
+            input_secs=0.0,
+            process_secs=0.0,
+            event_time=event_time,
+            state_operators=[dict(op, numRowsUpdated=0) for op in self._last_state_progress],
+            sources=[
+                source_progress(
+                    slot.source.description(), self.committed[slot.index], self.available[slot.index], 0, 0.0, 0.0
+                )
+                for slot in self._slots
+            ],
+            sink_description=self.sink.description(),
+            output_rows=-1,
+        )
 
     def last_progress(self) -> Any:
         return self.progress.last()

@@ -1,4 +1,5 @@
-"""ProgressReporter: per-trigger timings and the StreamingQueryProgress they become."""
+"""ProgressReporter: per-trigger timings and the StreamingQueryProgress they become,
+assembled here for every engine (:func:`query_progress`, :func:`source_progress`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from pyspark.sql.streaming.listener import StreamingQueryProgress
@@ -73,6 +75,65 @@ def rate(rows: int, seconds: float) -> float:
     """Rows per second, rounded half-up to one decimal as Spark renders progress."""
     if seconds <= 0:
         return 0.0
-    from decimal import ROUND_HALF_UP, Decimal
-
     return float(Decimal(repr(float(rows) / seconds)).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))
+
+
+def source_progress(
+    description: str, start: str | None, end: str | None, rows: int, input_secs: float, process_secs: float
+) -> dict[str, Any]:
+    """A ``sources[]`` entry of a progress: the offsets a trigger read from and to (its
+    ``latestOffset`` is the end) and the source's rows."""
+    return {
+        "description": description,
+        "startOffset": json_or_none(start),
+        "endOffset": json_or_none(end),
+        "latestOffset": json_or_none(end),
+        "numInputRows": rows,
+        "inputRowsPerSecond": rate(rows, input_secs),
+        "processedRowsPerSecond": rate(rows, process_secs),
+    }
+
+
+def query_progress(
+    *,
+    query_id: str,
+    run_id: str,
+    name: str | None,
+    timestamp_ms: int,
+    batch_id: int,
+    batch_duration_ms: int,
+    durations: dict[str, int],
+    input_secs: float,
+    process_secs: float,
+    event_time: dict[str, str] | None,
+    state_operators: list[dict[str, Any]],
+    sources: list[dict[str, Any]],
+    sink_description: str,
+    output_rows: int,
+    observed: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A ``StreamingQueryProgress`` as JSON, in Spark's field order: the query, the
+    trigger, its input rows (the sum of ``sources``) and rates, durations, event time
+    (None for none), state operators, sources, sink and observed metrics (None or empty
+    for none)."""
+    rows = sum(int(s["numInputRows"]) for s in sources)
+    progress: dict[str, Any] = {
+        "id": query_id,
+        "runId": run_id,
+        "name": name,
+        "timestamp": format_timestamp(timestamp_ms),
+        "batchId": batch_id,
+        "batchDuration": batch_duration_ms,
+        "numInputRows": rows,
+        "inputRowsPerSecond": rate(rows, input_secs),
+        "processedRowsPerSecond": rate(rows, process_secs),
+        "durationMs": dict(durations),
+    }
+    if event_time is not None:
+        progress["eventTime"] = event_time
+    progress["stateOperators"] = state_operators
+    progress["sources"] = sources
+    progress["sink"] = {"description": sink_description, "numOutputRows": output_rows}
+    if observed:
+        progress["observedMetrics"] = observed
+    return progress

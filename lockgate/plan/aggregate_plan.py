@@ -1,20 +1,35 @@
-"""What Spark's analysed plan of an aggregation says, for the plans the API builds from
-it: the expansion below a grouping-sets aggregation (``rollup``, ``cube``,
-``groupingSets``), the two aggregations of a pivot, which input columns the aggregate
-functions read, whether a grouping key is a plain column, and an aggregate restricted
-to the rows of one pivot value (Spark's ``ResolvePivot``)."""
+"""What Spark's analysed plan of an aggregation says, and the plan nodes the API's
+``groupBy``/``rollup``/``cube``/``groupingSets``/``pivot`` become from it.
+
+The reads of Spark's analysed plan: the expansion below a grouping-sets aggregation
+(:func:`read_expansion`), the aggregates of a pivot's first aggregation
+(:func:`pivot_aggregate_names`), which input columns the aggregate functions read,
+whether a grouping key is a plain column, which select items of an aggregation
+aggregate (:func:`aggregate_items`, for ``ls.sql``), and Spark's split of columns into
+aggregate functions and result expressions (:func:`result_expressions`).
+
+What the API builds from them, as plan values (the input's plan node and template,
+Columns): the ``Aggregate`` node of a ``groupBy(...).agg(...)``
+(:func:`aggregate_node`), the columns of the expansion a grouping-sets aggregation
+runs over (:func:`grouping_sets_plan`), and the columns of a pivot's aggregations
+(:func:`pivot_first_outputs`, :func:`pivot_value_outputs`). The API applies them
+with its own builder calls (``select``, ``groupBy(...).agg``), so the steps are
+checked and chained as a user's would be."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import re
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from lockgate.errors import NotSupportedYetError
+from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.jvm import quoted
+from lockgate.jvm import seq as _seq
+from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.aggregate_functions import (
     as_column,
     decompose,
@@ -22,6 +37,24 @@ from lockgate.plan.aggregate_functions import (
     is_plain_aggregate,
     map_aggregates,
 )
+from lockgate.plan.event_time import event_time_columns, grouping_event_time_key
+from lockgate.plan.nodes import PlanNode, Transform
+from lockgate.plan.session_window import session_key_index, session_window_aggregate
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def analysed_plan(frame: DataFrame) -> Any:
+    """Spark's analysed logical plan (JVM) of ``frame``."""
+    return frame._jdf.queryExecution().analyzed()
+
+
+def _analysed_aggregate(frame: DataFrame) -> Any:
+    node = analysed_plan(frame)
+    while node.getClass().getSimpleName() != "Aggregate":
+        node = node.children().apply(0)
+    return node
 
 
 def refuse_expressions_over_aggregates(spark: Any, columns: list[Column], what: str) -> None:
@@ -54,9 +87,7 @@ class Expansion:
 def read_expansion(template: Any) -> Expansion | None:
     """None where Spark aggregates without ``Expand`` (no keys and one set: ``rollup()``,
     ``groupingSets([[]])``)."""
-    node = template._jdf.queryExecution().analyzed()
-    while node.getClass().getSimpleName() != "Aggregate":
-        node = node.children().apply(0)
+    node = _analysed_aggregate(template)
     grouping = node.groupingExpressions()
     size = grouping.size()
     if size == 0:
@@ -85,7 +116,7 @@ def read_expansion(template: Any) -> Expansion | None:
 def aggregated_columns(template: Any, columns: list[Column]) -> set[str]:
     """Names of the input columns the aggregate functions read (Spark's analysed plan;
     not a grouping key an expression over them reads)."""
-    plan = template.agg(*columns)._jdf.queryExecution().analyzed()
+    plan = analysed_plan(template.agg(*columns))
     found: set[str] = set()
 
     def visit(expr: Any) -> None:
@@ -109,7 +140,7 @@ def groups_by_column(template: Any, key: int | None) -> bool:
     Spark's analysed ``Aggregate`` (not an expression such as a cast)."""
     if key is None:
         return True
-    node = template._jdf.queryExecution().analyzed()
+    node = analysed_plan(template)
     while node.getClass().getSimpleName() != "Aggregate":
         if node.children().size() != 1:
             return True
@@ -118,16 +149,44 @@ def groups_by_column(template: Any, key: int | None) -> bool:
     return key >= grouping.size() or grouping.apply(key).getClass().getSimpleName() == "AttributeReference"
 
 
-def inner_pivot_aggregate(template: Any) -> Any:
-    """The first of the two aggregations Spark's plan of a pivot has (a projection of
-    the second's ``PivotFirst`` arrays over it), or None for a single aggregation."""
-    node = template._jdf.queryExecution().analyzed()
+def pivot_aggregate_names(template: Any, count: int) -> list[str] | None:
+    """The names of the ``count`` aggregates of the first of the two aggregations
+    Spark's plan of a pivot has (a projection of the second's ``PivotFirst`` arrays over
+    it), or None where Spark plans the pivot as a single aggregation."""
+    node = analysed_plan(template)
     if node.getClass().getSimpleName() != "Project":
         return None
     second = node.child()
     if second.getClass().getSimpleName() != "Aggregate" or second.child().getClass().getSimpleName() != "Aggregate":
         return None
-    return second.child()
+    expressions = second.child().aggregateExpressions()
+    size = expressions.size()
+    return [str(expressions.apply(i).name()) for i in range(size - count, size)]
+
+
+def aggregate_items(template: Any, first: int, count: int) -> tuple[list[str | int | None], bool]:
+    """Which of the ``count`` aggregate expressions from ``first`` on of Spark's analysed
+    ``Aggregate`` of ``template`` aggregate (``"agg"``), which are a grouping expression
+    (its index) and which are neither (None: an expression over the keys, a literal);
+    and whether the last aggregate expression aggregates. What ``ls.sql`` needs to
+    apply a SELECT list with the DataFrame API, which aggregates only the former."""
+    node = _analysed_aggregate(template)
+    groups = _seq(node.groupingExpressions())
+    resolved = _seq(node.aggregateExpressions())
+    found: list[str | int | None] = []
+    for expr in resolved[first : first + count]:
+        inner = expr.child() if expr.getClass().getSimpleName() == "Alias" else expr
+        if _has_aggregate(inner):
+            found.append("agg")
+        else:
+            found.append(next((j for j, g in enumerate(groups) if inner.semanticEquals(g)), None))
+    return found, _has_aggregate(resolved[-1])
+
+
+def _has_aggregate(expr: Any) -> bool:
+    if expr.getClass().getSimpleName() == "AggregateExpression":
+        return True
+    return any(_has_aggregate(c) for c in _seq(expr.children()))
 
 
 _FIRST_LAST = ("first", "last", "first_value", "last_value")
@@ -241,3 +300,221 @@ def result_expressions(
             "Aggregate in agg() and compute the expression in a select() after it.",
         )
     return aggregates, results, schema
+
+
+# -- the plan nodes the API builds --------------------------------------------------------
+def aggregate_node(
+    spark: SparkSession,
+    child: PlanNode,
+    input_template: DataFrame,
+    grouping: tuple[Any, ...],
+    columns: list[Column],
+    template: DataFrame,
+    template_grouped: Any,
+) -> Aggregate:
+    """The stateful node of ``groupBy(*grouping).agg(*columns)`` over ``child`` (whose
+    template is ``input_template``): an ``Aggregate``, or a ``SessionWindowAggregate``
+    when a grouping key is a session window. ``template`` is the aggregation Spark has
+    analysed, ``template_grouped`` its ``GroupedData``."""
+    key_count = len(template.columns) - len(columns)
+    split = result_expressions(spark, grouping, columns, template, template_grouped, key_count)
+    aggregates = columns if split is None else split[0]
+    specs = tuple(decompose(spark, c) for c in aggregates)
+    key_names = tuple(template.columns[:key_count])
+    watermarked = event_time_columns(child)
+    event_time_key = grouping_event_time_key(template.schema, key_count, grouping, watermarked)
+    session_key = session_key_index(template.schema, key_count)
+    input_plan = analysed_plan(input_template)
+    node: Aggregate
+    if session_key is not None:
+        if any(spec.kind == "approx_count_distinct" for spec in specs):
+            raise NotSupportedYetError(
+                "approx_count_distinct over session windows",
+                "Use it with window() or plain grouping keys, or count distinct values "
+                "per session in a second query.",
+            )
+        node = session_window_aggregate(
+            spark,
+            child=child,
+            grouping=grouping,
+            aggregations=tuple(aggregates),
+            specs=specs,
+            output_schema=template.schema,
+            key_names=key_names,
+            session_key=session_key,
+            watermarked=watermarked,
+            other_event_time_key=None if event_time_key == session_key else event_time_key,
+            input_plan=input_plan,
+        )
+    else:
+        node = Aggregate(
+            child=child,
+            grouping=grouping,
+            aggregations=tuple(aggregates),
+            specs=specs,
+            output_schema=template.schema,
+            key_names=key_names,
+            event_time_key=event_time_key,
+            input_plan=input_plan,
+            event_time_key_is_attribute=groups_by_column(template, event_time_key),
+        )
+    if split is not None:
+        node = replace(node, results=split[1], aggregate_schema=split[2])
+    return node
+
+
+def key_column(columns: list[str], item: Any) -> Column:
+    """A grouping item as a Column: a name, a Column, or a 1-based ordinal of
+    ``columns`` (as PySpark's)."""
+    if isinstance(item, int) and not isinstance(item, bool):
+        return F.col(quoted(columns[item - 1]))
+    return F.col(item) if isinstance(item, str) else item
+
+
+@dataclass(frozen=True)
+class GroupingSetsPlan:
+    """A grouping-sets aggregation as the API builds it: the input projected by
+    ``keyed``, ``exploded`` and ``flattened`` in turn (each row once per grouping set,
+    Spark's ``Expand``), aggregated by ``grouping``, then :meth:`finish` on the
+    aggregation's node."""
+
+    keyed: tuple[Any, ...]
+    exploded: tuple[Column, ...]
+    flattened: tuple[Any, ...]
+    grouping: tuple[Column, ...]
+    dropped: tuple[str, ...]
+    """The grouping columns Spark's output does not show."""
+    event_time_key: int | None
+    event_time_key_is_attribute: bool
+
+    def finish(self, aggregated: Aggregate) -> PlanNode:
+        """The aggregation of the expanded rows with the event-time key of Spark's plan
+        (the expansion hides which key carries event time from lockgate's own rules),
+        without the columns Spark's output leaves out."""
+        node = replace(
+            aggregated,
+            event_time_key=self.event_time_key,
+            event_time_key_is_attribute=self.event_time_key_is_attribute,
+        )
+        return Transform(node, "drop", self.dropped)
+
+
+def grouping_sets_plan(
+    input_plan: PlanNode,
+    input_template: DataFrame,
+    grouping: tuple[Any, ...],
+    kind: str,
+    sets: tuple[tuple[Any, ...], ...] | None,
+    columns: list[Column],
+    template: DataFrame,
+) -> GroupingSetsPlan | None:
+    """``rollup``/``cube``/``groupingSets`` as Spark plans them: each row once per
+    grouping set (Spark's ``Expand``, here an ``explode`` of one struct per set), the keys
+    a set leaves out null, and a streaming aggregation keyed by the keys,
+    ``spark_grouping_id`` (bit ``n - 1 - i`` set when key ``i`` is left out) and, when
+    two sets hold the same keys, ``_gen_grouping_pos`` (the set's position), which are
+    dropped from the output. The keys, the sets and their ids are those of Spark's own
+    plan of ``template``: the distinct expressions of the columns and the sets, so a set
+    may group by an expression that is not among the columns (a key the output leaves
+    out). The event-time key is the one Spark's plan has (a window or a watermarked
+    column), so Append mode emits a set's groups when the watermark passes them; a set
+    without it is never emitted in Append mode, as in Spark.
+
+    None where Spark plans a single set of no keys: a plain global aggregation."""
+    shown = len(template.columns) - len(columns)
+    if session_key_index(template.schema, shown) is not None:
+        raise NotSupportedYetError(f"A streaming {kind} by a session window", "Group by the session window.")
+    if any(re.search(r"\bgrouping(_id)?\(", str(c)) for c in columns):
+        raise NotSupportedYetError(
+            f"grouping()/grouping_id() in a streaming {kind}",
+            "Tell the sets apart by which keys are null.",
+        )
+    if sets is not None and not sets:
+        raise AnalysisError(
+            "groupingSets needs at least one grouping set ([] is the grand total); Spark's own "
+            "query fails on none at its first batch"
+        )
+    expansion = read_expansion(template)
+    if expansion is None:
+        return None
+    n = len(expansion.names)
+    input_columns = input_template.columns
+    candidates = [key_column(input_columns, c) for c in (*grouping, *(c for s in sets or () for c in s))]
+    # which candidate is which key: Spark's own de-duplication, read from the plan of one
+    # set per candidate (a window, an alias, `a + b` and `b + a` as Spark compares them)
+    probe = (
+        read_expansion(input_template.groupingSets([[c] for c in candidates]).agg(F.count(F.lit(1)))) if n else None
+    )
+    if probe is not None and probe.names != expansion.names:
+        raise NotSupportedYetError(f"A streaming {kind} whose keys Spark orders differently from its columns")
+    positions = [kept[0] for kept in probe.kept] if probe is not None else []
+    if positions[: len(grouping)] != list(range(len(grouping))) or shown != len(grouping):
+        raise NotSupportedYetError(f"A streaming {kind} by the same key twice", "Name each grouping key once.")
+    keys = [candidates[positions.index(j)] for j in range(n)]
+    names = [*template.columns[:shown], *expansion.names[shown:]]
+    internal = ["spark_grouping_id"] + (["_gen_grouping_pos"] if expansion.positions else [])
+    if len({*names, *internal}) != n + len(internal):
+        raise NotSupportedYetError(f"{kind} by keys of the same name ({', '.join(names)})")
+    read = aggregated_columns(input_template, columns)
+    shadowed = sorted(read & {*names, *internal} & set(input_columns))
+    if shadowed:
+        raise NotSupportedYetError(
+            f"A streaming {kind} aggregating its own grouping column ({', '.join(shadowed)})",
+            "Aggregate a copy of the column (withColumn) instead.",
+        )
+    plain = input_template.groupBy(*keys).agg(F.count(F.lit(1)))  # the keys' types, event time
+    key_fields = plain.schema.fields[:n]
+    structs = [
+        F.struct(
+            *[
+                (F.col(f"__lockgate_set_key_{j}") if j in kept else F.lit(None).cast(f.dataType)).alias(name)
+                for j, (f, name) in enumerate(zip(key_fields, names))
+            ],
+            F.lit(mask).cast(expansion.id_type).alias("spark_grouping_id"),
+            *([F.lit(i).cast("int").alias("_gen_grouping_pos")] if expansion.positions else []),
+        )
+        for i, (kept, mask) in enumerate(zip(expansion.kept, expansion.masks))
+    ]
+    others = [F.col(quoted(c)) for c in input_columns if c not in {*names, *internal}]
+    event_time_key = grouping_event_time_key(plain.schema, n, tuple(keys), event_time_columns(input_plan))
+    return GroupingSetsPlan(
+        keyed=("*", *[k.alias(f"__lockgate_set_key_{j}") for j, k in enumerate(keys)]),
+        exploded=(*others, F.explode(F.array(*structs)).alias("__lockgate_set")),
+        flattened=(*others, "__lockgate_set.*"),
+        grouping=tuple(F.col(quoted(c)) for c in (*names, *internal)),
+        dropped=(*names[shown:], *internal),
+        event_time_key=event_time_key,
+        event_time_key_is_attribute=groups_by_column(template, event_time_key),
+    )
+
+
+def pivot_first_outputs(pivot: StructField, values: list[Any], names: list[str]) -> list[Column]:
+    """The second aggregation of a pivot Spark plans as two: per value and aggregate of
+    the first (``names``, grouped by the keys and the ``pivot`` column), the last
+    non-null aggregate of the rows with that value (what Spark's ``PivotFirst`` keeps)."""
+    column = F.col(quoted(pivot.name))
+    return [
+        F.last(F.when(column.eqNullSafe(F.lit(value).cast(pivot.dataType)), F.col(quoted(name))), ignorenulls=True)
+        for value in values
+        for name in names
+    ]
+
+
+def pivot_value_outputs(
+    spark: SparkSession, input_template: DataFrame, pivot_column: str, values: list[Any], columns: list[Column]
+) -> list[Column]:
+    """The one aggregation of a pivot Spark plans as one: per value and column, each
+    aggregate of the column over the rows of that value (:func:`for_rows_where`)."""
+    pivot = F.col(pivot_column)
+    pivot_type = input_template.select(pivot).schema.fields[0].dataType
+    return [
+        for_rows_where(spark, c, pivot.eqNullSafe(F.lit(value).cast(pivot_type)))
+        if is_plain_aggregate(spark, c)
+        else map_aggregates(  # each aggregate of the expression over the value's rows
+            spark,
+            c,
+            lambda call, v=value: for_rows_where(spark, call, pivot.eqNullSafe(F.lit(v).cast(pivot_type))),
+        )
+        for value in values
+        for c in columns
+    ]

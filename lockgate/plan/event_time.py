@@ -15,6 +15,7 @@ Spark's answer when it is defined, :func:`with_event_time`).
 * :func:`grouping_event_time_key`: an aggregation's event-time grouping key.
 * :func:`with_event_time` / :func:`event_time_by_optimizer`: Spark's optimizer's answer
   for a projection the rules cannot follow.
+* :func:`check_event_time_column`: Spark's check of a ``withWatermark`` column.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
+from pyspark.sql.types import TimestampNTZType, TimestampType
 
+from lockgate.errors import AnalysisError
 from lockgate.jvm import scala_list
 from lockgate.jvm import seq as _seq
 from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
@@ -44,6 +47,22 @@ KEEPS_EVENT_TIME = (
 """Row-by-row methods that keep every column as it is, with its watermark metadata
 (``fillna`` and ``replace`` change only numeric, string and boolean columns, never an
 event-time timestamp or window)."""
+
+
+def check_event_time_column(frame: DataFrame, name: str) -> None:
+    """Spark's analysis of ``withWatermark(name, ...)`` on ``frame``: its error for a
+    missing column (``UNRESOLVED_COLUMN``) or one that is not a timestamp
+    (``EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE``, with the type's SQL name)."""
+    field = next((f for f in frame.schema.fields if f.name == name), None)
+    if field is None:
+        frame.select(name)  # Spark's UNRESOLVED_COLUMN error
+        return
+    if not isinstance(field.dataType, (TimestampType, TimestampNTZType)):
+        sql_type = frame._jdf.schema().apply(name).dataType().sql()
+        raise AnalysisError(
+            f"[EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE] The event time `{name}` has the "
+            f'invalid type "{sql_type}", but expected "TIMESTAMP". SQLSTATE: 42K09'
+        )
 
 
 def event_time_outputs(node: PlanNode) -> dict[str, int] | None:

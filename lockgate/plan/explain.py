@@ -12,9 +12,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lockgate.plan.nodes import PlanNode
-from lockgate.plan.stateful import StatefulOperator
+from lockgate.plan.stateful import StatefulOperator, stateful_operators
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
     from lockgate.plan.incremental import IncrementalExecution
 
 
@@ -60,6 +62,37 @@ def stateful_tree(
     return "\n".join(lines)
 
 
+def physical_plan(frame: DataFrame) -> str:
+    """Spark's executed (physical) plan of ``frame``, as ``explain()`` prints it."""
+    return str(frame._jdf.queryExecution().executedPlan().toString()).rstrip()
+
+
+def explain_definition(plan: PlanNode, template: DataFrame, num_partitions: int, extended: bool) -> str:
+    """``explain()`` of a streaming DataFrame before it runs: lockgate's plan (extended),
+    its stateful operators without state info, and Spark's physical plan of
+    ``template`` (sources as empty relations)."""
+    lines = []
+    if extended:
+        lines += ["== Parsed Logical Plan (lockgate) ==", plan.tree_string(), ""]
+    operators = stateful_operators(plan)
+    if operators:
+        lines += [
+            "== Stateful Operators (lockgate; state info is known once the query runs) ==",
+            stateful_tree(
+                plan,
+                operator_ids={id(op): i for i, op in enumerate(operators)},
+                state_root="<checkpoint>/state",
+                version=None,
+                num_partitions=num_partitions,
+                output_mode="append",
+                watermark_ms=None,
+            ),
+            "",
+        ]
+    lines += ["== Physical Plan (per batch, sources as empty relations) ==", physical_plan(template)]
+    return "\n".join(lines)
+
+
 def explain_execution(execution: IncrementalExecution, extended: bool) -> str:
     ctx = execution.stateful
     parts: list[str] = []
@@ -81,6 +114,5 @@ def explain_execution(execution: IncrementalExecution, extended: bool) -> str:
             "",
         ]
     parts.append(f"== Physical Plan (batch {execution.batch_id}) ==")
-    built = execution.build()
-    parts.append(built._jdf.queryExecution().executedPlan().toString().rstrip())
+    parts.append(physical_plan(execution.build()))
     return "\n".join(parts)

@@ -30,6 +30,7 @@ from lockgate.state.schema import (
     read_schema_file,
     stored_schema,
 )
+from lockgate.state.store import StateStoreConf, read_state_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -67,8 +68,6 @@ def _read_partition(
     columns: tuple[list[str], list[str]] | None = None,
     key_groups: list[int | None] | None = None,
 ) -> Any:
-    from lockgate.state.store import read_state_table
-
     for batch in batches:
         for pid in batch.column(0).to_pylist():
             table = read_state_table(conf, int(pid), version)
@@ -110,8 +109,6 @@ def read_state(
     flatten_collection_types: Any = True,
 ) -> DataFrame:
     from pyspark.sql.types import IntegerType, StructField, StructType
-
-    from lockgate.state.store import StateStoreConf
 
     # Spark's StateSourceOptions: the booleans parsed, the name trimmed, checked in its order
     timers = _boolean_option("readRegisteredTimers", read_registered_timers)
@@ -312,8 +309,6 @@ def _read_transform_with_state(
     of Spark's state data source for its kind (Spark's ``SchemaUtil.getSourceSchema``)."""
     from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
-    from lockgate.state.store import StateStoreConf
-
     if var_name is None and not timers:
         raise StateDataSourceError("STDS_REQUIRED_OPTION_UNSPECIFIED", {"optionName": "stateVarName"})
     key_schema, value_schema = _stored_schema(meta, "key"), _stored_schema(meta, "value")
@@ -378,8 +373,6 @@ def _read_variable_partition(
     conf: Any, version: int, out_schema: pa.Schema, kind: str, flatten: bool, batches: Any
 ) -> Any:
     import pyarrow.compute as pc
-
-    from lockgate.state.store import read_state_table
 
     key_names = [f.name for f in conf.key_schema]
     out_key = out_schema.field("key").type

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 from differential import Differential, write_json
-from pyspark.errors import AnalysisException
+from pyspark.errors import AnalysisException, ParseException
 
 from lockgate.api.reader import DataStreamReader as LockgateReader
 from lockgate.errors import AnalysisError
@@ -186,3 +186,13 @@ def test_refusals_as_spark(spark, ls, tmp_path, inp, query, mode, message):
                 "checkpointLocation", str(tmp_path / label)
             ).start()
             q.stop()
+
+
+@pytest.mark.parametrize("args", [None, {"x": 1}])
+def test_parse_errors_as_spark(spark, ls, args):
+    """A query Spark cannot parse fails with Spark's ParseException, with parameters too."""
+    with pytest.raises(ParseException) as native:
+        spark.sql("SELEC 1", args)
+    with pytest.raises(ParseException) as ours:
+        ls.sql("SELEC 1", args)
+    assert str(ours.value) == str(native.value)

@@ -8,9 +8,9 @@ import socket
 import threading
 
 import pytest
+from expression_cases import CASES, ROWS, SCHEMA
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
-from test_expressions import CASES, ROWS, SCHEMA
 
 from lockgate.errors import AnalysisError, NotSupportedYetError, StreamingQueryException
 from lockgate.execution.continuous.coordinator import CoordinatorServer, EpochCoordinator

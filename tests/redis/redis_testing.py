@@ -130,3 +130,9 @@ class RedisServer:
         import redis
 
         return redis.Redis(host=HOST, port=self.port, decode_responses=True)
+
+
+def add(r: Any, stream: str, ids: list[str]) -> None:
+    """Entries ``ids`` in ``stream``, each with the field ``n`` naming it."""
+    for entry_id in ids:
+        r.xadd(stream, {"n": f"{stream}/{entry_id}"}, id=entry_id)

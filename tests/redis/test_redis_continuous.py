@@ -6,7 +6,7 @@ import json
 import os
 
 from pyspark.sql import functions as F
-from test_redis_source import add
+from redis_testing import add
 
 
 def _file_writer(directory):

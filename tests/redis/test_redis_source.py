@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
-from redis_testing import free_port
+from redis_testing import add, free_port
 
 from lockgate.checkpoint import resolve_filesystem
 from lockgate.clock import SystemClock
@@ -28,11 +28,6 @@ def make_source(spark, redis_server, root: Path, **options):
         clock=SystemClock(),
     )
     return RedisSourceProvider().createSource(context)
-
-
-def add(r, stream: str, ids: list[str]) -> None:
-    for entry_id in ids:
-        r.xadd(stream, {"n": f"{stream}/{entry_id}"}, id=entry_id)
 
 
 def rows(df) -> list[tuple[str, str, dict, int]]:

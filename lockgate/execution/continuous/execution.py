@@ -30,7 +30,11 @@ from lockgate.errors import AnalysisError
 from lockgate.execution.conf import pin_confs
 from lockgate.execution.continuous.coordinator import CoordinatorServer, EpochCoordinator
 from lockgate.execution.continuous.task import TaskSpec, run_partition
-from lockgate.execution.progress import ProgressTracker, format_timestamp, json_or_none, rate
+from lockgate.execution.progress import (
+    ProgressTracker,
+    query_progress,
+    source_progress,
+)
 from lockgate.execution.stream import QueryState, StreamExecution
 from lockgate.options import Options
 from lockgate.plan.row_expressions import Program
@@ -359,33 +363,22 @@ class ContinuousExecution(StreamExecution):
         seconds = max(0, now - self._last_commit_ms) / 1000.0
         started = self._last_commit_ms
         self._last_commit_ms = now
-        source = {
-            "description": self.source.description(),
-            "startOffset": json_or_none(start),
-            "endOffset": json_or_none(end),
-            "latestOffset": json_or_none(end),
-            "numInputRows": rows,
-            "inputRowsPerSecond": rate(rows, seconds),
-            "processedRowsPerSecond": rate(rows, seconds),
-        }
-        progress = {
-            "id": self.id,
-            "runId": self.run_id,
-            "name": self.name,
-            "timestamp": format_timestamp(started),
-            "batchId": epoch,
-            "batchDuration": now - started,
-            "numInputRows": rows,
-            "inputRowsPerSecond": rate(rows, seconds),
-            "processedRowsPerSecond": rate(rows, seconds),
-            "durationMs": {"commitOffsets": commit_ms, "triggerExecution": now - started},
-            "stateOperators": [],
-            "sources": [source],
-            "sink": {
-                "description": self.sink.description(),
-                "numOutputRows": output_rows(messages),
-            },
-        }
+        progress = query_progress(
+            query_id=self.id,
+            run_id=self.run_id,
+            name=self.name,
+            timestamp_ms=started,
+            batch_id=epoch,
+            batch_duration_ms=now - started,
+            durations={"commitOffsets": commit_ms, "triggerExecution": now - started},
+            input_secs=seconds,
+            process_secs=seconds,
+            event_time=None,
+            state_operators=[],
+            sources=[source_progress(self.source.description(), start, end, rows, seconds, seconds)],
+            sink_description=self.sink.description(),
+            output_rows=output_rows(messages),
+        )
         parsed = self.progress.record(progress)
         self.manager.query_progress(self, parsed)
 
