@@ -84,6 +84,8 @@ from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import (
     TIMERS_STORE,
     TRANSFORM_WITH_STATE_NAME,
+    TTL_COLUMN,
+    TTL_LIST_COLUMN,
     OperatorStateSchema,
     read_schema_file,
     stored_schema,
@@ -97,10 +99,6 @@ if TYPE_CHECKING:
 TIMERS = TIMERS_STORE
 """The store of the registered timers (``$``: Spark's prefix of reserved column families)."""
 
-TTL_COLUMN = "$ttlExpirationMs"
-"""A ``ValueState`` with TTL: the value's expiration (epoch ms) after its columns."""
-TTL_LIST_COLUMN = "$ttlExpirationsMs"
-"""A ``ListState`` or ``MapState`` with TTL: each element's (map entry's) expiration."""
 
 _TIME_MODES = {"none": "none", "processingtime": "processingTime", "eventtime": "eventTime"}
 _OUTPUT_MODES = {"append": "append", "update": "update"}

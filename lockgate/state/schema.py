@@ -39,6 +39,11 @@ SESSION_WINDOW_NAME = "sessionWindowStateStoreSaveExec"
 TIMERS_STORE = "$timers"
 """transformWithState's store of registered timers (``$``: Spark's prefix of reserved
 column families; ``lockgate/plan/transform_with_state.py`` keeps them there)."""
+TTL_COLUMN = "$ttlExpirationMs"
+"""A transformWithState ``ValueState`` with TTL: the value's expiration (epoch ms) after
+its columns."""
+TTL_LIST_COLUMN = "$ttlExpirationsMs"
+"""A ``ListState`` or ``MapState`` with TTL: each element's (map entry's) expiration."""
 
 
 @dataclass(frozen=True)
