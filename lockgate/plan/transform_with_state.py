@@ -41,13 +41,15 @@ has one column per variable, compared by name on a restart as Spark compares col
 families: a variable whose type changed (or gained or lost its TTL) is refused with
 Spark's ``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``; a variable added starts empty (the
 schema file's ``stateVariablesSince`` keeps the version its store starts after); a
-variable removed is no longer read (its files stay).
+variable removed is no longer read (its files stay, ``stateVariablesRemoved`` keeps its
+last version), and declared again later reads that state back, as Spark's does (the
+versions in between are written as empty deltas, ``StateStoreConf.gap``), unless a run
+deleted it (``deleteIfExists`` in ``init``): then it starts empty. A name declared twice
+in one ``init`` is refused with Spark's state server's message.
 
 Not there yet, each refused with :class:`~lockgate.errors.NotSupportedYetError` when
 the query is defined: state schemas with nested structs or maps, grouping by a struct
-or map; and, when the restarted query plans its first batch, a state variable declared
-again after a run without it (Spark reads its earlier state back; lockgate's store has
-no files for the versions in between).
+or map.
 """
 
 from __future__ import annotations
@@ -179,6 +181,7 @@ class _RecordingHandle:
     def __init__(self, time_mode: str) -> None:
         self.time_mode = time_mode
         self.variables: dict[str, StateVariable] = {}
+        self.deleted: set[str] = set()
 
     def _add(self, variable: StateVariable, ttl: int | None) -> None:
         from dataclasses import replace
@@ -205,8 +208,15 @@ class _RecordingHandle:
         for f in variable.schema.fields:
             if f.name in (TTL_COLUMN, TTL_LIST_COLUMN):
                 raise AnalysisError(f"State variable {name!r} cannot have a field named {f.name!r}: lockgate keeps TTL there.")
-        if name in self.variables and self.variables[name] != variable:
-            raise AnalysisError(f"State variable {name!r} is declared twice with different schemas in init().")
+        if name in self.variables:
+            # Spark's state server: a name is declared once per init()
+            kind = variable.kind
+            if self.variables[name].kind == variable.kind:
+                raise AnalysisError(
+                    f"Error initializing {kind} state: {kind.capitalize()} state {name} already exists"
+                )
+            raise AnalysisError(f"State variable {name!r} is declared twice, as a {self.variables[name].kind} "
+                                f"and a {variable.kind} state, in init().")
         _refuse_nested(f"State variable {name!r} of transformWithState", variable.schema)
         if variable.key_schema is not None:
             _refuse_nested(f"State variable {name!r} of transformWithState", variable.key_schema)
@@ -229,6 +239,7 @@ class _RecordingHandle:
 
     def deleteIfExists(self, stateName: str) -> None:
         self.variables.pop(stateName, None)
+        self.deleted.add(stateName)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -253,15 +264,16 @@ class _Unavailable:
         raise AnalysisError(f"State variable {self._name!r} can only be read or written while rows are handled.")
 
 
-def declared_variables(processor: Any, time_mode: str) -> tuple[StateVariable, ...]:
-    """The state variables of the processor's ``init``, run on a copy of the processor."""
+def declared_variables(processor: Any, time_mode: str) -> tuple[tuple[StateVariable, ...], tuple[str, ...]]:
+    """The state variables of the processor's ``init``, run on a copy of the processor,
+    and the names it deletes (``deleteIfExists``) without declaring them again."""
     from pyspark import cloudpickle
 
     copy = pickle.loads(cloudpickle.dumps(processor))
     handle = _RecordingHandle(time_mode)
     copy.init(handle)
     copy.close()
-    return tuple(handle.variables.values())
+    return tuple(handle.variables.values()), tuple(sorted(handle.deleted - set(handle.variables)))
 
 
 # -- the plan node ----------------------------------------------------------------------------
@@ -287,6 +299,9 @@ class TransformWithState(StatefulOperator):
     output_delay_ms: int = 0
     initial_state: Any = None
     """The ``initialState`` (a static DataFrame) and the SQL of its grouping keys, or None."""
+    deleted_variables: tuple[str, ...] = ()
+    """Names ``init`` deletes (``deleteIfExists``) and does not declare: declared again
+    later, they start empty."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -443,7 +458,7 @@ def make_transform_with_state(
                 f"{method} grouped by a struct or map ({f.name}: {f.dataType.simpleString()})",
                 "Group by the struct's fields instead.",
             )
-    variables = declared_variables(processor, tm)
+    variables, deleted = declared_variables(processor, tm)
     event_time = next((c for c in input_schema.names if c in watermarked), None)
     return TransformWithState(
         child=child,
@@ -455,6 +470,7 @@ def make_transform_with_state(
         pandas=pandas,
         key_schema=key_schema,
         variables=variables,
+        deleted_variables=deleted,
         event_time_column=event_time,
         output_event_time=output_event_time,
         output_delay_ms=max(watermarked.values(), default=0),
@@ -525,7 +541,8 @@ def _build(
     tz = ctx.session_timezone
     key_arrow = schema_to_arrow(node.key_schema, tz)
 
-    since = _variables_since(node, ctx.state_root, operator_id, batch_id)
+    versions = _variables_since(node, ctx.state_root, operator_id, batch_id)
+    since = versions.since
 
     def conf(name: str, value: StructType) -> StateStoreConf:
         return StateStoreConf(
@@ -539,6 +556,7 @@ def _build(
             store_name=name,
             checkpoint_id=ctx.checkpoint_id,
             first_version=since.get(name, 0),
+            gap=tuple(versions.gaps[name]) if name in versions.gaps else None,  # type: ignore[arg-type]
         )
 
     stores = {v.name: conf(v.name, v.value_type()) for v in node.variables}
@@ -571,36 +589,74 @@ def _build(
     value_fields.append(StructField(TIMERS, _TIMER_VALUE, True))
     value_schema = schema_to_arrow(StructType(value_fields), tz)
     return result, OperatorStateSchema(
-        operator_id, node.operator_name, key_arrow, value_schema, n, variables_since=since
+        operator_id,
+        node.operator_name,
+        key_arrow,
+        value_schema,
+        n,
+        variables_since=since,
+        variables_removed=versions.removed,
+        variables_gaps=versions.gaps,
+        time_mode=node.time_mode,
     )
 
 
-def _variables_since(node: TransformWithState, state_root: str, operator_id: int, batch_id: int) -> dict[str, int]:
+@dataclass(frozen=True)
+class _VariableVersions:
+    since: dict[str, int]
+    removed: dict[str, list[int]]
+    gaps: dict[str, list[int]]
+
+
+def _variables_since(node: TransformWithState, state_root: str, operator_id: int, batch_id: int) -> _VariableVersions:
     """Per state variable, the version its store starts after: 0, or, for a variable
     the checkpoint's state schema file does not have (added on this restart), the
-    version before this batch's; kept in the schema file for later restarts."""
+    version before this batch's; kept in the schema file for later restarts. A variable
+    no longer declared is remembered with the last version it holds; declared again
+    (Spark reads its earlier state back), its store reads that version through the
+    versions it was not declared in (``StateStoreConf.gap``)."""
 
     fs, path = resolve_filesystem(f"{state_root.rstrip('/')}/{operator_id}/_metadata/schema")
     stored = read_schema_file(fs, path, operator_id)
     if stored is None:
-        return {}
+        return _VariableVersions({}, {}, {})
     known = set(stored_schema(stored, "value").names)
     previous = stored.get("stateVariablesSince") or {}
+    removed = {k: list(v) for k, v in (stored.get("stateVariablesRemoved") or {}).items()}
+    gaps = {k: list(v) for k, v in (stored.get("stateVariablesGaps") or {}).items()}
+    declared = [v.name for v in node.variables] + [TIMERS]
+    for name in known - set(declared):
+        # removed now: its state as of this batch's version stays readable
+        removed[name] = [int(previous.get(name) or 0), batch_id]
+    for name in node.deleted_variables:
+        if name in removed:
+            removed[name][1] = -1  # deleted: declared again, it starts empty
     since = {}
-    for name in [v.name for v in node.variables] + [TIMERS]:
+    for name in declared:
         if name not in known:
+            if name in removed:
+                first, last = removed.pop(name)
+                gaps.pop(name, None)
+                if last < 0:
+                    since[name] = batch_id
+                else:
+                    if first:
+                        since[name] = first
+                    gaps[name] = [last, batch_id]
+                continue
             old = f"{state_root.rstrip('/')}/{operator_id}/0/{name}"
             ofs, opath = resolve_filesystem(old)
             if ofs.list_names(opath) if ofs.exists(opath) else []:
                 raise NotSupportedYetError(
                     f"state variable {name!r} of transformWithState declared again after a run "
-                    "without it (Spark reads its earlier state back)",
+                    "without it, in a checkpoint written before lockgate kept the version "
+                    "such a variable was removed at",
                     f"Give the variable a new name, or delete {old} in every partition.",
                 )
             since[name] = batch_id
         elif previous.get(name):
             since[name] = int(previous[name])
-    return since
+    return _VariableVersions(since, removed, gaps)
 
 
 def _grouping_column(item: Any) -> Any:

@@ -285,6 +285,11 @@ def _read_transform_with_state(
                 "message": f"State variable {var_name} is not defined for the transformWithState operator.",
             },
         )
+    if timers and meta.get("timeMode") == "none":
+        raise StateDataSourceError(
+            "STDS_INVALID_OPTION_VALUE.WITH_MESSAGE",
+            {"optionName": "readRegisteredTimers", "message": "Registered timers are not available in TimeMode=None."},
+        )
     stored = variables[store]
     kind, ttl = ("timers", False) if timers else _variable_kind(stored)
     key_type = StructType([_arrow_field_to_spark(f) for f in key_schema])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -62,9 +63,24 @@ class OperatorStateSchema:
     families), compared by name; a variable added on a restart is accepted (it starts
     empty after the version given here), a removed one dropped, as Spark's
     ``StateSchemaCompatibilityChecker`` does per column family. None: other operators."""
+    variables_removed: dict[str, list[int]] | None = None
+    """transformWithState: a variable no longer declared, ``[since, last]``: the version
+    its store starts after and the last version it holds (read back if declared again)."""
+    variables_gaps: dict[str, list[int]] | None = None
+    """transformWithState: a variable declared again, ``[last, version]``: the versions
+    in between it was not declared (``StateStoreConf.gap``)."""
+    time_mode: str | None = None
+    """transformWithState: its ``timeMode`` (``none``, ``processingTime``,
+    ``eventTime``), for the state reader (Spark's operator properties keep it)."""
 
     def to_json(self) -> str:
-        extra = {} if self.variables_since is None else {"stateVariablesSince": self.variables_since}
+        extra: dict[str, Any] = {} if self.variables_since is None else {"stateVariablesSince": self.variables_since}
+        if self.variables_removed:
+            extra["stateVariablesRemoved"] = self.variables_removed
+        if self.variables_gaps:
+            extra["stateVariablesGaps"] = self.variables_gaps
+        if self.time_mode is not None:
+            extra["timeMode"] = self.time_mode
         return json.dumps(
             {
                 **extra,
@@ -191,6 +207,9 @@ def _check_or_write_schema(
     if schema.variables_since is not None and (
         stored_schema(stored, "value").names != schema.value_schema.names
         or stored.get("stateVariablesSince") != schema.variables_since
+        or stored.get("stateVariablesRemoved") != (schema.variables_removed or None)
+        or stored.get("stateVariablesGaps") != (schema.variables_gaps or None)
+        or stored.get("timeMode") != schema.time_mode
     ):
         # variables added or removed: the file now describes the query's (Spark writes a
         # new schema file then)

@@ -277,10 +277,12 @@ class Evolving(StatefulProcessor):
     """Some of the state variables ``seen`` (a list), ``counts`` (a map) and ``total`` (a
     value), as a processor of another release of the query declares them."""
 
-    def __init__(self, variables: tuple[str, ...], count_type: str = "c long") -> None:
-        self.variables, self.count_type = variables, count_type
+    def __init__(self, variables: tuple[str, ...], count_type: str = "c long", deleted: tuple[str, ...] = ()) -> None:
+        self.variables, self.count_type, self.deleted = variables, count_type, deleted
 
     def init(self, handle: Any) -> None:
+        for name in getattr(self, "deleted", ()):
+            handle.deleteIfExists(name)
         self.seen = handle.getListState("seen", "v long") if "seen" in self.variables else None
         self.counts = handle.getMapState("counts", "v long", self.count_type) if "counts" in self.variables else None
         self.total = handle.getValueState("total", "t long") if "total" in self.variables else None
@@ -831,16 +833,17 @@ def test_read_state_of_each_variable_and_the_timers_matches_natives(spark, ls, t
         assert headline(mine_error.value) == headline(native_error.value), options
 
 
-def _evolving(variables: tuple[str, ...], count_type: str = "c long") -> Any:
+def _evolving(variables: tuple[str, ...], count_type: str = "c long", deleted: tuple[str, ...] = ()) -> Any:
     return lambda df: df.groupBy("k").transformWithStateInPandas(
-        Evolving(variables, count_type), "k string, seen string, counts string, total long", "Update", "None"
+        Evolving(variables, count_type, deleted), "k string, seen string, counts string, total long", "Update", "None"
     )
 
 
 def test_state_variables_added_and_removed_on_restart(spark, ls, tmp_path):
     """A restart whose processor declares a new state variable (it starts empty) or no
     longer declares one (its state is not read), accepted as Spark accepts it; a variable
-    removed and declared again later starts empty too."""
+    removed and declared again later reads its earlier state back, as Spark's does (also
+    in ``ls.read.state``)."""
     run = Run(spark, ls, tmp_path, _evolving(("seen", "counts")), "update", "k STRING, v LONG")
     run.start()
     run.step([{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "a", "v": 1}])
@@ -853,13 +856,90 @@ def test_state_variables_added_and_removed_on_restart(spark, ls, tmp_path):
     run.build = _evolving(("counts", "total"))  # seen removed
     run.start()
     run.step([{"k": "a", "v": 1}, {"k": "b", "v": 6}])
+    run.step([{"k": "c", "v": 2}])
     run.stop()
-    run.build = _evolving(("seen", "counts", "total"))  # seen back: Spark reads its old state
-    write_json(run.input, [{"k": "a", "v": 7}])
-    run._start("lockgate", ls.readStream)
-    with pytest.raises(Exception, match="state variable 'seen' of transformWithState declared again"):
-        run.queries["lockgate"].processAllAvailable()
-    run.queries.pop("lockgate").stop()
+    run.build = _evolving(("seen", "counts", "total"))  # seen back: its old state read back
+    run.start()
+    run.step([{"k": "a", "v": 7}, {"k": "c", "v": 1}])
+    run.step([{"k": "b", "v": 8}])
+    run.stop()
+    run.build = _evolving(("seen", "total"))  # counts, added on a restart, removed and back
+    run.start()
+    run.step([{"k": "a", "v": 2}])
+    run.stop()
+    run.build = _evolving(("seen", "counts", "total"))
+    run.start()
+    run.step([{"k": "a", "v": 9}, {"k": "b", "v": 1}])
+    run.stop()
+    native_ck, mine_ck = str(tmp_path / "native" / "ck"), str(tmp_path / "lockgate" / "ck")
+    for options in ({"stateVarName": "seen"}, {"stateVarName": "counts", "flattenCollectionTypes": False}):
+        native = _native_read(spark, native_ck, options)
+        mine = ls.read.state(mine_ck, **options)
+        assert mine.schema == native.schema, options
+        assert _state_rows(mine) == _state_rows(native), options
+
+
+def test_state_variable_deleted_then_declared_again(spark, ls, tmp_path):
+    """``deleteIfExists`` in ``init``: a variable deleted by a run that does not declare
+    it starts empty when a later run declares it again; deleted and then declared in the
+    same ``init``, it is empty at the start of every batch; as in Spark. The timers of
+    this query (time mode none) cannot be read, as in Spark."""
+    run = Run(spark, ls, tmp_path, _evolving(("seen", "total")), "update", "k STRING, v LONG")
+    run.start()
+    run.step([{"k": "a", "v": 1}, {"k": "b", "v": 2}])
+    run.stop()
+    run.build = _evolving(("total",), deleted=("seen",))
+    run.start()
+    run.step([{"k": "a", "v": 3}])
+    run.stop()
+    run.build = _evolving(("seen", "total"))
+    run.start()
+    run.step([{"k": "a", "v": 4}, {"k": "b", "v": 5}])
+    run.stop()
+    run.build = _evolving(("seen", "total"), deleted=("seen",))
+    run.start()
+    run.step([{"k": "a", "v": 6}])
+    run.step([{"k": "a", "v": 7}, {"k": "b", "v": 8}])
+    run.stop()
+    # the timers of a query in time mode none: Spark's reader refuses them
+    native_ck, mine_ck = str(tmp_path / "native" / "ck"), str(tmp_path / "lockgate" / "ck")
+    with pytest.raises(SparkRuntimeException) as native_error:
+        _native_read(spark, native_ck, {"readRegisteredTimers": True}).collect()
+    with pytest.raises(SparkRuntimeException) as mine_error:
+        ls.read.state(mine_ck, readRegisteredTimers=True).collect()
+    assert mine_error.value.getCondition() == native_error.value.getCondition()
+    assert headline(mine_error.value) == headline(native_error.value)
+    assert "TimeMode=None" in headline(mine_error.value)
+
+
+class Twice(Evolving):
+    def init(self, handle: Any) -> None:
+        handle.getListState("seen", "v long")
+        self.seen = handle.getListState("seen", "v long")
+        self.counts = self.total = None
+
+
+def test_state_variable_declared_twice_in_init_is_refused(spark, ls, tmp_path):
+    """The same name declared twice in ``init`` fails as in Spark (its state server's
+    message), also with the same schema."""
+    build = lambda df: df.groupBy("k").transformWithStateInPandas(  # noqa: E731
+        Twice(()), "k string, seen string, counts string, total long", "Update", "None"
+    )
+    run = Run(spark, ls, tmp_path, build, "update", "k STRING, v LONG")
+    write_json(run.input, [{"k": "a", "v": 1}])
+    with spark_conf(spark, "spark.sql.streaming.stateStore.providerClass", ROCKSDB):
+        run._start("native", spark.readStream)
+    with pytest.raises(Exception) as native:
+        run.queries["native"].processAllAvailable()
+    run.queries.pop("native").stop()
+    # Spark's message is in the causes of the JVM's exception (its driver worker's error)
+    causes, cause = [], getattr(native.value, "_origin", None)
+    while cause is not None:
+        causes.append(str(cause.toString()))
+        cause = cause.getCause()
+    assert "Error initializing list state: List state seen already exists" in "\n".join(causes), causes
+    with pytest.raises(Exception, match="Error initializing list state: List state seen already exists"):
+        run._start("lockgate", ls.readStream)
 
 
 def test_state_variable_type_changed_on_restart_is_refused(spark, ls, tmp_path):
