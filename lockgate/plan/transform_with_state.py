@@ -47,9 +47,12 @@ versions in between are written as empty deltas, ``StateStoreConf.gap``), unless
 deleted it (``deleteIfExists`` in ``init``): then it starts empty. A name declared twice
 in one ``init`` is refused with Spark's state server's message.
 
-Not there yet, each refused with :class:`~lockgate.errors.NotSupportedYetError` when
-the query is defined: state schemas with nested structs or maps, grouping by a struct
-or map.
+State schemas may nest (structs, arrays, maps at any depth): values are written in
+the store's Arrow form and given back as PySpark's handle gives them (structs as
+``Row``, maps as dicts, arrays as lists; see :func:`_user_form`).
+
+Not there yet, refused with :class:`~lockgate.errors.NotSupportedYetError` when the
+query is defined: grouping by a struct or map.
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ from lockgate.state.schema import (
     read_schema_file,
     stored_schema,
 )
-from lockgate.state.store import StateStore, StateStoreConf, column_values, micros_array
+from lockgate.state.store import StateStore, StateStoreConf, _hashable, column_values, micros_array
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -162,16 +165,48 @@ def _as_struct(schema: StructType | str) -> StructType:
     )
 
 
-def _refuse_nested(what: str, dtype: DataType) -> None:
+def _store_form(dtype: DataType, value: Any) -> Any:
+    """A value of a state variable's field as the user gives it (a struct as a ``Row``
+    or tuple, a map as a dict, an array as a list) in the form the store writes to
+    Arrow: structs as dicts, maps as lists of (key, value) pairs, at any depth."""
+    if value is None:
+        return None
     if isinstance(dtype, StructType):
-        for f in dtype.fields:
-            if isinstance(f.dataType, (StructType, MapType)):
-                raise NotSupportedYetError(
-                    f"{what} with a nested struct or map field ({f.name!r}: {f.dataType.simpleString()})",
-                    "Flatten the field into top-level fields of the state's schema.",
-                )
-            if isinstance(f.dataType, ArrayType):
-                _refuse_nested(what, StructType([StructField("element", f.dataType.elementType)]))
+        values = [value.get(f.name) for f in dtype.fields] if isinstance(value, dict) else list(value)
+        return {f.name: _store_form(f.dataType, v) for f, v in zip(dtype.fields, values)}
+    if isinstance(dtype, ArrayType):
+        return [_store_form(dtype.elementType, v) for v in value]
+    if isinstance(dtype, MapType):
+        items = value.items() if isinstance(value, dict) else value
+        return [(_store_form(dtype.keyType, k), _store_form(dtype.valueType, v)) for k, v in items]
+    return value
+
+
+def _user_form(dtype: DataType, value: Any) -> Any:
+    """A stored value (as :func:`_store_form` made it, or as the store loads it:
+    structs and maps as tuples of pairs, arrays as tuples) as PySpark's handle gives
+    it: structs as ``Row``, maps as dicts, arrays as lists."""
+    if value is None:
+        return None
+    if isinstance(dtype, StructType):
+        from pyspark.sql import Row
+
+        items = dict(value.items() if isinstance(value, dict) else value)
+        return Row(**{f.name: _user_form(f.dataType, items.get(f.name)) for f in dtype.fields})
+    if isinstance(dtype, ArrayType):
+        return [_user_form(dtype.elementType, v) for v in value]
+    if isinstance(dtype, MapType):
+        items = value.items() if isinstance(value, dict) else value
+        return {_user_form(dtype.keyType, k): _user_form(dtype.valueType, v) for k, v in items}
+    return value
+
+
+def _user_tuple(schema: StructType, values: Any) -> tuple[Any, ...]:
+    return tuple(_user_form(f.dataType, v) for f, v in zip(schema.fields, values))
+
+
+def _store_values(schema: StructType, values: tuple[Any, ...]) -> list[Any]:
+    return [_store_form(f.dataType, v) for f, v in zip(schema.fields, values)]
 
 
 class _RecordingHandle:
@@ -217,9 +252,6 @@ class _RecordingHandle:
                 )
             raise AnalysisError(f"State variable {name!r} is declared twice, as a {self.variables[name].kind} "
                                 f"and a {variable.kind} state, in init().")
-        _refuse_nested(f"State variable {name!r} of transformWithState", variable.schema)
-        if variable.key_schema is not None:
-            _refuse_nested(f"State variable {name!r} of transformWithState", variable.key_schema)
         self.variables[name] = variable
 
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
@@ -905,11 +937,11 @@ class ValueState(_StateVar):
 
     def get(self) -> tuple[Any, ...] | None:
         value = self._get()
-        return tuple(value) if value is not None else None
+        return _user_tuple(self._variable.schema, value) if value is not None else None
 
     def update(self, newValue: tuple[Any, ...]) -> None:
-        names = self._variable.schema.names
-        value = list(_as_dict(names, newValue, f"ValueState {self._variable.name!r}").values())
+        schema = self._variable.schema
+        value = _store_values(schema, tuple(_as_dict(schema.names, newValue, f"ValueState {self._variable.name!r}").values()))
         if self._ttl is not None:
             value.append(self._expiry())
         self._write(value)
@@ -929,7 +961,8 @@ class ListState(_StateVar):
 
     def _items(self) -> list[tuple[Any, ...]]:
         items, expirations = self._stored()
-        return [_plain(v) for v, e in zip(items, expirations) if not _expired(e, self._now)]
+        schema = self._variable.schema
+        return [_user_tuple(schema, _plain(v)) for v, e in zip(items, expirations) if not _expired(e, self._now)]
 
     def exists(self) -> bool:
         return bool(self._items())
@@ -938,9 +971,12 @@ class ListState(_StateVar):
         return iter(self._items())
 
     def _rows(self, items: list[Any]) -> list[dict[str, Any]]:
-        names = self._variable.schema.names
+        schema = self._variable.schema
         what = f"ListState {self._variable.name!r}"
-        return [_as_dict(names, v, what) for v in items]
+        return [
+            dict(zip(schema.names, _store_values(schema, tuple(_as_dict(schema.names, v, what).values()))))
+            for v in items
+        ]
 
     def _put(self, rows: list[Any], expirations: list[Any]) -> None:
         if not rows:
@@ -968,15 +1004,26 @@ class MapState(_StateVar):
     TTL, each entry's expiration, reset when the entry is updated)."""
 
     def _stored(self) -> dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]]:
+        """Entries by the user key's hashable store form, values in their store form."""
         value = self._raw()
         if value is None:
             return {}
         keys, values = value[0] or (), value[1] or ()
         expirations = (value[2] or ()) if self._ttl is not None else [None] * len(keys)
-        return {_plain(k): (_plain(v), e) for k, v, e in zip(keys, values, expirations)}
+        return {_hashable(_plain(k)): (_plain(v), e) for k, v, e in zip(keys, values, expirations)}
 
     def _entries(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
         return {k: v for k, (v, e) in self._stored().items() if not _expired(e, self._now)}
+
+    def _frozen(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
+        schema = self._variable.key_schema
+        assert schema is not None
+        values = tuple(_as_dict(schema.names, key, f"MapState {self._variable.name!r} key").values())
+        return _hashable(tuple(_store_values(schema, values)))  # type: ignore[no-any-return]
+
+    def _user_key(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
+        assert self._variable.key_schema is not None
+        return _user_tuple(self._variable.key_schema, key)
 
     def _put(self, entries: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]]) -> None:
         if not entries:
@@ -984,9 +1031,8 @@ class MapState(_StateVar):
             return
         assert self._variable.key_schema is not None
         key_names, value_names = self._variable.key_schema.names, self._variable.schema.names
-        what = f"MapState {self._variable.name!r}"
-        keys = [_as_dict(key_names, k, what + " key") for k in entries]
-        values = [_as_dict(value_names, v, what + " value") for v, _ in entries.values()]
+        keys = [dict(zip(key_names, k)) for k in entries]
+        values = [dict(zip(value_names, v)) for v, _ in entries.values()]
         if self._ttl is not None:
             self._write([keys, values, [e for _, e in entries.values()]])
         else:
@@ -996,28 +1042,35 @@ class MapState(_StateVar):
         return bool(self._entries())
 
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        return self._entries().get(tuple(key))
+        # a Row, as PySpark's map state client gives it (iterator() and values() give tuples)
+        value = self._entries().get(self._frozen(key))
+        schema = self._variable.schema
+        return None if value is None else _user_form(schema, dict(zip(schema.names, value)))
 
     def containsKey(self, key: tuple[Any, ...]) -> bool:
-        return tuple(key) in self._entries()
+        return self._frozen(key) in self._entries()
 
     def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
+        schema = self._variable.schema
+        stored = tuple(_store_values(schema, tuple(_as_dict(schema.names, value, f"MapState {self._variable.name!r} value").values())))
         entries = self._stored()
-        entries[tuple(key)] = (tuple(value), self._expiry() if self._ttl is not None else None)
+        entries[self._frozen(key)] = (stored, self._expiry() if self._ttl is not None else None)
         self._put(entries)
 
     def iterator(self) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
-        return iter(list(self._entries().items()))
+        schema = self._variable.schema
+        return iter([(self._user_key(k), _user_tuple(schema, v)) for k, v in self._entries().items()])
 
     def keys(self) -> Iterator[tuple[Any, ...]]:
-        return iter(list(self._entries()))
+        return iter([self._user_key(k) for k in self._entries()])
 
     def values(self) -> Iterator[tuple[Any, ...]]:
-        return iter(list(self._entries().values()))
+        schema = self._variable.schema
+        return iter([_user_tuple(schema, v) for v in self._entries().values()])
 
     def removeKey(self, key: tuple[Any, ...]) -> None:
         entries = self._stored()
-        if entries.pop(tuple(key), None) is not None:
+        if entries.pop(self._frozen(key), None) is not None:
             self._put(entries)
 
 

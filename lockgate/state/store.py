@@ -715,14 +715,17 @@ def arrow_values(values: list[Any], t: pa.DataType) -> list[Any]:
 
 
 def _arrow_value(value: Any, t: pa.DataType) -> Any:
-    if value is None or isinstance(value, dict):
+    # a dict (a struct as an operator put it) may hold the store's forms deeper down
+    if value is None:
         return value
     if pa.types.is_struct(t):
-        return {name: _arrow_value(v, t.field(name).type) for name, v in value}
+        items = value.items() if isinstance(value, dict) else value
+        return {name: _arrow_value(v, t.field(name).type) for name, v in items}
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return [_arrow_value(v, t.value_type) for v in value]
     if pa.types.is_map(t):
-        return [(_arrow_value(k, t.key_type), _arrow_value(v, t.item_type)) for k, v in value]
+        items = value.items() if isinstance(value, dict) else value
+        return [(_arrow_value(k, t.key_type), _arrow_value(v, t.item_type)) for k, v in items]
     return value
 
 
