@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate
-from lockgate.plan.flat_map_groups import check_apply_in_pandas_with_state
+from lockgate.plan.flat_map_groups import (
+    check_apply_in_pandas_with_state,
+    refuse_after_apply_in_pandas_with_state,
+)
 from lockgate.plan.join import StreamJoin, check_stream_join
 from lockgate.plan.limit import StreamingLimit
 from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
@@ -67,6 +70,7 @@ def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: boo
         _check_chain(operators, output_mode, check_correctness)
     if operators:
         _check_redefined_watermark(plan)
+    refuse_after_apply_in_pandas_with_state(plan)
 
 
 def _stateful_below(node: PlanNode) -> list[StatefulOperator]:

@@ -158,7 +158,8 @@ class FlatMapGroupsWithState(StatefulOperator):
 
     @override
     def may_emit_late_rows(self, output_mode: str) -> bool:
-        return True
+        # Spark's isStatefulOperationPossiblyEmitLateRows: with an event-time timeout
+        return self.timeout == EVENT_TIME_TIMEOUT
 
     @override
     def explain_steps(
@@ -293,9 +294,20 @@ def check_apply_in_pandas_with_state(plan: PlanNode, output_mode: str) -> None:
                 "for using event-time timeout in a applyInPandasWithState. Event-time timeout not "
                 "supported without watermark."
             )
+
+
+def refuse_after_apply_in_pandas_with_state(plan: PlanNode) -> None:
+    """What lockgate does not run yet after applyInPandasWithState, checked after all
+    of Spark's rules (so Spark's refusals come first): a stateful operator other than an
+    aggregation after it (native Spark 4.3 fails a deduplication there at run time with
+    a ``ClassCastException``), and two of them in one query."""
+    from lockgate.plan.aggregate import Aggregate
+
+    operators = stateful_operators(plan)
+    nodes = [op for op in operators if isinstance(op, FlatMapGroupsWithState)]
     for op in operators:
         below = [n for n in nodes if n is not op and any(n is x for x in stateful_operators(op))]
-        if below and not isinstance(op, FlatMapGroupsWithState):
+        if below and not isinstance(op, (FlatMapGroupsWithState, Aggregate)):
             raise NotSupportedYetError(
                 f"A stateful operator ({op.operator_name}) after applyInPandasWithState",
                 "Write the function's output out and read it back in a second query.",

@@ -41,13 +41,18 @@ has one column per variable, compared by name on a restart as Spark compares col
 families: a variable whose type changed (or gained or lost its TTL) is refused with
 Spark's ``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``; a variable added starts empty (the
 schema file's ``stateVariablesSince`` keeps the version its store starts after); a
-variable removed is no longer read (its files stay).
+variable removed is no longer read (its files stay, ``stateVariablesRemoved`` keeps its
+last version), and declared again later reads that state back, as Spark's does (the
+versions in between are written as empty deltas, ``StateStoreConf.gap``), unless a run
+deleted it (``deleteIfExists`` in ``init``): then it starts empty. A name declared twice
+in one ``init`` is refused with Spark's state server's message.
 
-Not there yet, each refused with :class:`~lockgate.errors.NotSupportedYetError` when
-the query is defined: state schemas with nested structs or maps, grouping by a struct
-or map; and, when the restarted query plans its first batch, a state variable declared
-again after a run without it (Spark reads its earlier state back; lockgate's store has
-no files for the versions in between).
+State schemas may nest (structs, arrays, maps at any depth): values are written in
+the store's Arrow form and given back as PySpark's handle gives them (structs as
+``Row``, maps as dicts, arrays as lists; see :func:`_user_form`).
+
+Not there yet, refused with :class:`~lockgate.errors.NotSupportedYetError` when the
+query is defined: grouping by a struct or map.
 """
 
 from __future__ import annotations
@@ -84,11 +89,13 @@ from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import (
     TIMERS_STORE,
     TRANSFORM_WITH_STATE_NAME,
+    TTL_COLUMN,
+    TTL_LIST_COLUMN,
     OperatorStateSchema,
     read_schema_file,
     stored_schema,
 )
-from lockgate.state.store import StateStore, StateStoreConf, column_values, micros_array
+from lockgate.state.store import StateStore, StateStoreConf, _hashable, column_values, micros_array
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -97,10 +104,6 @@ if TYPE_CHECKING:
 TIMERS = TIMERS_STORE
 """The store of the registered timers (``$``: Spark's prefix of reserved column families)."""
 
-TTL_COLUMN = "$ttlExpirationMs"
-"""A ``ValueState`` with TTL: the value's expiration (epoch ms) after its columns."""
-TTL_LIST_COLUMN = "$ttlExpirationsMs"
-"""A ``ListState`` or ``MapState`` with TTL: each element's (map entry's) expiration."""
 
 _TIME_MODES = {"none": "none", "processingtime": "processingTime", "eventtime": "eventTime"}
 _OUTPUT_MODES = {"append": "append", "update": "update"}
@@ -162,16 +165,48 @@ def _as_struct(schema: StructType | str) -> StructType:
     )
 
 
-def _refuse_nested(what: str, dtype: DataType) -> None:
+def _store_form(dtype: DataType, value: Any) -> Any:
+    """A value of a state variable's field as the user gives it (a struct as a ``Row``
+    or tuple, a map as a dict, an array as a list) in the form the store writes to
+    Arrow: structs as dicts, maps as lists of (key, value) pairs, at any depth."""
+    if value is None:
+        return None
     if isinstance(dtype, StructType):
-        for f in dtype.fields:
-            if isinstance(f.dataType, (StructType, MapType)):
-                raise NotSupportedYetError(
-                    f"{what} with a nested struct or map field ({f.name!r}: {f.dataType.simpleString()})",
-                    "Flatten the field into top-level fields of the state's schema.",
-                )
-            if isinstance(f.dataType, ArrayType):
-                _refuse_nested(what, StructType([StructField("element", f.dataType.elementType)]))
+        values = [value.get(f.name) for f in dtype.fields] if isinstance(value, dict) else list(value)
+        return {f.name: _store_form(f.dataType, v) for f, v in zip(dtype.fields, values)}
+    if isinstance(dtype, ArrayType):
+        return [_store_form(dtype.elementType, v) for v in value]
+    if isinstance(dtype, MapType):
+        items = value.items() if isinstance(value, dict) else value
+        return [(_store_form(dtype.keyType, k), _store_form(dtype.valueType, v)) for k, v in items]
+    return value
+
+
+def _user_form(dtype: DataType, value: Any) -> Any:
+    """A stored value (as :func:`_store_form` made it, or as the store loads it:
+    structs and maps as tuples of pairs, arrays as tuples) as PySpark's handle gives
+    it: structs as ``Row``, maps as dicts, arrays as lists."""
+    if value is None:
+        return None
+    if isinstance(dtype, StructType):
+        from pyspark.sql import Row
+
+        items = dict(value.items() if isinstance(value, dict) else value)
+        return Row(**{f.name: _user_form(f.dataType, items.get(f.name)) for f in dtype.fields})
+    if isinstance(dtype, ArrayType):
+        return [_user_form(dtype.elementType, v) for v in value]
+    if isinstance(dtype, MapType):
+        items = value.items() if isinstance(value, dict) else value
+        return {_user_form(dtype.keyType, k): _user_form(dtype.valueType, v) for k, v in items}
+    return value
+
+
+def _user_tuple(schema: StructType, values: Any) -> tuple[Any, ...]:
+    return tuple(_user_form(f.dataType, v) for f, v in zip(schema.fields, values))
+
+
+def _store_values(schema: StructType, values: tuple[Any, ...]) -> list[Any]:
+    return [_store_form(f.dataType, v) for f, v in zip(schema.fields, values)]
 
 
 class _RecordingHandle:
@@ -181,6 +216,7 @@ class _RecordingHandle:
     def __init__(self, time_mode: str) -> None:
         self.time_mode = time_mode
         self.variables: dict[str, StateVariable] = {}
+        self.deleted: set[str] = set()
 
     def _add(self, variable: StateVariable, ttl: int | None) -> None:
         from dataclasses import replace
@@ -207,11 +243,15 @@ class _RecordingHandle:
         for f in variable.schema.fields:
             if f.name in (TTL_COLUMN, TTL_LIST_COLUMN):
                 raise AnalysisError(f"State variable {name!r} cannot have a field named {f.name!r}: lockgate keeps TTL there.")
-        if name in self.variables and self.variables[name] != variable:
-            raise AnalysisError(f"State variable {name!r} is declared twice with different schemas in init().")
-        _refuse_nested(f"State variable {name!r} of transformWithState", variable.schema)
-        if variable.key_schema is not None:
-            _refuse_nested(f"State variable {name!r} of transformWithState", variable.key_schema)
+        if name in self.variables:
+            # Spark's state server: a name is declared once per init()
+            kind = variable.kind
+            if self.variables[name].kind == variable.kind:
+                raise AnalysisError(
+                    f"Error initializing {kind} state: {kind.capitalize()} state {name} already exists"
+                )
+            raise AnalysisError(f"State variable {name!r} is declared twice, as a {self.variables[name].kind} "
+                                f"and a {variable.kind} state, in init().")
         self.variables[name] = variable
 
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
@@ -231,6 +271,7 @@ class _RecordingHandle:
 
     def deleteIfExists(self, stateName: str) -> None:
         self.variables.pop(stateName, None)
+        self.deleted.add(stateName)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -255,15 +296,16 @@ class _Unavailable:
         raise AnalysisError(f"State variable {self._name!r} can only be read or written while rows are handled.")
 
 
-def declared_variables(processor: Any, time_mode: str) -> tuple[StateVariable, ...]:
-    """The state variables of the processor's ``init``, run on a copy of the processor."""
+def declared_variables(processor: Any, time_mode: str) -> tuple[tuple[StateVariable, ...], tuple[str, ...]]:
+    """The state variables of the processor's ``init``, run on a copy of the processor,
+    and the names it deletes (``deleteIfExists``) without declaring them again."""
     from pyspark import cloudpickle
 
     copy = pickle.loads(cloudpickle.dumps(processor))
     handle = _RecordingHandle(time_mode)
     copy.init(handle)
     copy.close()
-    return tuple(handle.variables.values())
+    return tuple(handle.variables.values()), tuple(sorted(handle.deleted - set(handle.variables)))
 
 
 # -- the plan node ----------------------------------------------------------------------------
@@ -289,6 +331,9 @@ class TransformWithState(StatefulOperator):
     output_delay_ms: int = 0
     initial_state: Any = None
     """The ``initialState`` (a static DataFrame) and the SQL of its grouping keys, or None."""
+    deleted_variables: tuple[str, ...] = ()
+    """Names ``init`` deletes (``deleteIfExists``) and does not declare: declared again
+    later, they start empty."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -445,7 +490,7 @@ def make_transform_with_state(
                 f"{method} grouped by a struct or map ({f.name}: {f.dataType.simpleString()})",
                 "Group by the struct's fields instead.",
             )
-    variables = declared_variables(processor, tm)
+    variables, deleted = declared_variables(processor, tm)
     event_time = next((c for c in input_schema.names if c in watermarked), None)
     return TransformWithState(
         child=child,
@@ -457,6 +502,7 @@ def make_transform_with_state(
         pandas=pandas,
         key_schema=key_schema,
         variables=variables,
+        deleted_variables=deleted,
         event_time_column=event_time,
         output_event_time=output_event_time,
         output_delay_ms=max(watermarked.values(), default=0),
@@ -527,7 +573,8 @@ def _build(
     tz = ctx.session_timezone
     key_arrow = schema_to_arrow(node.key_schema, tz)
 
-    since = _variables_since(node, ctx.state_root, operator_id, batch_id)
+    versions = _variables_since(node, ctx.state_root, operator_id, batch_id)
+    since = versions.since
 
     def conf(name: str, value: StructType) -> StateStoreConf:
         return StateStoreConf(
@@ -541,6 +588,7 @@ def _build(
             store_name=name,
             checkpoint_id=ctx.checkpoint_id,
             first_version=since.get(name, 0),
+            gap=tuple(versions.gaps[name]) if name in versions.gaps else None,  # type: ignore[arg-type]
         )
 
     stores = {v.name: conf(v.name, v.value_type()) for v in node.variables}
@@ -573,36 +621,74 @@ def _build(
     value_fields.append(StructField(TIMERS, _TIMER_VALUE, True))
     value_schema = schema_to_arrow(StructType(value_fields), tz)
     return result, OperatorStateSchema(
-        operator_id, node.operator_name, key_arrow, value_schema, n, variables_since=since
+        operator_id,
+        node.operator_name,
+        key_arrow,
+        value_schema,
+        n,
+        variables_since=since,
+        variables_removed=versions.removed,
+        variables_gaps=versions.gaps,
+        time_mode=node.time_mode,
     )
 
 
-def _variables_since(node: TransformWithState, state_root: str, operator_id: int, batch_id: int) -> dict[str, int]:
+@dataclass(frozen=True)
+class _VariableVersions:
+    since: dict[str, int]
+    removed: dict[str, list[int]]
+    gaps: dict[str, list[int]]
+
+
+def _variables_since(node: TransformWithState, state_root: str, operator_id: int, batch_id: int) -> _VariableVersions:
     """Per state variable, the version its store starts after: 0, or, for a variable
     the checkpoint's state schema file does not have (added on this restart), the
-    version before this batch's; kept in the schema file for later restarts."""
+    version before this batch's; kept in the schema file for later restarts. A variable
+    no longer declared is remembered with the last version it holds; declared again
+    (Spark reads its earlier state back), its store reads that version through the
+    versions it was not declared in (``StateStoreConf.gap``)."""
 
     fs, path = resolve_filesystem(f"{state_root.rstrip('/')}/{operator_id}/_metadata/schema")
     stored = read_schema_file(fs, path, operator_id)
     if stored is None:
-        return {}
+        return _VariableVersions({}, {}, {})
     known = set(stored_schema(stored, "value").names)
     previous = stored.get("stateVariablesSince") or {}
+    removed = {k: list(v) for k, v in (stored.get("stateVariablesRemoved") or {}).items()}
+    gaps = {k: list(v) for k, v in (stored.get("stateVariablesGaps") or {}).items()}
+    declared = [v.name for v in node.variables] + [TIMERS]
+    for name in known - set(declared):
+        # removed now: its state as of this batch's version stays readable
+        removed[name] = [int(previous.get(name) or 0), batch_id]
+    for name in node.deleted_variables:
+        if name in removed:
+            removed[name][1] = -1  # deleted: declared again, it starts empty
     since = {}
-    for name in [v.name for v in node.variables] + [TIMERS]:
+    for name in declared:
         if name not in known:
+            if name in removed:
+                first, last = removed.pop(name)
+                gaps.pop(name, None)
+                if last < 0:
+                    since[name] = batch_id
+                else:
+                    if first:
+                        since[name] = first
+                    gaps[name] = [last, batch_id]
+                continue
             old = f"{state_root.rstrip('/')}/{operator_id}/0/{name}"
             ofs, opath = resolve_filesystem(old)
             if ofs.list_names(opath) if ofs.exists(opath) else []:
                 raise NotSupportedYetError(
                     f"state variable {name!r} of transformWithState declared again after a run "
-                    "without it (Spark reads its earlier state back)",
+                    "without it, in a checkpoint written before lockgate kept the version "
+                    "such a variable was removed at",
                     f"Give the variable a new name, or delete {old} in every partition.",
                 )
             since[name] = batch_id
         elif previous.get(name):
             since[name] = int(previous[name])
-    return since
+    return _VariableVersions(since, removed, gaps)
 
 
 def _grouping_column(item: Any) -> Any:
@@ -851,11 +937,11 @@ class ValueState(_StateVar):
 
     def get(self) -> tuple[Any, ...] | None:
         value = self._get()
-        return tuple(value) if value is not None else None
+        return _user_tuple(self._variable.schema, value) if value is not None else None
 
     def update(self, newValue: tuple[Any, ...]) -> None:
-        names = self._variable.schema.names
-        value = list(_as_dict(names, newValue, f"ValueState {self._variable.name!r}").values())
+        schema = self._variable.schema
+        value = _store_values(schema, tuple(_as_dict(schema.names, newValue, f"ValueState {self._variable.name!r}").values()))
         if self._ttl is not None:
             value.append(self._expiry())
         self._write(value)
@@ -875,7 +961,8 @@ class ListState(_StateVar):
 
     def _items(self) -> list[tuple[Any, ...]]:
         items, expirations = self._stored()
-        return [_plain(v) for v, e in zip(items, expirations) if not _expired(e, self._now)]
+        schema = self._variable.schema
+        return [_user_tuple(schema, _plain(v)) for v, e in zip(items, expirations) if not _expired(e, self._now)]
 
     def exists(self) -> bool:
         return bool(self._items())
@@ -884,9 +971,12 @@ class ListState(_StateVar):
         return iter(self._items())
 
     def _rows(self, items: list[Any]) -> list[dict[str, Any]]:
-        names = self._variable.schema.names
+        schema = self._variable.schema
         what = f"ListState {self._variable.name!r}"
-        return [_as_dict(names, v, what) for v in items]
+        return [
+            dict(zip(schema.names, _store_values(schema, tuple(_as_dict(schema.names, v, what).values()))))
+            for v in items
+        ]
 
     def _put(self, rows: list[Any], expirations: list[Any]) -> None:
         if not rows:
@@ -914,15 +1004,26 @@ class MapState(_StateVar):
     TTL, each entry's expiration, reset when the entry is updated)."""
 
     def _stored(self) -> dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]]:
+        """Entries by the user key's hashable store form, values in their store form."""
         value = self._raw()
         if value is None:
             return {}
         keys, values = value[0] or (), value[1] or ()
         expirations = (value[2] or ()) if self._ttl is not None else [None] * len(keys)
-        return {_plain(k): (_plain(v), e) for k, v, e in zip(keys, values, expirations)}
+        return {_hashable(_plain(k)): (_plain(v), e) for k, v, e in zip(keys, values, expirations)}
 
     def _entries(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
         return {k: v for k, (v, e) in self._stored().items() if not _expired(e, self._now)}
+
+    def _frozen(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
+        schema = self._variable.key_schema
+        assert schema is not None
+        values = tuple(_as_dict(schema.names, key, f"MapState {self._variable.name!r} key").values())
+        return _hashable(tuple(_store_values(schema, values)))  # type: ignore[no-any-return]
+
+    def _user_key(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
+        assert self._variable.key_schema is not None
+        return _user_tuple(self._variable.key_schema, key)
 
     def _put(self, entries: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]]) -> None:
         if not entries:
@@ -930,9 +1031,8 @@ class MapState(_StateVar):
             return
         assert self._variable.key_schema is not None
         key_names, value_names = self._variable.key_schema.names, self._variable.schema.names
-        what = f"MapState {self._variable.name!r}"
-        keys = [_as_dict(key_names, k, what + " key") for k in entries]
-        values = [_as_dict(value_names, v, what + " value") for v, _ in entries.values()]
+        keys = [dict(zip(key_names, k)) for k in entries]
+        values = [dict(zip(value_names, v)) for v, _ in entries.values()]
         if self._ttl is not None:
             self._write([keys, values, [e for _, e in entries.values()]])
         else:
@@ -942,28 +1042,35 @@ class MapState(_StateVar):
         return bool(self._entries())
 
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        return self._entries().get(tuple(key))
+        # a Row, as PySpark's map state client gives it (iterator() and values() give tuples)
+        value = self._entries().get(self._frozen(key))
+        schema = self._variable.schema
+        return None if value is None else _user_form(schema, dict(zip(schema.names, value)))
 
     def containsKey(self, key: tuple[Any, ...]) -> bool:
-        return tuple(key) in self._entries()
+        return self._frozen(key) in self._entries()
 
     def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
+        schema = self._variable.schema
+        stored = tuple(_store_values(schema, tuple(_as_dict(schema.names, value, f"MapState {self._variable.name!r} value").values())))
         entries = self._stored()
-        entries[tuple(key)] = (tuple(value), self._expiry() if self._ttl is not None else None)
+        entries[self._frozen(key)] = (stored, self._expiry() if self._ttl is not None else None)
         self._put(entries)
 
     def iterator(self) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
-        return iter(list(self._entries().items()))
+        schema = self._variable.schema
+        return iter([(self._user_key(k), _user_tuple(schema, v)) for k, v in self._entries().items()])
 
     def keys(self) -> Iterator[tuple[Any, ...]]:
-        return iter(list(self._entries()))
+        return iter([self._user_key(k) for k in self._entries()])
 
     def values(self) -> Iterator[tuple[Any, ...]]:
-        return iter(list(self._entries().values()))
+        schema = self._variable.schema
+        return iter([_user_tuple(schema, v) for v in self._entries().values()])
 
     def removeKey(self, key: tuple[Any, ...]) -> None:
         entries = self._stored()
-        if entries.pop(tuple(key), None) is not None:
+        if entries.pop(self._frozen(key), None) is not None:
             self._put(entries)
 
 

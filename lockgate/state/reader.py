@@ -27,6 +27,8 @@ from lockgate.state.schema import (
     STREAM_JOIN_NAME,
     TIMERS_STORE,
     TRANSFORM_WITH_STATE_NAME,
+    TTL_COLUMN,
+    TTL_LIST_COLUMN,
     read_schema_file,
     stored_schema,
 )
@@ -276,22 +278,26 @@ def _boolean_option(name: str, value: Any) -> bool:
     )
 
 
-def _variable_kind(value_type: pa.DataType) -> str:
+def _variable_kind(value_type: pa.DataType) -> tuple[str, bool]:
     """The kind of a transformWithState state variable from its store's value columns
-    (the layout of ``StateVariable.value_type``): a ``ListState`` keeps one column
-    ``values`` of a list of structs, a ``MapState`` columns ``keys`` and ``values`` of
-    lists of structs; anything else is a ``ValueState``'s own columns (a value state
-    cannot hold a list of structs: nested structs are refused)."""
+    (the layout of ``StateVariable.value_type``), and whether it has a TTL: a
+    ``ListState`` keeps one column ``values`` of a list of structs, a ``MapState`` columns
+    ``keys`` and ``values`` of lists of structs; anything else is a ``ValueState``'s own
+    columns (a value state cannot hold a list of structs: nested structs are refused).
+    With TTL the expirations follow, in ``$ttlExpirationMs`` (value) or
+    ``$ttlExpirationsMs`` (each element's)."""
 
     def struct_list(t: pa.DataType) -> bool:
         return (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type)
 
     names = [value_type.field(i).name for i in range(value_type.num_fields)]
-    if names == ["values"] and struct_list(value_type.field(0).type):
-        return "list"
-    if names == ["keys", "values"] and all(struct_list(value_type.field(i).type) for i in range(2)):
-        return "map"
-    return "value"
+    ttl = bool(names) and names[-1] in (TTL_COLUMN, TTL_LIST_COLUMN)
+    user = names[:-1] if ttl else names
+    if user == ["values"] and struct_list(value_type.field(0).type):
+        return "list", ttl
+    if user == ["keys", "values"] and all(struct_list(value_type.field(i).type) for i in range(2)):
+        return "map", ttl
+    return "value", ttl
 
 
 def _read_transform_with_state(
@@ -322,27 +328,43 @@ def _read_transform_with_state(
                 "message": f"State variable {var_name} is not defined for the transformWithState operator.",
             },
         )
+    if timers and meta.get("timeMode") == "none":
+        raise StateDataSourceError(
+            "STDS_INVALID_OPTION_VALUE.WITH_MESSAGE",
+            {"optionName": "readRegisteredTimers", "message": "Registered timers are not available in TimeMode=None."},
+        )
     stored = variables[store]
-    kind = "timers" if timers else _variable_kind(stored)
+    kind, ttl = ("timers", False) if timers else _variable_kind(stored)
     key_type = StructType([_arrow_field_to_spark(f) for f in key_schema])
 
     def spark_type(t: pa.DataType) -> Any:
         return _arrow_field_to_spark(pa.field("x", t)).dataType
 
+    def with_ttl(t: Any) -> Any:
+        # Spark keeps a value with TTL as struct<value, ttlExpirationMs> and shows it so
+        if not ttl:
+            return t
+        return StructType(
+            [StructField("value", t, True), StructField("ttlExpirationMs", LongType(), True)]
+        )
+
     if kind == "value":
-        columns = [StructField("value", spark_type(stored), True)]
+        user = pa.struct([stored.field(i) for i in range(stored.num_fields - int(ttl))])
+        columns = [StructField("value", with_ttl(spark_type(user)), True)]
     elif kind == "list":
-        element = spark_type(stored.field(0).type.value_type)
+        from pyspark.sql.types import ArrayType
+
+        element = with_ttl(spark_type(stored.field(0).type.value_type))
         columns = (
             [StructField("list_element", element, True)]
             if flatten
-            else [StructField("list_value", spark_type(stored.field(0).type), True)]
+            else [StructField("list_value", ArrayType(element, True), True)]
         )
     elif kind == "map":
         from pyspark.sql.types import MapType
 
         user_key = spark_type(stored.field(0).type.value_type)
-        user_value = spark_type(stored.field(1).type.value_type)
+        user_value = with_ttl(spark_type(stored.field(1).type.value_type))
         columns = (
             [StructField("user_map_key", user_key, True), StructField("user_map_value", user_value, True)]
             if flatten
@@ -365,14 +387,19 @@ def _read_transform_with_state(
     tz = str(spark.conf.get("spark.sql.session.timeZone", "UTC"))
     out_arrow = schema_to_arrow(out, tz)
     ids = spark.range(0, num_partitions, 1, num_partitions).selectExpr("cast(id as int) as id")
-    read = bind(_read_variable_partition, conf, batch_id + 1, out_arrow, kind, flatten)
+    read = bind(_read_variable_partition, conf, batch_id + 1, out_arrow, kind, ttl, flatten)
     return ids.mapInArrow(read, out)
 
 
 def _read_variable_partition(
-    conf: Any, version: int, out_schema: pa.Schema, kind: str, flatten: bool, batches: Any
+    conf: Any, version: int, out_schema: pa.Schema, kind: str, ttl: bool, flatten: bool, batches: Any
 ) -> Any:
     import pyarrow.compute as pc
+
+    def with_ttl(value: pa.Array, expiration: pa.Array | None) -> pa.Array:
+        if expiration is None:
+            return value
+        return pa.StructArray.from_arrays([value, expiration], names=["value", "ttlExpirationMs"])
 
     key_names = [f.name for f in conf.key_schema]
     out_key = out_schema.field("key").type
@@ -381,39 +408,33 @@ def _read_variable_partition(
             table = read_state_table(conf, int(pid), version)
             keys = [table.column(n).combine_chunks() for n in key_names]
             columns: list[pa.Array] = []
+            stored = [table.column(n).combine_chunks() for n in conf.value_schema.names]
+            expirations = stored.pop() if ttl else None
             if kind == "value":
-                value_names = [f.name for f in conf.value_schema]
-                value_type = out_schema.field("value").type
-                columns = [
-                    pa.StructArray.from_arrays(
-                        [table.column(n).combine_chunks() for n in value_names], names=value_names
-                    ).cast(value_type)
+                value_names = conf.value_schema.names[: len(stored)]
+                user = (
+                    pa.StructArray.from_arrays(stored, names=value_names)
                     if value_names
-                    else pa.nulls(table.num_rows, value_type)
-                ]
+                    else pa.nulls(table.num_rows, pa.struct([]))
+                )
+                columns = [with_ttl(user, expirations)]
+            elif flatten or kind == "timers":
+                # one row per element, the key repeated
+                parents = pc.list_parent_indices(stored[0])
+                keys = [k.take(parents) for k in keys]
+                flat = [pc.list_flatten(a) for a in stored]
+                each_ttl = None if expirations is None else pc.list_flatten(expirations)
+                columns = [*flat[:-1], with_ttl(flat[-1], each_ttl)] if kind != "timers" else flat
             else:
-                lists = [table.column(n).combine_chunks() for n in conf.value_schema.names]
-                if flatten or kind == "timers":
-                    # one row per element, the key repeated
-                    parents = pc.list_parent_indices(lists[0])
-                    keys = [k.take(parents) for k in keys]
-                    columns = [pc.list_flatten(a) for a in lists]
-                elif kind == "list":
-                    columns = lists
+                lengths = pc.fill_null(pc.list_value_length(stored[0]), 0).to_numpy(zero_copy_only=False)
+                offsets = pa.array([0, *itertools.accumulate(int(n) for n in lengths)], type=pa.int32())
+                each_ttl = None if expirations is None else pc.list_flatten(expirations)
+                values = with_ttl(pc.list_flatten(stored[-1]), each_ttl)
+                if kind == "list":
+                    columns = [pa.ListArray.from_arrays(offsets, values)]
                 else:
-                    lengths = pc.fill_null(pc.list_value_length(lists[0]), 0).to_numpy(zero_copy_only=False)
-                    offsets = pa.array([0, *itertools.accumulate(int(n) for n in lengths)], type=pa.int32())
-                    map_type = out_schema.field("map_value").type
-                    columns = [
-                        pa.MapArray.from_arrays(
-                            offsets,
-                            pc.list_flatten(lists[0]).cast(map_type.key_type),
-                            pc.list_flatten(lists[1]).cast(map_type.item_type),
-                        ).cast(map_type)
-                    ]
-                columns = [
-                    c.cast(out_schema.field(i + 1).type) for i, c in enumerate(columns)
-                ]
+                    columns = [pa.MapArray.from_arrays(offsets, pc.list_flatten(stored[0]), values)]
+            columns = [c.cast(out_schema.field(i + 1).type) for i, c in enumerate(columns)]
             num_rows = len(keys[0]) if keys else (len(columns[0]) if columns else 0)
             key = (
                 pa.StructArray.from_arrays(keys, names=key_names).cast(out_key)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -39,6 +40,11 @@ SESSION_WINDOW_NAME = "sessionWindowStateStoreSaveExec"
 TIMERS_STORE = "$timers"
 """transformWithState's store of registered timers (``$``: Spark's prefix of reserved
 column families; ``lockgate/plan/transform_with_state.py`` keeps them there)."""
+TTL_COLUMN = "$ttlExpirationMs"
+"""A transformWithState ``ValueState`` with TTL: the value's expiration (epoch ms) after
+its columns."""
+TTL_LIST_COLUMN = "$ttlExpirationsMs"
+"""A ``ListState`` or ``MapState`` with TTL: each element's (map entry's) expiration."""
 
 
 @dataclass(frozen=True)
@@ -65,11 +71,26 @@ class OperatorStateSchema:
     families), compared by name; a variable added on a restart is accepted (it starts
     empty after the version given here), a removed one dropped, as Spark's
     ``StateSchemaCompatibilityChecker`` does per column family. None: other operators."""
+    variables_removed: dict[str, list[int]] | None = None
+    """transformWithState: a variable no longer declared, ``[since, last]``: the version
+    its store starts after and the last version it holds (read back if declared again)."""
+    variables_gaps: dict[str, list[int]] | None = None
+    """transformWithState: a variable declared again, ``[last, version]``: the versions
+    in between it was not declared (``StateStoreConf.gap``)."""
+    time_mode: str | None = None
+    """transformWithState: its ``timeMode`` (``none``, ``processingTime``,
+    ``eventTime``), for the state reader (Spark's operator properties keep it)."""
 
     def to_json(self) -> str:
-        extra: dict[str, object] = {}
+        extra: dict[str, Any] = {}
         if self.variables_since is not None:
             extra["stateVariablesSince"] = self.variables_since
+        if self.variables_removed:
+            extra["stateVariablesRemoved"] = self.variables_removed
+        if self.variables_gaps:
+            extra["stateVariablesGaps"] = self.variables_gaps
+        if self.time_mode is not None:
+            extra["timeMode"] = self.time_mode
         if self.key_nesting is not None:
             extra["keyNesting"] = [[name, None if parts is None else list(parts)] for name, parts in self.key_nesting]
         if self.value_names is not None:
@@ -200,6 +221,9 @@ def _check_or_write_schema(
     if schema.variables_since is not None and (
         stored_schema(stored, "value").names != schema.value_schema.names
         or stored.get("stateVariablesSince") != schema.variables_since
+        or stored.get("stateVariablesRemoved") != (schema.variables_removed or None)
+        or stored.get("stateVariablesGaps") != (schema.variables_gaps or None)
+        or stored.get("timeMode") != schema.time_mode
     ):
         # variables added or removed: the file now describes the query's (Spark writes a
         # new schema file then)

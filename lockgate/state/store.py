@@ -112,6 +112,12 @@ class StateStoreConf:
     """The store holds nothing at this version and before: its first delta is version
     ``first_version + 1`` (a transformWithState variable added on a restart; files of a
     same-named variable removed earlier are not read)."""
+    gap: tuple[int, int] | None = None
+    """``(last, version)``: a transformWithState variable declared again at ``version``
+    after runs without it, its state last written at ``last``. A store opened at
+    ``version`` first writes versions ``last + 1 .. version`` as empty deltas (replacing
+    what a cut-off batch may have left there, and dropping snapshots in between), so
+    that ``version`` reads as ``last``: Spark reads a re-declared variable's state back."""
     timestamps_as_micros: bool = False
     """Hold top-level timestamp columns of keys and values in memory as ``int``
     microseconds since the epoch instead of ``datetime`` objects (the files keep their
@@ -422,7 +428,12 @@ class StateStore:
         operator rebuilds it. A map caught up from deltas keeps its index if the index
         has a ``catch_up(upserts, removed)`` method (see :class:`CatchUpIndex`)."""
         t0 = time.perf_counter()
-        cached = _cache_take(conf, partition, version)
+        refill = conf.gap is not None and conf.gap[1] == version
+        if refill:
+            assert conf.gap is not None
+            self._fill_gap(*conf.gap)
+        # a worker's cached map may be of a cut-off batch in the gap: not used then
+        cached = None if refill else _cache_take(conf, partition, version)
         state = None
         if cached is not None:
             cached_version, cached_map, cached_aux = cached
@@ -435,6 +446,14 @@ class StateStore:
         else:
             self.map = self._load(version)
         self.metrics.load_ms = (time.perf_counter() - t0) * 1000
+
+    def _fill_gap(self, last: int, version: int) -> None:
+        _, snapshots = _file_versions(self.fs, self.dir)
+        for v in snapshots:
+            if last < v <= version:
+                delete_checked(self.fs, f"{self.dir}/{v}.snapshot")
+        for v in range(last + 1, version + 1):
+            _write_table(self.fs, f"{self.dir}/{v}.delta", self._table([], True), "delta")
 
     # -- loading ---------------------------------------------------------------------
     @property
@@ -696,14 +715,17 @@ def arrow_values(values: list[Any], t: pa.DataType) -> list[Any]:
 
 
 def _arrow_value(value: Any, t: pa.DataType) -> Any:
-    if value is None or isinstance(value, dict):
+    # a dict (a struct as an operator put it) may hold the store's forms deeper down
+    if value is None:
         return value
     if pa.types.is_struct(t):
-        return {name: _arrow_value(v, t.field(name).type) for name, v in value}
+        items = value.items() if isinstance(value, dict) else value
+        return {name: _arrow_value(v, t.field(name).type) for name, v in items}
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return [_arrow_value(v, t.value_type) for v in value]
     if pa.types.is_map(t):
-        return [(_arrow_value(k, t.key_type), _arrow_value(v, t.item_type)) for k, v in value]
+        items = value.items() if isinstance(value, dict) else value
+        return [(_arrow_value(k, t.key_type), _arrow_value(v, t.item_type)) for k, v in items]
     return value
 
 

@@ -277,10 +277,12 @@ class Evolving(StatefulProcessor):
     """Some of the state variables ``seen`` (a list), ``counts`` (a map) and ``total`` (a
     value), as a processor of another release of the query declares them."""
 
-    def __init__(self, variables: tuple[str, ...], count_type: str = "c long") -> None:
-        self.variables, self.count_type = variables, count_type
+    def __init__(self, variables: tuple[str, ...], count_type: str = "c long", deleted: tuple[str, ...] = ()) -> None:
+        self.variables, self.count_type, self.deleted = variables, count_type, deleted
 
     def init(self, handle: Any) -> None:
+        for name in getattr(self, "deleted", ()):
+            handle.deleteIfExists(name)
         self.seen = handle.getListState("seen", "v long") if "seen" in self.variables else None
         self.counts = handle.getMapState("counts", "v long", self.count_type) if "counts" in self.variables else None
         self.total = handle.getValueState("total", "t long") if "total" in self.variables else None
@@ -608,6 +610,38 @@ def test_ttl_expires_values_lists_and_maps_with_a_restart(spark, ls, tmp_path):
     run.step([{"k": "b", "v": 9}])
     assert any(m[1] for m in run.removed["lockgate"].values())
     run.stop()
+    # the state with TTL read back as Spark's reader shows it: each value (list element,
+    # map value) as struct<value, ttlExpirationMs>; the expirations differ between the
+    # engines (their batch timestamps do), so they are compared as "set and positive"
+    native_ck, mine_ck = str(tmp_path / "native" / "ck"), str(tmp_path / "lockgate" / "ck")
+    for name in ("value1", "list1", "map1"):
+        for flatten in (True, False):
+            options = {"stateVarName": name, "flattenCollectionTypes": flatten}
+            native = _native_read(spark, native_ck, options)
+            mine = ls.read.state(mine_ck, **options)
+            assert mine.schema == native.schema, options
+            assert "ttlExpirationMs" in mine.schema.simpleString(), options
+            assert _ttl_rows(mine) == _ttl_rows(native), options
+            assert mine.count() > 0, options
+
+
+def _ttl_rows(df: Any) -> list[str]:
+    """The rows as sorted reprs, every ``ttlExpirationMs`` replaced by whether it is set
+    and positive, a map's entries sorted."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Row):
+            value = value.asDict(recursive=False)
+        if isinstance(value, dict):
+            return sorted(
+                (repr(plain(k)), repr(v is not None and v > 0 if k == "ttlExpirationMs" else plain(v)))
+                for k, v in value.items()
+            )
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return value
+
+    return sorted(repr(plain(r)) for r in df.collect())
 
 
 def test_ttl_with_a_manual_clock_across_a_restart(ls, tmp_path):
@@ -799,16 +833,17 @@ def test_read_state_of_each_variable_and_the_timers_matches_natives(spark, ls, t
         assert headline(mine_error.value) == headline(native_error.value), options
 
 
-def _evolving(variables: tuple[str, ...], count_type: str = "c long") -> Any:
+def _evolving(variables: tuple[str, ...], count_type: str = "c long", deleted: tuple[str, ...] = ()) -> Any:
     return lambda df: df.groupBy("k").transformWithStateInPandas(
-        Evolving(variables, count_type), "k string, seen string, counts string, total long", "Update", "None"
+        Evolving(variables, count_type, deleted), "k string, seen string, counts string, total long", "Update", "None"
     )
 
 
 def test_state_variables_added_and_removed_on_restart(spark, ls, tmp_path):
     """A restart whose processor declares a new state variable (it starts empty) or no
     longer declares one (its state is not read), accepted as Spark accepts it; a variable
-    removed and declared again later starts empty too."""
+    removed and declared again later reads its earlier state back, as Spark's does (also
+    in ``ls.read.state``)."""
     run = Run(spark, ls, tmp_path, _evolving(("seen", "counts")), "update", "k STRING, v LONG")
     run.start()
     run.step([{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "a", "v": 1}])
@@ -821,13 +856,90 @@ def test_state_variables_added_and_removed_on_restart(spark, ls, tmp_path):
     run.build = _evolving(("counts", "total"))  # seen removed
     run.start()
     run.step([{"k": "a", "v": 1}, {"k": "b", "v": 6}])
+    run.step([{"k": "c", "v": 2}])
     run.stop()
-    run.build = _evolving(("seen", "counts", "total"))  # seen back: Spark reads its old state
-    write_json(run.input, [{"k": "a", "v": 7}])
-    run._start("lockgate", ls.readStream)
-    with pytest.raises(Exception, match="state variable 'seen' of transformWithState declared again"):
-        run.queries["lockgate"].processAllAvailable()
-    run.queries.pop("lockgate").stop()
+    run.build = _evolving(("seen", "counts", "total"))  # seen back: its old state read back
+    run.start()
+    run.step([{"k": "a", "v": 7}, {"k": "c", "v": 1}])
+    run.step([{"k": "b", "v": 8}])
+    run.stop()
+    run.build = _evolving(("seen", "total"))  # counts, added on a restart, removed and back
+    run.start()
+    run.step([{"k": "a", "v": 2}])
+    run.stop()
+    run.build = _evolving(("seen", "counts", "total"))
+    run.start()
+    run.step([{"k": "a", "v": 9}, {"k": "b", "v": 1}])
+    run.stop()
+    native_ck, mine_ck = str(tmp_path / "native" / "ck"), str(tmp_path / "lockgate" / "ck")
+    for options in ({"stateVarName": "seen"}, {"stateVarName": "counts", "flattenCollectionTypes": False}):
+        native = _native_read(spark, native_ck, options)
+        mine = ls.read.state(mine_ck, **options)
+        assert mine.schema == native.schema, options
+        assert _state_rows(mine) == _state_rows(native), options
+
+
+def test_state_variable_deleted_then_declared_again(spark, ls, tmp_path):
+    """``deleteIfExists`` in ``init``: a variable deleted by a run that does not declare
+    it starts empty when a later run declares it again; deleted and then declared in the
+    same ``init``, it is empty at the start of every batch; as in Spark. The timers of
+    this query (time mode none) cannot be read, as in Spark."""
+    run = Run(spark, ls, tmp_path, _evolving(("seen", "total")), "update", "k STRING, v LONG")
+    run.start()
+    run.step([{"k": "a", "v": 1}, {"k": "b", "v": 2}])
+    run.stop()
+    run.build = _evolving(("total",), deleted=("seen",))
+    run.start()
+    run.step([{"k": "a", "v": 3}])
+    run.stop()
+    run.build = _evolving(("seen", "total"))
+    run.start()
+    run.step([{"k": "a", "v": 4}, {"k": "b", "v": 5}])
+    run.stop()
+    run.build = _evolving(("seen", "total"), deleted=("seen",))
+    run.start()
+    run.step([{"k": "a", "v": 6}])
+    run.step([{"k": "a", "v": 7}, {"k": "b", "v": 8}])
+    run.stop()
+    # the timers of a query in time mode none: Spark's reader refuses them
+    native_ck, mine_ck = str(tmp_path / "native" / "ck"), str(tmp_path / "lockgate" / "ck")
+    with pytest.raises(SparkRuntimeException) as native_error:
+        _native_read(spark, native_ck, {"readRegisteredTimers": True}).collect()
+    with pytest.raises(SparkRuntimeException) as mine_error:
+        ls.read.state(mine_ck, readRegisteredTimers=True).collect()
+    assert mine_error.value.getCondition() == native_error.value.getCondition()
+    assert headline(mine_error.value) == headline(native_error.value)
+    assert "TimeMode=None" in headline(mine_error.value)
+
+
+class Twice(Evolving):
+    def init(self, handle: Any) -> None:
+        handle.getListState("seen", "v long")
+        self.seen = handle.getListState("seen", "v long")
+        self.counts = self.total = None
+
+
+def test_state_variable_declared_twice_in_init_is_refused(spark, ls, tmp_path):
+    """The same name declared twice in ``init`` fails as in Spark (its state server's
+    message), also with the same schema."""
+    build = lambda df: df.groupBy("k").transformWithStateInPandas(
+        Twice(()), "k string, seen string, counts string, total long", "Update", "None"
+    )
+    run = Run(spark, ls, tmp_path, build, "update", "k STRING, v LONG")
+    write_json(run.input, [{"k": "a", "v": 1}])
+    with spark_conf(spark, "spark.sql.streaming.stateStore.providerClass", ROCKSDB):
+        run._start("native", spark.readStream)
+    with pytest.raises(Exception) as native:
+        run.queries["native"].processAllAvailable()
+    run.queries.pop("native").stop()
+    # Spark's message is in the causes of the JVM's exception (its driver worker's error)
+    causes, cause = [], getattr(native.value, "_origin", None)
+    while cause is not None:
+        causes.append(str(cause.toString()))
+        cause = cause.getCause()
+    assert "Error initializing list state: List state seen already exists" in "\n".join(causes), causes
+    with pytest.raises(Exception, match="Error initializing list state: List state seen already exists"):
+        run._start("lockgate", ls.readStream)
 
 
 def test_state_variable_type_changed_on_restart_is_refused(spark, ls, tmp_path):
@@ -853,3 +965,69 @@ def test_state_variable_type_changed_on_restart_is_refused(spark, ls, tmp_path):
     assert native_class, errors["native"][:2000]
     assert f"[{native_class.group(1)}]" in errors["lockgate"], errors["lockgate"]
     assert "'counts'" in errors["lockgate"]
+
+
+# -- nested state schemas -------------------------------------------------------------------------
+NESTED_VALUE = "a long, s struct<x:long, y:string>, arr array<struct<z:long>>, m map<string, struct<w:long>>, ia array<long>"
+
+
+class Nested(StatefulProcessor):
+    """A value, list and map state whose schemas have structs, arrays of structs and
+    maps (a map state keyed by a struct); the output shows what each gives back, as
+    the handle gives it (Rows, lists, dicts)."""
+
+    def init(self, handle: Any) -> None:
+        self.value = handle.getValueState("v", NESTED_VALUE)
+        self.list = handle.getListState("l", "s struct<x:long, y:string>, n long")
+        self.map = handle.getMapState("mp", "k struct<p:long>", "s struct<x:long>, arr array<long>")
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        n = sum(int(v) for pdf in rows for v in pdf["v"])
+        old = self.value.get()
+        before = (repr(old), repr(list(self.list.get())), repr(sorted(self.map.iterator())))
+        found = self.map.getValue((Row(p=n - 1),))
+        self.value.update((n, Row(x=n, y=str(n)), [Row(z=n), Row(z=n + 1)], {"q": Row(w=n)}, [n, n]))
+        self.list.appendValue((Row(x=n, y="l"), n))
+        self.map.updateValue((Row(p=n),), (Row(x=n), [n]))
+        if n % 3 == 0:
+            self.map.removeKey((Row(p=n),))
+        after = repr(self.value.get())
+        yield pd.DataFrame({"k": [key[0]], "before": [" | ".join(before)], "found": [repr(found)], "after": [after]})
+
+    def close(self) -> None:
+        pass
+
+
+def test_nested_state_schemas_with_a_restart(spark, ls, tmp_path):
+    """Value, list and map states with struct, array and map fields (nested structs,
+    a struct map key) keep and give back what native Spark's do (Rows, lists, dicts),
+    within a batch, from the worker's cache and from the files after a restart; the
+    state reads back as Spark's reader shows it."""
+    run = Run(
+        spark, ls, tmp_path,
+        lambda df: df.groupBy("k").transformWithStateInPandas(
+            Nested(), "k string, before string, found string, after string", "Update", "None"
+        ),
+        "update", "k STRING, v LONG",
+    )
+    run.start()
+    run.step([{"k": "a", "v": 1}, {"k": "b", "v": 2}])
+    run.step([{"k": "a", "v": 2}, {"k": "b", "v": 1}])
+    run.stop()
+    run.start()
+    run.step([{"k": "a", "v": 4}, {"k": "c", "v": 3}])
+    run.step([{"k": "a", "v": 5}])
+    run.stop()
+    native_ck, mine_ck = str(tmp_path / "native" / "ck"), str(tmp_path / "lockgate" / "ck")
+    for options in (
+        {"stateVarName": "v"},
+        {"stateVarName": "l"},
+        {"stateVarName": "l", "flattenCollectionTypes": False},
+        {"stateVarName": "mp"},
+        {"stateVarName": "mp", "flattenCollectionTypes": False},
+    ):
+        native = _native_read(spark, native_ck, options)
+        mine = ls.read.state(mine_ck, **options)
+        assert mine.schema == native.schema, options
+        assert _ttl_rows(mine) == _ttl_rows(native), options
+        assert mine.count() > 0, options
