@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 import pytest
+from differential import unique, write_text
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
@@ -49,3 +51,28 @@ def test_failed_query_exception_walks_like_a_captured_exception(spark, ls):
         assert "=== Streaming Query ===" in chain[0]
     assert native._desc == str(native).split("\n\nJVM stacktrace:")[0]
     assert lg._desc == str(lg)
+
+
+def test_apply_in_pandas_with_state_grouped_by_a_column_of_the_dataframe(spark, ls, tmp_path):
+    # groupBy(sdf["value"]), not groupBy("value"): a column bound to the DataFrame
+    write_text(tmp_path / "in", ["a", "b", "a", "c", "a"])
+
+    def count_per_key(key: Any, pdfs: Any, state: Any) -> Any:
+        seen = (state.get[0] if state.exists else 0) + sum(len(pdf) for pdf in pdfs)
+        state.update((seen,))
+        yield pd.DataFrame({"key": [key[0]], "seen": [seen]})
+
+    def run(reader: Any) -> list[tuple[Any, ...]]:
+        sdf = reader.format("text").load(str(tmp_path / "in"))
+        counted = sdf.groupBy(sdf["value"]).applyInPandasWithState(
+            count_per_key, "key string, seen long", "seen long", "Update", "NoTimeout"
+        )
+        name = unique("aipws")
+        q = (
+            counted.writeStream.format("memory").queryName(name).outputMode("update")
+            .trigger(availableNow=True).start()
+        )
+        q.awaitTermination()
+        return sorted(tuple(r) for r in spark.table(name).collect())
+
+    assert run(ls.readStream) == run(spark.readStream) == [("a", 3), ("b", 1), ("c", 1)]
