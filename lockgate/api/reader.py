@@ -23,8 +23,9 @@ SOURCE_EVOLUTION_CONF = "spark.sql.streaming.queryEvolution.enableSourceEvolutio
 
 def check_source_evolution(spark: Any, source_name: str | None) -> None:
     """Spark refuses a named source unless source evolution is on; with it on, Spark
-    keys the offsets log (v2) and ``sources/`` by name, which lockgate does not write yet.
-    ``source_name`` None: a query being started (Spark then requires every source named)."""
+    keys the offsets log (v2) and ``sources/`` by name, which lockgate does not write yet,
+    so such a query refuses to start. ``source_name`` None: a query being started (Spark
+    then requires every source named)."""
     enabled = str(spark.conf.get(SOURCE_EVOLUTION_CONF, "false")).strip().lower() == "true"
     if not enabled:
         if source_name is not None:
@@ -32,6 +33,8 @@ def check_source_evolution(spark: Any, source_name: str | None) -> None:
                 "STREAMING_QUERY_EVOLUTION_ERROR.SOURCE_NAMING_NOT_SUPPORTED", {"name": source_name}
             )
         return
+    if source_name is not None:
+        return  # defining a named source is fine, as in Spark; start() refuses the query
     raise NotSupportedYetError(
         f"Source evolution ({SOURCE_EVOLUTION_CONF}=true)",
         "With it, Spark writes the offsets log in its v2 format keyed by source name and "

@@ -60,7 +60,7 @@ from lockgate.compat import override
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.cache import frame
 from lockgate.plan.event_time import event_time_columns
-from lockgate.plan.nodes import PlanNode
+from lockgate.plan.nodes import PlanNode, Transform
 from lockgate.plan.state_udf import map_with_state, with_batch_params
 from lockgate.plan.stateful import (
     StatefulContext,
@@ -227,8 +227,10 @@ def apply_in_pandas_with_state(
             "applyInPandasWithState without grouping keys", "Group by at least one column."
         )
     keys: list[str] = []
+    # groupBy(df["k"]) refers to df's columns by df's hidden alias, applied to the child
+    qualifier = child.args[0] if isinstance(child, Transform) and child.method == "alias" else None
     for item in grouping:
-        name = _column_name(item, names)
+        name = _column_name(item, names, qualifier)
         if name is None:
             raise NotSupportedYetError(
                 f"applyInPandasWithState grouped by the expression {str(item)!r}",
@@ -247,15 +249,22 @@ def apply_in_pandas_with_state(
     )
 
 
-def _column_name(item: Any, names: list[str]) -> str | None:
-    """The input column a grouping item names, or None for an expression."""
+def _column_name(item: Any, names: list[str], qualifier: str | None = None) -> str | None:
+    """The input column a grouping item names (plain, or qualified by the child's alias
+    ``qualifier``), or None for an expression."""
     if isinstance(item, str):
         return item if item in names else None
     if isinstance(item, int) and not isinstance(item, bool) and 0 < item <= len(names):
         return names[item - 1]
     text = str(item)  # Column<'k'>
     if text.startswith("Column<'") and text.endswith("'>"):
-        inner = text[len("Column<'") : -2].strip("`")
+        inner = text[len("Column<'") : -2]
+        if qualifier is not None:
+            for prefix in (f"{qualifier}.", f"`{qualifier}`."):
+                if inner.startswith(prefix):
+                    inner = inner[len(prefix) :]
+                    break
+        inner = inner.strip("`")
         if inner in names:
             return inner
     return None
