@@ -16,7 +16,6 @@ from lockgate.plan.aggregate_plan import (
     pivot_aggregate_names,
     pivot_first_outputs,
     pivot_value_outputs,
-    refuse_expressions_over_aggregates,
 )
 from lockgate.plan.event_time import event_time_columns
 from lockgate.plan.flat_map_groups import apply_in_pandas_with_state
@@ -86,7 +85,6 @@ class StreamingGroupedData:
         columns = _agg_columns(exprs)
         template = self._template_grouped.agg(*columns)
         if self._sets is not None:
-            refuse_expressions_over_aggregates(self._df._session.spark, columns, "rollup/cube/groupingSets")
             return _grouping_sets_aggregate(
                 self._df, self._grouping, self._sets, self._grouping_sets, columns, template
             )
@@ -252,7 +250,6 @@ class StreamingPivotedData:
     def agg(self, *exprs: Column | dict[str, str]) -> StreamingDataFrame:
         columns = _agg_columns(exprs)
         template = self._template.agg(*columns)
-        refuse_expressions_over_aggregates(self._grouped._df._session.spark, columns, "pivot")
         keys = len(template.columns) - len(self._values) * len(columns)
         names = pivot_aggregate_names(template, len(columns))
         if names is not None:

@@ -57,18 +57,6 @@ def _analysed_aggregate(frame: DataFrame) -> Any:
     return node
 
 
-def refuse_expressions_over_aggregates(spark: Any, columns: list[Column], what: str) -> None:
-    """Expressions over aggregate functions with grouping sets or a pivot are not verified
-    against Spark yet (a differential test of them failed): refused, as they were before
-    plain aggregations took them, rather than risk rows that differ from Spark's."""
-    if not all(is_plain_aggregate(spark, c) for c in columns):
-        raise NotSupportedYetError(
-            f"Expressions over aggregate functions in {what}(...).agg()",
-            "Aggregate with plain aggregate functions and compute the expression in a "
-            "select() after the aggregation.",
-        )
-
-
 @dataclass(frozen=True)
 class Expansion:
     """Spark's ``Expand`` below a grouping-sets aggregation, from its analysed plan."""

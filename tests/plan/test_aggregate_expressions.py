@@ -136,18 +136,45 @@ def test_expressions_over_aggregates_match_native(spark, bench, tmp_path):
     assert sum(op[2] for batch in progress for op in batch[3]) > 0, "no late rows dropped"
 
 
-def test_expressions_over_grouping_sets_and_pivot_are_refused(ls, tmp_path):
-    """Not verified against Spark yet (docs/state-store.md): refused when defined, never
-    run with rows that might differ."""
-    df = ls.readStream.schema(SCHEMA).json(str(tmp_path)).withColumn("g", F.col("v") > 1)
-    with pytest.raises(NotSupportedYetError, match="rollup/cube/groupingSets"):
-        df.rollup("k", "g").agg(F.round(F.avg("v"), 2))
-    with pytest.raises(NotSupportedYetError, match="rollup/cube/groupingSets"):
-        df.cube("k").agg(F.count("*") + 1)
-    with pytest.raises(NotSupportedYetError, match="pivot"):
-        df.groupBy("g").pivot("k", ["a", "b"]).agg(F.sum("v") / F.count("v"))
-    # plain aggregate functions still run there
-    df.rollup("k", "g").agg(F.avg("v"))
+def test_expressions_over_grouping_sets_and_pivot_match_native(bench, tmp_path):
+    """Expressions over aggregate functions with rollup (complete), cube (update),
+    groupingSets by a window (append, evicted by the watermark) and a pivot (append: two
+    chained aggregations, as Spark plans numeric pivots), batch by batch."""
+    inp = tmp_path / "sets"
+    inp.mkdir()
+
+    def source(reader: Any) -> Any:
+        return reader.schema(SCHEMA).json(str(inp)).withWatermark("ts", "10 seconds")
+
+    def window() -> Any:
+        return F.window("ts", "10 seconds")
+
+    def over_aggregates() -> list[Any]:
+        return [
+            F.round(F.avg("v"), 2).alias("a"),
+            (F.sum("v") / F.count("v")).alias("r"),
+            F.count("*") + 1,
+            F.size(F.collect_list("v")).alias("z"),
+        ]
+
+    bench.add("rollup_complete", lambda r: source(r).rollup("k", F.col("v") > 2).agg(*over_aggregates()), "complete")
+    bench.add("cube_update", lambda r: source(r).cube("k", F.year("ts").alias("y")).agg(*over_aggregates()), "update")
+    bench.add(
+        "sets_append_window",
+        lambda r: source(r).groupingSets([[window(), "k"], [window()]], window(), "k").agg(*over_aggregates()),
+        "append",
+    )
+    bench.add(
+        "pivot_append_window",
+        lambda r: source(r)
+        .groupBy(window())
+        .pivot("k", ["a", "b"])
+        .agg(F.round(F.sum("v") * 2, 1).alias("s"), F.max("v") + 1),
+        "append",
+    )
+    bench.start()
+    for i, rows in enumerate(AGG_STEPS[:4]):
+        bench.step(f"step {i}", {inp: rows})
 
 
 @pytest.mark.parametrize(
