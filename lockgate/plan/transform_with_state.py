@@ -95,7 +95,7 @@ from lockgate.state.schema import (
     read_schema_file,
     stored_schema,
 )
-from lockgate.state.store import StateStore, StateStoreConf, _hashable, column_values, micros_array
+from lockgate.state.store import StateStore, StateStoreConf, column_values, hashable, micros_array
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -1010,7 +1010,7 @@ class MapState(_StateVar):
             return {}
         keys, values = value[0] or (), value[1] or ()
         expirations = (value[2] or ()) if self._ttl is not None else [None] * len(keys)
-        return {_hashable(_plain(k)): (_plain(v), e) for k, v, e in zip(keys, values, expirations)}
+        return {hashable(_plain(k)): (_plain(v), e) for k, v, e in zip(keys, values, expirations)}
 
     def _entries(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
         return {k: v for k, (v, e) in self._stored().items() if not _expired(e, self._now)}
@@ -1019,7 +1019,7 @@ class MapState(_StateVar):
         schema = self._variable.key_schema
         assert schema is not None
         values = tuple(_as_dict(schema.names, key, f"MapState {self._variable.name!r} key").values())
-        return _hashable(tuple(_store_values(schema, values)))  # type: ignore[no-any-return]
+        return hashable(tuple(_store_values(schema, values)))  # type: ignore[no-any-return]
 
     def _user_key(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
         assert self._variable.key_schema is not None

@@ -308,7 +308,7 @@ def column_values(column: pa.ChunkedArray | pa.Array, micros: bool = False) -> l
         return column.to_numpy(zero_copy_only=False).tolist()
     values = column.to_pylist()
     if _is_nested(t):
-        return [_hashable(v) for v in values]
+        return [hashable(v) for v in values]
     return values
 
 
@@ -390,16 +390,16 @@ def _latest_per_key(table: pa.Table, key_names: list[str]) -> pa.Table:
     return latest.filter(pc.equal(latest.column(_OP_COLUMN), _OP_UPSERT))
 
 
-def _hashable(value: Any) -> Any:
+def hashable(value: Any) -> Any:
     """The store's hashable form of a nested value: lists (arrays) become tuples,
     structs tuples of (field, value) pairs, maps (lists of (key, value) tuples from
     Arrow) tuples of such pairs; :func:`arrow_values` is the inverse, by type."""
     if isinstance(value, float) and value != value:  # noqa: PLR0124 - NaN test
         return NAN
     if isinstance(value, (list, tuple)):
-        return tuple(_hashable(v) for v in value)
+        return tuple(hashable(v) for v in value)
     if isinstance(value, dict):
-        return tuple((k, _hashable(v)) for k, v in value.items())
+        return tuple((k, hashable(v)) for k, v in value.items())
     return value
 
 
@@ -707,7 +707,7 @@ def _has_struct(t: pa.DataType) -> bool:
 
 def arrow_values(values: list[Any], t: pa.DataType) -> list[Any]:
     """Values of a column of type ``t`` as ``pa.array`` takes them. ``pa.array`` takes
-    the tuples ``_hashable`` makes for lists and maps as they are; structs, held as
+    the tuples ``hashable`` makes for lists and maps as they are; structs, held as
     tuples of (field, value) pairs, become dicts again, at any depth."""
     if not _has_struct(t):
         return values
