@@ -64,6 +64,23 @@ def source(reader, kafka, topic, **options):
     return r.load()
 
 
+def kafka_to_kafka(kafka, reader, topic_in: str, sink_topic: str, checkpoint, **sink_options):
+    """A continuous query copying ``topic_in`` to ``sink_topic`` with "+" after each value."""
+    df = source(reader, kafka, topic_in).select(
+        "key", F.concat(F.col("value").cast("string"), F.lit("+")).alias("value")
+    )
+    writer = (
+        df.writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap)
+        .option("topic", sink_topic)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(continuous=INTERVAL)
+    )
+    for k, v in sink_options.items():
+        writer = writer.option(k, v)
+    return writer.start()
+
+
 def table_rows(spark, name):
     return [tuple(r) for r in spark.table(name).collect()]
 
@@ -193,19 +210,7 @@ def test_kafka_to_kafka_restart_resumes_from_the_committed_epoch_at_least_once(
     kafka.produce(topic_in, records(0, 10))
 
     def start(reader, sink_topic, checkpoint, **sink_options):
-        df = source(reader, kafka, topic_in).select(
-            "key", F.concat(F.col("value").cast("string"), F.lit("+")).alias("value")
-        )
-        writer = (
-            df.writeStream.format("kafka")
-            .option("kafka.bootstrap.servers", kafka.bootstrap)
-            .option("topic", sink_topic)
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(continuous=INTERVAL)
-        )
-        for k, v in sink_options.items():
-            writer = writer.option(k, v)
-        return writer.start()
+        return kafka_to_kafka(kafka, reader, topic_in, sink_topic, checkpoint, **sink_options)
 
     native = start(native_kafka.readStream, native_out, tmp_path / "native")
     try:
@@ -331,19 +336,7 @@ def test_partition_added_while_running_is_read_from_its_start(
         kafka.create_topic(sink_topic)
         kafka.produce(topic_in, records(0, 6))
         checkpoint = tmp_path / engine
-        df = source(reader, kafka, topic_in).select(
-            "key", F.concat(F.col("value").cast("string"), F.lit("+")).alias("value")
-        )
-        writer = (
-            df.writeStream.format("kafka")
-            .option("kafka.bootstrap.servers", kafka.bootstrap)
-            .option("topic", sink_topic)
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(continuous=INTERVAL)
-        )
-        for k, v in sink_options.items():
-            writer = writer.option(k, v)
-        q = writer.start()
+        q = kafka_to_kafka(kafka, reader, topic_in, sink_topic, checkpoint, **sink_options)
         try:
             wait_for(lambda: len(consume_values(kafka, sink_topic, 6)) >= 6, f"{engine}: the first 6", query=q)
             kafka.add_partitions(topic_in, 2)
