@@ -8,13 +8,14 @@ So ``spark.sql`` does not see lockgate's views (it fails with Spark's
 
 ``ls.sql`` parses the query with Spark's own parser and applies the parsed plan (the
 Python tree :mod:`lockgate.plan.sql_plan` makes of it), node by node, as the DataFrame
-operations a user would write (``Project`` as ``select``,
-``Aggregate`` as ``groupBy(...).agg(...)``, ``Join`` as ``join``, ...), with Spark's
-parsed expressions as Columns; nothing here touches Spark's JVM side. So the result is a lockgate streaming DataFrame that
-runs, checks and fails exactly as the DataFrame API does, and Spark's analyser resolves
-every name and function, with its messages. A query that reads no streaming view is
-Spark's own ``spark.sql``. Plan nodes that have no DataFrame counterpart in lockgate
-fail with :class:`~lockgate.errors.NotSupportedYetError` naming the node.
+operations a user would write (``Project`` as ``select``, ``Aggregate`` as
+``groupBy(...).agg(...)``, ``Join`` as ``join``, ...), with Spark's parsed expressions as
+Columns; nothing here touches Spark's JVM side. So the result is a lockgate streaming
+DataFrame that runs, checks and fails exactly as the DataFrame API does, and Spark's
+analyser resolves every name and function, with its messages. A query that reads no
+streaming view is Spark's own ``spark.sql``. Plan nodes that have no DataFrame
+counterpart in lockgate fail with :class:`~lockgate.errors.NotSupportedYetError` naming
+the node.
 """
 
 from __future__ import annotations
