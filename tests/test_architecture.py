@@ -17,7 +17,11 @@ inside a function, or under ``if TYPE_CHECKING:``. The rules:
 DataFrame's ``_jdf``, a Column's ``_jc``, the session's ``_jvm``/``_jsparkSession``, a
 query execution and its plans) nor imports ``py4j``; what Spark's plans say is read in
 ``plan/`` (``aggregate_plan.py``, ``event_time.py``, ``explain.py``, ``sql_plan.py``,
-``catalog.py``), which the API calls with plan values.
+``catalog.py``), which the API calls with plan values. The names checked include the
+Scala and Catalyst accessors a reader of Spark's parsed plan calls, none of which PySpark's
+API has (``test_the_jvm_names_are_not_pyspark_names``); and ``ls.sql`` runs with a
+profiler that fails on any call from ``api/`` into py4j (``api/sql.py`` walks the Python
+tree of ``plan/sql_plan.py``).
 
 And the only import cycle is the API's own (``lockgate``, ``api/`` and ``testing/``,
 whose ``MemoryStream`` builds streaming DataFrames the API re-exports), as PySpark's
@@ -27,11 +31,29 @@ DataFrame and writer import each other: every other package's modules form a DAG
 from __future__ import annotations
 
 import ast
+import sys
+import weakref
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
+import py4j
 import pytest
+from pyspark.errors import AnalysisException
+from pyspark.sql import Column, DataFrame, GroupedData, Row, SparkSession
+from pyspark.sql.streaming import (
+    DataStreamReader,
+    DataStreamWriter,
+    StreamingQuery,
+    StreamingQueryManager,
+)
+from pyspark.sql.types import DataType, StructField, StructType
 
 import lockgate
+from lockgate.api.dataframe import StreamingDataFrame
+from lockgate.api.grouped import StreamingGroupedData
+from lockgate.errors import LockgateError
+from lockgate.plan import sql_plan
 
 PACKAGE = Path(lockgate.__file__).parent
 
@@ -57,11 +79,18 @@ JVM_ATTRIBUTES = frozenset(
     {
         "_jdf", "_jc", "_jvm", "_jsc", "_jsparkSession", "_gateway", "_jconf",
         "queryExecution", "analyzed", "logicalPlan", "optimizedPlan", "executedPlan", "sparkPlan",
-        "getClass",
+        "getClass", "getSimpleName",
+        # Scala and Catalyst accessors of a parsed plan, as api/sql.py once called them
+        "sqlParser", "parsePlan", "ofRows", "projectList", "aggregateExpressions",
+        "groupingExpressions", "havingCondition", "limitExpr", "joinType", "usingColumns",
+        "cteRelations", "nameParts", "multipartIdentifier", "allowMissingCol", "isDefined",
+        "_1", "_2",
     }
 )
 """Attributes through which a module reads Spark's JVM side: the py4j handles of a
-DataFrame, Column, session or context, and Catalyst's query execution and plans."""
+DataFrame, Column, session or context, Catalyst's query execution and plans, and the
+accessors of Spark's parsed plans and Scala values (none of them a PySpark name:
+``test_the_jvm_names_are_not_pyspark_names``)."""
 
 JVM_READS_ALLOWED: dict[str, frozenset[str]] = {}
 """API modules that may read some of those attributes, and which (none do: each read
@@ -179,13 +208,135 @@ def test_the_jvm_read_check_sees_each_kind_of_read(tmp_path: Path) -> None:
         "    text = df._template._jdf.queryExecution().executedPlan().toString()\n"
         "    node = spark._jvm.org.apache.spark.sql.classic.ExpressionColumnNode.apply(plan)\n"
         "    return spark._jsparkSession.sessionState(), plan.getClass().getSimpleName()\n"
+        "def translate(node):\n"
+        "    items = node.projectList()\n"
+        "    ctes = [pair._2() for pair in node.cteRelations()]\n"
+        "    return items, ctes, node.condition().isDefined()\n"
     )
     path = tmp_path / "probe.py"
     path.write_text(source)
     found = {what for _, what in jvm_reads(path)}
     assert found == {
-        "py4j.protocol", "_jdf", "queryExecution", "analyzed", "executedPlan", "_jvm", "_jsparkSession", "getClass"
+        "py4j.protocol", "_jdf", "queryExecution", "analyzed", "executedPlan", "_jvm", "_jsparkSession", "getClass",
+        "getSimpleName", "projectList", "_2", "cteRelations", "isDefined",
     }
+
+
+def test_the_jvm_names_are_not_pyspark_names() -> None:
+    """No name the check refuses is an attribute of the PySpark classes the API wraps
+    and hands out, nor of lockgate's own API classes, so PySpark-shaped code never trips it."""
+    classes = (
+        Column, DataFrame, GroupedData, Row, SparkSession, DataStreamReader, DataStreamWriter, StreamingQuery,
+        StreamingQueryManager, DataType, StructField, StructType, StreamingDataFrame, StreamingGroupedData,
+    )
+    public = {name for cls in classes for name in dir(cls) if not name.startswith("_")}
+    assert not (JVM_ATTRIBUTES & public)
+
+
+def py4j_calls_from(directory: Path, run: Callable[[], object]) -> list[str]:
+    """``run()`` under a profiler: every call into py4j's Python code (a py4j object's
+    method, attribute or conversion) made directly by code under ``directory``. Calls
+    PySpark makes for the code (``df.select(...)``) are PySpark's, not counted, nor py4j's
+    weakref callbacks that release JVM objects as Python collects them."""
+    py4j_dir = str(Path(py4j.__file__).parent)
+    under = str(directory)
+    found: list[str] = []
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event != "call" or not frame.f_code.co_filename.startswith(py4j_dir):
+            return
+        code = frame.f_code
+        if code.co_argcount and isinstance(frame.f_locals.get(code.co_varnames[0]), weakref.ref):
+            return  # py4j releasing a garbage-collected JVM object, wherever collection happens
+        caller = frame.f_back
+        if caller is not None and caller.f_code.co_filename.startswith(under):
+            found.append(f"{caller.f_code.co_filename}:{caller.f_lineno}: {frame.f_code.co_name}")
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(previous)
+    return found
+
+
+SQL_QUERIES = (
+    # every node of plan/sql_plan.py, applied over a streaming view, a static table and a CTE
+    "SELECT id, upper(name) AS n FROM {ev} e WHERE e.id % 2 = 0",
+    "SELECT id FROM {ev} WHERE id < 3 UNION ALL SELECT id FROM {ev} WHERE id > 6",
+    "WITH a AS (SELECT * FROM {ev}), s AS (SELECT * FROM {dim}) SELECT a.id, s.label FROM a JOIN s ON a.name = s.name",
+    "SELECT name AS nm, count(*) AS c FROM {ev} GROUP BY nm HAVING c > 2",
+    "SELECT name, count(*) FROM {ev} GROUP BY 1 HAVING count(*) > 2",
+    "SELECT name, max(id) FROM {ev} GROUP BY name HAVING name <> 'n1'",
+    "SELECT DISTINCT name FROM {ev}",
+    "SELECT name, count(*) AS c FROM {ev} GROUP BY name ORDER BY c DESC",
+    "SELECT * FROM {ev} LIMIT 3",
+    "SELECT * FROM {ev} JOIN {dim} USING (name)",
+    "SELECT * FROM {ev} e JOIN (SELECT name, row_number() OVER (ORDER BY name) AS r FROM {dim}) x ON e.name = x.name",
+    "SELECT name FROM {ev} EXCEPT SELECT name FROM {ev} WHERE id > 3",
+    "SELECT id FROM {ev} INTERSECT SELECT id FROM {ev}",
+    "SELECT * FROM {ev} NATURAL JOIN {dim}",
+    "SELECT * FROM {ev} WHERE id IN (SELECT id FROM {ev})",
+    "SELECT * FROM {ev} LATERAL VIEW explode(array(1, 2)) t AS x",
+)
+
+
+def test_the_sql_path_touches_no_py4j_object(ls, tmp_path: Path) -> None:
+    """``ls.sql`` over every node kind of the parsed-plan tree (those refused too): no
+    code of ``api/`` calls into py4j; Spark's parsed plan is read in ``plan/sql_plan.py``."""
+    suffix = tmp_path.name[-12:].replace("-", "_")
+    names = {"ev": f"ev_{suffix}", "dim": f"dim_{suffix}"}
+    ls.readStream.schema("id LONG, name STRING, ts TIMESTAMP").json(str(tmp_path)).createOrReplaceTempView(names["ev"])
+    ls.spark.createDataFrame([("n0", "zero")], "name STRING, label STRING").createOrReplaceTempView(names["dim"])
+    kinds: set[type] = set()
+    results = []
+
+    def run() -> None:
+        for query in SQL_QUERIES:
+            text = query.format(**names)
+            tree = sql_plan.parse(ls.spark, text)
+            assert tree is not None, text
+            stack = [tree]
+            while stack:
+                node = stack.pop()
+                kinds.add(type(node))
+                stack.extend(node.nested)
+            try:
+                results.append(type(ls.sql(text)).__name__)
+            except (LockgateError, AnalysisException) as exc:
+                results.append(type(exc).__name__)
+        with pytest.raises(LockgateError):
+            ls.sql(f"SELECT * FROM {names['ev']} WHERE id > :x", {"x": 1})
+
+    found = py4j_calls_from(PACKAGE / "api", run)
+    assert not found, "api/ calls into py4j on the SQL path; read Spark's plan in plan/:\n" + "\n".join(found)
+    nodes = {
+        cls for cls in vars(sql_plan).values()
+        if isinstance(cls, type) and issubclass(cls, sql_plan.Node) and not cls.__name__.startswith("_")
+    }
+    # Spark's parser makes no Deduplicate (SELECT DISTINCT is a Distinct); ls.sql applies one as distinct()
+    assert nodes - kinds == {sql_plan.Node, sql_plan.Deduplicate}
+    assert results.count("StreamingDataFrame") == 11
+
+
+def test_the_py4j_call_check_sees_a_call_and_not_pyspark_s(spark, tmp_path: Path) -> None:
+    """A probe module that reads a parsed plan through py4j is caught; one that calls
+    PySpark (which calls py4j itself) is not."""
+    (tmp_path / "probe_jvm.py").write_text(
+        "def run(spark):\n"
+        "    plan = spark._jsparkSession.sessionState().sqlParser().parsePlan('SELECT 1')\n"
+        "    return plan.getClass().getSimpleName()\n"
+    )
+    (tmp_path / "probe_pyspark.py").write_text("def run(spark):\n    return spark.range(2).selectExpr('id + 1').columns\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import probe_jvm
+        import probe_pyspark
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert len(py4j_calls_from(tmp_path, lambda: probe_jvm.run(spark))) >= 4
+    assert py4j_calls_from(tmp_path, lambda: probe_pyspark.run(spark)) == []
 
 
 def import_cycles(added: tuple[tuple[str, str], ...] = ()) -> list[list[str]]:

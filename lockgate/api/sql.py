@@ -6,15 +6,16 @@ template (an empty DataFrame of its schema) would run and silently return no row
 So ``spark.sql`` does not see lockgate's views (it fails with Spark's
 ``TABLE_OR_VIEW_NOT_FOUND``), and ``ls.sql`` runs SQL over them.
 
-``ls.sql`` parses the query with Spark's own parser and applies the parsed plan (read
-through :mod:`lockgate.plan.sql_plan`), node by node, as the DataFrame operations a user
-would write (``Project`` as ``select``,
-``Aggregate`` as ``groupBy(...).agg(...)``, ``Join`` as ``join``, ...), with Spark's
-parsed expressions as Columns. So the result is a lockgate streaming DataFrame that
-runs, checks and fails exactly as the DataFrame API does, and Spark's analyser resolves
-every name and function, with its messages. A query that reads no streaming view is
-Spark's own ``spark.sql``. Plan nodes that have no DataFrame counterpart in lockgate
-fail with :class:`~lockgate.errors.NotSupportedYetError` naming the node.
+``ls.sql`` parses the query with Spark's own parser and applies the parsed plan (the
+Python tree :mod:`lockgate.plan.sql_plan` makes of it), node by node, as the DataFrame
+operations a user would write (``Project`` as ``select``, ``Aggregate`` as
+``groupBy(...).agg(...)``, ``Join`` as ``join``, ...), with Spark's parsed expressions as
+Columns; nothing here touches Spark's JVM side. So the result is a lockgate streaming
+DataFrame that runs, checks and fails exactly as the DataFrame API does, and Spark's
+analyser resolves every name and function, with its messages. A query that reads no
+streaming view is Spark's own ``spark.sql``. Plan nodes that have no DataFrame
+counterpart in lockgate fail with :class:`~lockgate.errors.NotSupportedYetError` naming
+the node.
 """
 
 from __future__ import annotations
@@ -105,24 +106,18 @@ def sql(session: StreamingSession, query: str, args: Any = None, **kwargs: Any) 
     return result
 
 
-def _reads_views(spark: SparkSession, query: str, plan: Any = None) -> bool:
+def _reads_views(spark: SparkSession, query: str, plan: parsed.Node | None = None) -> bool:
     if plan is None:
         plan = parsed.parse(spark, query)
         if plan is None:  # spark.sql raises Spark's own ParseException
             return False
-    found = False
 
-    def visit(node: Any) -> None:
-        nonlocal found
-        if parsed.kind(node) == "UnresolvedRelation" and _lookup(spark, parsed.relation_parts(node)) is not None:
-            found = True
-        for child in parsed.children(node) + parsed.cte_relations(node):
-            visit(child)
-        for sub in parsed.subqueries(node):
-            visit(sub)
+    def visit(node: parsed.Node) -> bool:
+        if isinstance(node, parsed.UnresolvedRelation) and _lookup(spark, list(node.parts)) is not None:
+            return True
+        return any(visit(inner) for inner in node.nested)
 
-    visit(plan)
-    return found
+    return visit(plan)
 
 
 _JOIN_TYPES = {
@@ -144,111 +139,111 @@ class _Translator:
         self.spark = session.spark
         self.ctes: dict[str, Any] = {}
 
-    def c(self, expr: Any) -> Column:
-        return parsed.column(self.spark, expr)
-
-    def apply(self, node: Any) -> Any:
-        kind = parsed.kind(node)
-        handler = getattr(self, f"_{kind}", None)
-        if handler is None:
-            if not _reads_views_node(self, node):
+    def apply(self, node: parsed.Node) -> Any:
+        if isinstance(node, parsed.Unsupported):
+            if not self.reads_views(node):
                 return self._static(node)
             raise NotSupportedYetError(
-                f"{kind} in SQL over a streaming view",
+                f"{node.name} in SQL over a streaming view",
                 "lockgate runs SELECT, WHERE, GROUP BY (incl. window), HAVING, JOIN, UNION, "
                 "DISTINCT, ORDER BY and LIMIT over streaming views; write the rest with the "
                 "DataFrame API.",
             )
-        for sub in parsed.subqueries(node):
-            if _reads_views_node(self, sub):
+        for sub in node.subqueries:
+            if self.reads_views(sub):
                 raise NotSupportedYetError(
                     "a subquery over a streaming view",
                     "join the view instead, or read it with the DataFrame API.",
                 )
-        return handler(node)
+        return getattr(self, f"_{type(node).__name__}")(node)
 
-    def _static(self, node: Any) -> DataFrame:
-        if parsed.kind(node) == "UnresolvedRelation":
-            return self.spark.table(".".join(f"`{p}`" for p in parsed.relation_parts(node)))
+    def reads_views(self, node: parsed.Node) -> bool:
+        """Whether ``node`` reads a streaming view, directly or through a ``WITH`` query."""
+        if isinstance(node, parsed.UnresolvedRelation):
+            parts = node.parts
+            if len(parts) == 1 and parts[0].lower() in self.ctes:
+                return isinstance(self.ctes[parts[0].lower()], StreamingDataFrame)
+            return _lookup(self.spark, list(parts)) is not None
+        return any(self.reads_views(inner) for inner in node.nested)
+
+    def _static(self, node: parsed.Node) -> DataFrame:
+        if isinstance(node, parsed.UnresolvedRelation):
+            return self.spark.table(".".join(f"`{p}`" for p in node.parts))
         return parsed.static_frame(self.spark, node)
 
     # -- leaves ----------------------------------------------------------------------------
-    def _UnresolvedRelation(self, node: Any) -> Any:
-        parts = parsed.relation_parts(node)
+    def _UnresolvedRelation(self, node: parsed.UnresolvedRelation) -> Any:
+        parts = node.parts
         if len(parts) == 1 and parts[0].lower() in self.ctes:
             return self.ctes[parts[0].lower()]
-        view = _lookup(self.spark, parts)
+        view = _lookup(self.spark, list(parts))
         if view is not None:
             return view
         return self._static(node)
 
-    def _UnresolvedWith(self, node: Any) -> Any:
+    def _UnresolvedWith(self, node: parsed.UnresolvedWith) -> Any:
         # WITH name AS (query), ...: each later one and the body may read the earlier ones.
         outer = dict(self.ctes)
         try:
-            for pair in parsed.items(node.cteRelations()):
-                name, relation = str(pair._1()), pair._2()
-                self.ctes[name.lower()] = self.apply(relation) if _reads_views_node(self, relation) else self._static(relation)
-            return self.apply(node.child())
+            for name, relation in node.ctes:
+                self.ctes[name.lower()] = self.apply(relation) if self.reads_views(relation) else self._static(relation)
+            return self.apply(node.child)
         finally:
             self.ctes = outer
 
     # -- unary -------------------------------------------------------------------------
-    def _SubqueryAlias(self, node: Any) -> Any:
-        return self.apply(node.child()).alias(str(node.alias()))
+    def _SubqueryAlias(self, node: parsed.SubqueryAlias) -> Any:
+        return self.apply(node.child).alias(node.alias)
 
-    def _Project(self, node: Any) -> Any:
-        child = self.apply(node.child())
-        return child.select(*[self.c(e) for e in parsed.items(node.projectList())])
+    def _Project(self, node: parsed.Project) -> Any:
+        child = self.apply(node.child)
+        return child.select(*[e.column for e in node.project_list])
 
-    def _Filter(self, node: Any) -> Any:
-        child = node.child()
-        if parsed.kind(child) == "Aggregate":
-            return self._aggregate(child, having=node.condition())
-        return self.apply(child).where(self.c(node.condition()))
+    def _Filter(self, node: parsed.Filter) -> Any:
+        if isinstance(node.child, parsed.Aggregate):
+            return self._aggregate(node.child, having=node.condition)
+        return self.apply(node.child).where(node.condition.column)
 
-    def _UnresolvedHaving(self, node: Any) -> Any:
-        child = node.child()
-        if parsed.kind(child) != "Aggregate":
-            return self.apply(child).where(self.c(node.havingCondition()))
-        return self._aggregate(child, having=node.havingCondition())
+    def _UnresolvedHaving(self, node: parsed.UnresolvedHaving) -> Any:
+        if not isinstance(node.child, parsed.Aggregate):
+            return self.apply(node.child).where(node.condition.column)
+        return self._aggregate(node.child, having=node.condition)
 
-    def _Aggregate(self, node: Any) -> Any:
+    def _Aggregate(self, node: parsed.Aggregate) -> Any:
         return self._aggregate(node, having=None)
 
-    def _aggregate(self, node: Any, having: Any) -> Any:
-        child = self.apply(node.child())
-        select = parsed.items(node.aggregateExpressions())
-        items = [self.c(e) for e in select]
+    def _aggregate(self, node: parsed.Aggregate, having: parsed.Expression | None) -> Any:
+        child = self.apply(node.child)
+        select = node.aggregates
+        items = [e.column for e in select]
         grouping = []
         inputs = {c.lower() for c in child.columns}
-        by_alias = {str(e.name()).lower(): e.child() for e in select if parsed.kind(e) == "Alias"}
-        for g in parsed.items(node.groupingExpressions()):
-            if parsed.kind(g) == "UnresolvedAttribute" and len(parsed.items(g.nameParts())) == 1:
-                name = str(parsed.items(g.nameParts())[0]).lower()
+        by_alias = {e.name.lower(): e.child for e in select if isinstance(e, parsed.Alias)}
+        for g in node.grouping:
+            if isinstance(g, parsed.Attribute) and len(g.name_parts) == 1:
+                name = g.name_parts[0].lower()
                 if name in by_alias and name not in inputs:  # GROUP BY a select-list alias
-                    grouping.append(self.c(by_alias[name]))
+                    grouping.append(by_alias[name].column)
                     continue
-            ordinal = parsed.kind(g) == "UnresolvedOrdinal"
-            if ordinal or (parsed.kind(g) == "Literal" and str(g.dataType().typeName()) == "integer"):
-                index = int(g.ordinal()) if ordinal else int(g.value())
+            if isinstance(g, parsed.Ordinal) or (isinstance(g, parsed.Literal) and g.type_name == "integer"):
+                index = g.position if isinstance(g, parsed.Ordinal) else int(g.value)  # type: ignore[arg-type]
                 if not 1 <= index <= len(items):
                     raise AnalysisError(
                         f"[GROUP_BY_POS_OUT_OF_RANGE] GROUP BY position {index} is not in select "
                         f"list (valid range is [1, {len(items)}]). SQLSTATE: 42805"
                     )
                 target = select[index - 1]
-                grouping.append(self.c(target.child() if parsed.kind(target) == "Alias" else target))
+                grouping.append(target.child.column if isinstance(target, parsed.Alias) else target.column)
             else:
-                grouping.append(self.c(g))
-        having_col = self.c(having) if having is not None else None
+                grouping.append(g.column)
+        having_col = having.column if having is not None else None
         # Spark's analyser (on the template) tells which items aggregate and which are
         # grouping expressions; the DataFrame API aggregates only the former.
         # HAVING that reads the select list's aliases (HAVING c > 2): Spark resolves them
         # to the aggregate's output, so the condition applies to the output rows.
         aliases = set(by_alias)
         having_on_output = having is not None and any(
-            name in aliases and name not in inputs for name in parsed.attribute_names(having)
+            name in aliases and name not in inputs for name in having.references
         )
         extra = [having_col.alias("__lg_having")] if having_col is not None and not having_on_output else []
         template = child._template.groupBy(*grouping).agg(*items, *extra)
@@ -286,46 +281,40 @@ class _Translator:
         result = out.select(*columns)
         return result.where(having_col) if having_on_output else result
 
-    def _Distinct(self, node: Any) -> Any:
+    def _Distinct(self, node: parsed.Distinct) -> Any:
         # SELECT DISTINCT is an aggregation in Spark (ReplaceDistinctWithAggregate), with
         # its output modes, unlike DataFrame.distinct() (dropDuplicates).
-        child = self.apply(node.child())
+        child = self.apply(node.child)
         names = child.columns
         counted = child.groupBy(*[F.col(f"`{n}`") for n in names]).agg(F.count(F.lit(1)).alias("__lg_distinct"))
         return counted.select(*[F.col(f"`{n}`") for n in names])
 
-    def _Deduplicate(self, node: Any) -> Any:
-        return self.apply(node.child()).distinct()
+    def _Deduplicate(self, node: parsed.Deduplicate) -> Any:
+        return self.apply(node.child).distinct()
 
-    def _Sort(self, node: Any) -> Any:
-        child = self.apply(node.child())
-        order = [self.c(o) for o in parsed.items(node.order())]
-        return child.orderBy(*order) if getattr(node, "global")() else child.sortWithinPartitions(*order)
+    def _Sort(self, node: parsed.Sort) -> Any:
+        child = self.apply(node.child)
+        order = [o.column for o in node.order]
+        return child.orderBy(*order) if node.is_global else child.sortWithinPartitions(*order)
 
-    def _GlobalLimit(self, node: Any) -> Any:
-        local = node.child()
-        inner = local.child() if parsed.kind(local) == "LocalLimit" else local
-        limit = node.limitExpr()
-        if parsed.kind(limit) != "Literal":
+    def _Limit(self, node: parsed.Limit) -> Any:
+        if not isinstance(node.limit, parsed.Literal):
             raise NotSupportedYetError("LIMIT of an expression in SQL over a streaming view", "use a number.")
-        return self.apply(inner).limit(int(limit.value()))
+        return self.apply(node.child).limit(int(node.limit.value))  # type: ignore[arg-type]
 
     # -- binary ------------------------------------------------------------------------
-    def _Join(self, node: Any) -> Any:
-        left, right = self.apply(node.left()), self.apply(node.right())
-        join_type = node.joinType()
-        kind = parsed.kind(join_type).rstrip("$")
-        on: Any = None
-        if kind == "UsingJoin":
-            on = [str(c) for c in parsed.items(join_type.usingColumns())]
-            kind = parsed.kind(join_type.tpe()).rstrip("$")
-        elif kind == "NaturalJoin":
+    def _Join(self, node: parsed.Join) -> Any:
+        left, right = self.apply(node.left), self.apply(node.right)
+        on: Any = list(node.using) if node.using is not None else None
+        if node.natural:
             raise NotSupportedYetError("NATURAL JOIN over a streaming view", "name the join columns with USING.")
-        how = _JOIN_TYPES.get(kind)
+        how = _JOIN_TYPES.get(node.join_type)
         if how is None:
-            raise NotSupportedYetError(f"{kind} join over a streaming view", "use an inner, outer, semi or anti join.")
-        if node.condition().isDefined():
-            on = self.c(node.condition().get())
+            raise NotSupportedYetError(
+                f"{node.join_type} join over a streaming view", "use an inner, outer, semi or anti join."
+            )
+        if node.condition is not None:
+            on = node.condition.column
         if not isinstance(left, StreamingDataFrame):
             raise NotSupportedYetError(
                 "a join with a static table on the left of a streaming view in SQL",
@@ -336,32 +325,21 @@ class _Translator:
             return left.crossJoin(right)
         return left.join(right, on, how)
 
-    def _Intersect(self, node: Any) -> Any:
+    def _Intersect(self, node: parsed.Intersect) -> Any:
         raise AnalysisError("Intersect of streaming DataFrames/Datasets is not supported")
 
-    def _Except(self, node: Any) -> Any:
-        left, right = self.apply(node.left()), self.apply(node.right())
+    def _Except(self, node: parsed.Except) -> Any:
+        left, right = self.apply(node.left), self.apply(node.right)
         if isinstance(right, StreamingDataFrame):
             raise AnalysisError("Except on a streaming DataFrame/Dataset on the right is not supported")
-        return left.exceptAll(right) if node.isAll() else left.subtract(right)
+        return left.exceptAll(right) if node.is_all else left.subtract(right)
 
-    def _Union(self, node: Any) -> Any:
-        children = [self.apply(c) for c in parsed.items(node.children())]
+    def _Union(self, node: parsed.Union) -> Any:
+        children = [self.apply(c) for c in node.inputs]
         result = children[0]
         for other in children[1:]:
-            if node.byName():
-                result = result.unionByName(other, allowMissingColumns=bool(node.allowMissingCol()))
+            if node.by_name:
+                result = result.unionByName(other, allowMissingColumns=node.allow_missing_columns)
             else:
                 result = result.union(other)
         return result
-
-
-def _reads_views_node(translator: _Translator, node: Any) -> bool:
-    if parsed.kind(node) == "UnresolvedRelation":
-        parts = parsed.relation_parts(node)
-        if len(parts) == 1 and parts[0].lower() in translator.ctes:
-                return isinstance(translator.ctes[parts[0].lower()], StreamingDataFrame)
-        return _lookup(translator.spark, parts) is not None
-    return any(_reads_views_node(translator, c) for c in parsed.children(node) + parsed.cte_relations(node)) or any(
-        _reads_views_node(translator, s) for s in parsed.subqueries(node)
-    )
