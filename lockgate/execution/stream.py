@@ -18,6 +18,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lockgate.errors import StreamingQueryException, error_class_of
+from lockgate.interrupt import interruptible_by
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -198,7 +199,8 @@ class StreamExecution:
             self._start_latch.set()
             self.update_status("Initializing sources")
             if self._transition(QueryState.INITIALIZING, QueryState.ACTIVE):
-                self.run_activated_stream()
+                with interruptible_by(self.stop_event):
+                    self.run_activated_stream()
             self.update_status("Stopped")
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the user
             if self.stop_event.is_set() and not isinstance(exc, StreamingQueryException):

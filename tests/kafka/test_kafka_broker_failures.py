@@ -348,3 +348,30 @@ def test_bad_fetch_offset_options_are_refused(options, message):
 
     with pytest.raises(OptionError, match=message):
         _reader("127.0.0.1:1", "t", **options)
+
+
+def test_stop_while_the_broker_is_down_ends_the_trigger_s_wait(
+    ls: Any, broker: KafkaBroker, names: Any, tmp_path: Any
+) -> None:
+    """stop() of a query whose trigger waits on a broker that is down returns without
+    waiting out the metadata fetch (30 s a try, three tries): Spark's stop interrupts the
+    query's thread, lockgate's ends the wait within a slice (lockgate.interrupt)."""
+    import threading
+
+    from lockgate.sources.kafka.source import METADATA_TIMEOUT_S
+
+    source = names("src")
+    broker.create_topic(source, partitions=2)
+    broker.produce(source, _records(0, 4, 2))
+    query = _to_memory(_source(ls.readStream, broker, source), names("l").replace("-", "_"), str(tmp_path / "l"))
+    query.processAllAvailable()
+    batches = query.lastProgress["batchId"]
+    broker.stop(kill=True)
+    time.sleep(1.0)  # the idle triggers (every 100 ms) now wait on the dead broker
+
+    stopper = threading.Thread(target=query.stop)
+    stopper.start()
+    stopper.join(METADATA_TIMEOUT_S / 2)
+    assert not stopper.is_alive(), "stop() waited out the Kafka metadata fetch"
+    assert not query.isActive and query.exception() is None
+    assert query.lastProgress["batchId"] == batches

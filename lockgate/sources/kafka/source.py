@@ -28,8 +28,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from lockgate import interrupt
 from lockgate.checkpoint.log import MetadataLog
 from lockgate.errors import CheckpointError, ConcurrentWriteError, OptionError
+from lockgate.interrupt import call_in_slices
 from lockgate.sources.base import (
     ReadLimit,
     Source,
@@ -78,6 +80,15 @@ KAFKA_SCHEMA_WITH_HEADERS = StructType(
 )
 METADATA_TIMEOUT_S = 30.0
 INTERNAL_TOPICS = ("__consumer_offsets", "__transaction_state", "__share_group_state")
+# librdkafka's answers to a call whose time ran out, or that found no broker up yet: a
+# slice of a sliced metadata call (lockgate.interrupt) that may succeed on the next one
+_NOT_YET = frozenset({"_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN"})
+
+
+def _not_yet(exc: BaseException) -> bool:
+    error = exc.args[0] if exc.args else None
+    name = getattr(error, "name", None)
+    return callable(name) and name() in _NOT_YET
 
 
 def kafka_schema(include_headers: bool) -> StructType:
@@ -125,7 +136,11 @@ class OffsetReader:
         if strategy.kind == "assign":
             return sorted(set(strategy.assigned))
         try:
-            metadata = self.consumer.list_topics(timeout=METADATA_TIMEOUT_S)
+            metadata = call_in_slices(
+                lambda t: self.consumer.list_topics(timeout=t), METADATA_TIMEOUT_S, again=_not_yet
+            )
+        except interrupt.Interrupted:
+            raise
         except Exception as exc:
             raise KafkaError(
                 f"Could not read the topic metadata from Kafka at "
@@ -156,7 +171,7 @@ class OffsetReader:
                     "Kafka offsets fetch failed (attempt %d of %d), retrying: %s",
                     attempt, attempts, exc,
                 )
-                time.sleep(self.options.fetch_offset_retry_interval_ms / 1000.0)
+                interrupt.sleep(self.options.fetch_offset_retry_interval_ms / 1000.0)
         raise AssertionError("unreachable")
 
     def latest_of_all(self) -> PartitionOffsets:
@@ -167,9 +182,13 @@ class OffsetReader:
         from confluent_kafka import TopicPartition as KTP
 
         try:
-            low, high = self.consumer.get_watermark_offsets(
-                KTP(tp[0], tp[1]), timeout=METADATA_TIMEOUT_S, cached=False
+            low, high = call_in_slices(
+                lambda t: self.consumer.get_watermark_offsets(KTP(tp[0], tp[1]), timeout=t, cached=False),
+                METADATA_TIMEOUT_S,
+                again=_not_yet,
             )
+        except interrupt.Interrupted:
+            raise
         except Exception as exc:
             raise KafkaError(
                 f"Could not read the offsets of {tp[0]}-{tp[1]} from Kafka: {exc}"
@@ -188,8 +207,12 @@ class OffsetReader:
 
         if not wanted:
             return {}
-        found = self.consumer.offsets_for_times(
-            [KTP(t, p, ts) for (t, p), ts in wanted.items()], timeout=METADATA_TIMEOUT_S
+        found = call_in_slices(
+            lambda t: self.consumer.offsets_for_times(
+                [KTP(topic, p, ts) for (topic, p), ts in wanted.items()], timeout=t
+            ),
+            METADATA_TIMEOUT_S,
+            again=_not_yet,
         )
         return {(k.topic, k.partition): int(k.offset) for k in found}
 
