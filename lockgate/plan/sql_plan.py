@@ -24,7 +24,7 @@ from pyspark.errors.exceptions.captured import convert_exception
 from pyspark.sql.classic.column import Column
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 
-from lockgate.jvm import jvm_name
+from lockgate.jvm import jvm_name, scala_list
 from lockgate.jvm import seq as _seq
 
 if TYPE_CHECKING:
@@ -264,15 +264,49 @@ def parse(spark: SparkSession, query: str) -> Node | None:
     return _Reader(spark).node(plan)
 
 
-def static_frame(spark: SparkSession, node: Node) -> DataFrame:
+_LOGICAL = "org.apache.spark.sql.catalyst.plans.logical."
+
+
+def static_frame(spark: SparkSession, node: Node, ctes: tuple[tuple[str, Node], ...] = ()) -> DataFrame:
     """Spark's DataFrame of ``node``'s subtree, one that reads no streaming view, with
-    Spark's analysis errors as PySpark raises them."""
+    Spark's analysis errors as PySpark raises them.
+
+    ``ctes`` are the ``WITH`` queries in scope where the subtree is read (name and
+    query, outermost and earliest first), each reading no streaming view: the subtree
+    runs inside them, so it may read them by name as in Spark.
+    """
+    jvm = spark._jvm
+    plan = node.parsed._plan
+    for name, relation in reversed(ctes):
+        # (name, query, the recursion depth Spark's parser leaves unset)
+        none = jvm_name(jvm, "scala.None$.MODULE$")
+        cte = jvm_name(jvm, "scala.Tuple3")(name, relation.parsed._plan, none)
+        plan = jvm_name(jvm, _LOGICAL + "UnresolvedWith")(plan, scala_list(jvm, [cte]), False)
+    return _frame(spark, plan)
+
+
+def _frame(spark: SparkSession, plan: Any) -> DataFrame:
     dataset = jvm_name(spark._jvm, "org.apache.spark.sql.classic.Dataset")
     try:
-        jdf = dataset.ofRows(spark._jsparkSession, node.parsed._plan)
+        jdf = dataset.ofRows(spark._jsparkSession, plan)
     except Py4JJavaError as exc:
         raise convert_exception(exc.java_exception) from None
     return ClassicDataFrame(jdf, spark)
+
+
+def limit_value(spark: SparkSession, node: Limit, child: DataFrame) -> int:
+    """The number of rows of ``LIMIT expr`` over ``child`` (a DataFrame of the limited
+    rows' schema): Spark's own checks of the expression (a constant of integer type,
+    not null nor negative: ``INVALID_LIMIT_LIKE_EXPRESSION``) and its value, as Spark
+    evaluates it (``LIMIT 1 + 1``)."""
+    jvm = spark._jvm
+    expr = node.parsed._plan.limitExpr()
+    below = child._jdf.queryExecution().analyzed()
+    _frame(spark, jvm_name(jvm, _LOGICAL + "Limit").apply(expr, below))  # raises Spark's error
+    one_row = jvm_name(jvm, _LOGICAL + "OneRowRelation")()
+    value = _frame(spark, one_row).select(node.limit.column).first()
+    assert value is not None
+    return int(value[0])
 
 
 def _kind(obj: Any) -> str:
