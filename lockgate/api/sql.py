@@ -197,10 +197,12 @@ class _Translator:
             return self.ctes[parts[0].lower()]
         view = _lookup(self.spark, list(parts))
         if view is not None:
-            # Spark reads a view under its name (SubqueryAlias), so `ev.name` and `ev.*`
-            # resolve; a global temp view's database part is not kept (`gv.name` resolves,
-            # `global_temp.gv.name` does not: docs/sql.md)
-            return view.alias(parts[-1])
+            # Spark reads a view under its name (SubqueryAlias), so `ev.name`, `ev.*`,
+            # `gv.name` and `global_temp.gv.name` resolve
+            if len(parts) == 1:
+                return view.alias(parts[0])
+            node = parsed.QualifiedAlias(view._plan, "alias", (parts[-1],), parts=tuple(parts))
+            return StreamingDataFrame(self.session, node, parsed.qualified(view._template, tuple(parts)))
         return self._static(node)
 
     def _UnresolvedWith(self, node: parsed.UnresolvedWith) -> Any:

@@ -26,6 +26,7 @@ from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 
 from lockgate.jvm import jvm_name, scala_list
 from lockgate.jvm import seq as _seq
+from lockgate.plan.nodes import Transform
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -249,6 +250,34 @@ class Union(Node):
     @property
     def children(self) -> tuple[Node, ...]:
         return self.inputs
+
+
+# -- a view read under its name ------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class QualifiedAlias(Transform):
+    """A view read by ``ls.sql`` under its qualified name, as Spark reads it: a
+    ``SubqueryAlias`` whose qualifier is every part of the name (``global_temp.gv``), so
+    ``gv.name`` and ``global_temp.gv.name`` both resolve. ``method`` is ``"alias"`` and
+    ``args`` the last part, as for ``DataFrame.alias`` (rows and event time pass
+    unchanged); ``parts`` the whole name."""
+
+    parts: tuple[str, ...] = ()
+
+    def apply(self, df: DataFrame, batch_timestamp_ms: int | None = None) -> DataFrame:
+        return qualified(df, self.parts)
+
+
+def qualified(df: DataFrame, parts: tuple[str, ...]) -> DataFrame:
+    """``df`` under the qualified name ``parts`` (``DataFrame.alias`` takes one part)."""
+    spark = df.sparkSession
+    jvm = spark._jvm
+    if len(parts) == 1:
+        return df.alias(parts[0])
+    name = jvm_name(jvm, "org.apache.spark.sql.catalyst.AliasIdentifier")(parts[-1], scala_list(jvm, list(parts[:-1])))
+    alias = jvm_name(jvm, _LOGICAL + "SubqueryAlias")(name, df._jdf.logicalPlan())
+    return _frame(spark, alias)
 
 
 # -- reading Spark's parsed plan -----------------------------------------------------------

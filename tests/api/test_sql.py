@@ -171,8 +171,8 @@ def test_static_subqueries_and_qualifiers(spark, ls, tmp_path, inp):
     queries = [
         (
             (
-                "SELECT {gv}.id, x.c FROM global_temp.{gv} "
-                f"JOIN (SELECT name, count(*) AS c FROM {dim} GROUP BY name) x ON {{gv}}.name = x.name"
+                "SELECT {gv}.id, global_temp.{gv}.name, x.c FROM global_temp.{gv} "
+                f"JOIN (SELECT name, count(*) AS c FROM {dim} GROUP BY name) x ON global_temp.{{gv}}.name = x.name"
             ),
             "append",
         ),
