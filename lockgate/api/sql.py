@@ -29,6 +29,7 @@ from pyspark.sql.classic.column import Column
 
 from lockgate.api.dataframe import StreamingDataFrame
 from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.jvm import quoted
 from lockgate.plan import sql_plan as parsed
 from lockgate.plan.aggregate_plan import aggregate_items
 from lockgate.plan.catalog import has_temp_view
@@ -120,6 +121,13 @@ def _reads_views(spark: SparkSession, query: str, plan: parsed.Node | None = Non
     return visit(plan)
 
 
+# Parsed operators Spark refuses over a stream (UnsupportedOperationChecker's words)
+_SPARK_REFUSES = {
+    "Offset": "Offset is not supported on streaming DataFrames/Datasets",
+    "Sample": "Sampling is not supported on streaming DataFrames/Datasets",
+}
+_UNION_WITH_BATCH = "Union between streaming and batch DataFrames/Datasets is not supported"
+
 _JOIN_TYPES = {
     "Inner": "inner",
     "Cross": "cross",
@@ -138,11 +146,19 @@ class _Translator:
         self.session = session
         self.spark = session.spark
         self.ctes: dict[str, Any] = {}
+        # the WITH queries in scope that read no streaming view, outermost first: a
+        # static subtree runs inside them, so it reads them by name as in Spark
+        self.static_ctes: tuple[tuple[str, parsed.Node], ...] = ()
 
     def apply(self, node: parsed.Node) -> Any:
+        if not self.reads_views(node):
+            # a subtree over static tables only (an aggregation, DISTINCT, LIMIT, a set
+            # operation, a window function ...) is Spark's own DataFrame, as in Spark
+            return self._static(node)
         if isinstance(node, parsed.Unsupported):
-            if not self.reads_views(node):
-                return self._static(node)
+            refused = _SPARK_REFUSES.get(node.name)
+            if refused is not None:
+                raise AnalysisError(refused)
             raise NotSupportedYetError(
                 f"{node.name} in SQL over a streaming view",
                 "lockgate runs SELECT, WHERE, GROUP BY (incl. window), HAVING, JOIN, UNION, "
@@ -168,8 +184,11 @@ class _Translator:
 
     def _static(self, node: parsed.Node) -> DataFrame:
         if isinstance(node, parsed.UnresolvedRelation):
-            return self.spark.table(".".join(f"`{p}`" for p in node.parts))
-        return parsed.static_frame(self.spark, node)
+            parts = node.parts
+            if len(parts) == 1 and parts[0].lower() in self.ctes:
+                return self.ctes[parts[0].lower()]
+            return self.spark.table(".".join(f"`{p}`" for p in parts))
+        return parsed.static_frame(self.spark, node, self.static_ctes)
 
     # -- leaves ----------------------------------------------------------------------------
     def _UnresolvedRelation(self, node: parsed.UnresolvedRelation) -> Any:
@@ -178,18 +197,29 @@ class _Translator:
             return self.ctes[parts[0].lower()]
         view = _lookup(self.spark, list(parts))
         if view is not None:
-            return view
+            # Spark reads a view under its name (SubqueryAlias), so `ev.name`, `ev.*`,
+            # `gv.name` and `global_temp.gv.name` resolve
+            if len(parts) == 1:
+                return view.alias(parts[0])
+            node = parsed.QualifiedAlias(view._plan, "alias", (parts[-1],), parts=tuple(parts))
+            return StreamingDataFrame(self.session, node, parsed.qualified(view._template, tuple(parts)))
         return self._static(node)
 
     def _UnresolvedWith(self, node: parsed.UnresolvedWith) -> Any:
         # WITH name AS (query), ...: each later one and the body may read the earlier ones.
-        outer = dict(self.ctes)
+        outer, outer_static = dict(self.ctes), self.static_ctes
         try:
             for name, relation in node.ctes:
-                self.ctes[name.lower()] = self.apply(relation) if self.reads_views(relation) else self._static(relation)
+                key = name.lower()
+                if self.reads_views(relation):
+                    self.ctes[key] = self.apply(relation)
+                    self.static_ctes = tuple((n, r) for n, r in self.static_ctes if n.lower() != key)
+                else:
+                    self.ctes[key] = self._static(relation)
+                    self.static_ctes = (*self.static_ctes, (name, relation))
             return self.apply(node.child)
         finally:
-            self.ctes = outer
+            self.ctes, self.static_ctes = outer, outer_static
 
     # -- unary -------------------------------------------------------------------------
     def _SubqueryAlias(self, node: parsed.SubqueryAlias) -> Any:
@@ -286,8 +316,13 @@ class _Translator:
         # its output modes, unlike DataFrame.distinct() (dropDuplicates).
         child = self.apply(node.child)
         names = child.columns
-        counted = child.groupBy(*[F.col(f"`{n}`") for n in names]).agg(F.count(F.lit(1)).alias("__lg_distinct"))
-        return counted.select(*[F.col(f"`{n}`") for n in names])
+        if len({n.lower() for n in names}) == len(names):
+            counted = child.groupBy(*[F.col(quoted(n)) for n in names]).agg(F.count(F.lit(1)).alias("__lg_distinct"))
+            return counted.select(*[F.col(quoted(n)) for n in names])
+        # columns that share a name (SELECT DISTINCT a.k, b.k): grouped by position
+        inner = [f"__lg_d{i}" for i in range(len(names))]
+        counted = child.toDF(*inner).groupBy(*inner).agg(F.count(F.lit(1)).alias("__lg_distinct"))
+        return counted.select(*[F.col(i).alias(n) for i, n in zip(inner, names)])
 
     def _Deduplicate(self, node: parsed.Deduplicate) -> Any:
         return self.apply(node.child).distinct()
@@ -298,9 +333,8 @@ class _Translator:
         return child.orderBy(*order) if node.is_global else child.sortWithinPartitions(*order)
 
     def _Limit(self, node: parsed.Limit) -> Any:
-        if not isinstance(node.limit, parsed.Literal):
-            raise NotSupportedYetError("LIMIT of an expression in SQL over a streaming view", "use a number.")
-        return self.apply(node.child).limit(int(node.limit.value))  # type: ignore[arg-type]
+        child = self.apply(node.child)  # the child's errors first, as Spark checks bottom-up
+        return child.limit(parsed.limit_value(self.spark, node, child._template))
 
     # -- binary ------------------------------------------------------------------------
     def _Join(self, node: parsed.Join) -> Any:
@@ -336,6 +370,8 @@ class _Translator:
 
     def _Union(self, node: parsed.Union) -> Any:
         children = [self.apply(c) for c in node.inputs]
+        if not all(isinstance(c, StreamingDataFrame) for c in children):
+            raise AnalysisError(_UNION_WITH_BATCH)
         result = children[0]
         for other in children[1:]:
             if node.by_name:

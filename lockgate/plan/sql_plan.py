@@ -24,8 +24,9 @@ from pyspark.errors.exceptions.captured import convert_exception
 from pyspark.sql.classic.column import Column
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 
-from lockgate.jvm import jvm_name
+from lockgate.jvm import jvm_name, scala_list
 from lockgate.jvm import seq as _seq
+from lockgate.plan.nodes import Transform
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -251,6 +252,34 @@ class Union(Node):
         return self.inputs
 
 
+# -- a view read under its name ------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class QualifiedAlias(Transform):
+    """A view read by ``ls.sql`` under its qualified name, as Spark reads it: a
+    ``SubqueryAlias`` whose qualifier is every part of the name (``global_temp.gv``), so
+    ``gv.name`` and ``global_temp.gv.name`` both resolve. ``method`` is ``"alias"`` and
+    ``args`` the last part, as for ``DataFrame.alias`` (rows and event time pass
+    unchanged); ``parts`` the whole name."""
+
+    parts: tuple[str, ...] = ()
+
+    def apply(self, df: DataFrame, batch_timestamp_ms: int | None = None) -> DataFrame:
+        return qualified(df, self.parts)
+
+
+def qualified(df: DataFrame, parts: tuple[str, ...]) -> DataFrame:
+    """``df`` under the qualified name ``parts`` (``DataFrame.alias`` takes one part)."""
+    spark = df.sparkSession
+    jvm = spark._jvm
+    if len(parts) == 1:
+        return df.alias(parts[0])
+    name = jvm_name(jvm, "org.apache.spark.sql.catalyst.AliasIdentifier")(parts[-1], scala_list(jvm, list(parts[:-1])))
+    alias = jvm_name(jvm, _LOGICAL + "SubqueryAlias")(name, df._jdf.logicalPlan())
+    return _frame(spark, alias)
+
+
 # -- reading Spark's parsed plan -----------------------------------------------------------
 
 
@@ -264,15 +293,49 @@ def parse(spark: SparkSession, query: str) -> Node | None:
     return _Reader(spark).node(plan)
 
 
-def static_frame(spark: SparkSession, node: Node) -> DataFrame:
+_LOGICAL = "org.apache.spark.sql.catalyst.plans.logical."
+
+
+def static_frame(spark: SparkSession, node: Node, ctes: tuple[tuple[str, Node], ...] = ()) -> DataFrame:
     """Spark's DataFrame of ``node``'s subtree, one that reads no streaming view, with
-    Spark's analysis errors as PySpark raises them."""
+    Spark's analysis errors as PySpark raises them.
+
+    ``ctes`` are the ``WITH`` queries in scope where the subtree is read (name and
+    query, outermost and earliest first), each reading no streaming view: the subtree
+    runs inside them, so it may read them by name as in Spark.
+    """
+    jvm = spark._jvm
+    plan = node.parsed._plan
+    for name, relation in reversed(ctes):
+        # (name, query, the recursion depth Spark's parser leaves unset)
+        none = jvm_name(jvm, "scala.None$.MODULE$")
+        cte = jvm_name(jvm, "scala.Tuple3")(name, relation.parsed._plan, none)
+        plan = jvm_name(jvm, _LOGICAL + "UnresolvedWith")(plan, scala_list(jvm, [cte]), False)
+    return _frame(spark, plan)
+
+
+def _frame(spark: SparkSession, plan: Any) -> DataFrame:
     dataset = jvm_name(spark._jvm, "org.apache.spark.sql.classic.Dataset")
     try:
-        jdf = dataset.ofRows(spark._jsparkSession, node.parsed._plan)
+        jdf = dataset.ofRows(spark._jsparkSession, plan)
     except Py4JJavaError as exc:
         raise convert_exception(exc.java_exception) from None
     return ClassicDataFrame(jdf, spark)
+
+
+def limit_value(spark: SparkSession, node: Limit, child: DataFrame) -> int:
+    """The number of rows of ``LIMIT expr`` over ``child`` (a DataFrame of the limited
+    rows' schema): Spark's own checks of the expression (a constant of integer type,
+    not null nor negative: ``INVALID_LIMIT_LIKE_EXPRESSION``) and its value, as Spark
+    evaluates it (``LIMIT 1 + 1``)."""
+    jvm = spark._jvm
+    expr = node.parsed._plan.limitExpr()
+    below = child._jdf.queryExecution().analyzed()
+    _frame(spark, jvm_name(jvm, _LOGICAL + "Limit").apply(expr, below))  # raises Spark's error
+    one_row = jvm_name(jvm, _LOGICAL + "OneRowRelation")()
+    value = _frame(spark, one_row).select(node.limit.column).first()
+    assert value is not None
+    return int(value[0])
 
 
 def _kind(obj: Any) -> str:

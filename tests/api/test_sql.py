@@ -73,6 +73,10 @@ def inp(tmp_path):
             "WITH a AS (SELECT id, name FROM {ev} WHERE id > 1), b AS (SELECT * FROM a WHERE id < 7) "
             "SELECT id * 10 AS x, name FROM b"
         ),
+        # a view's and a WITH query's own names qualify their columns (and stars)
+        "WITH t AS (SELECT {ev}.* FROM {ev} WHERE {ev}.id > 0) SELECT t.id, upper(t.name) AS u FROM t",
+        # LIMIT of a constant expression, which Spark evaluates
+        "SELECT {ev}.id, {ev}.name FROM {ev} LIMIT 1 + 2",
     ],
 )
 def test_stateless_sql(spark, ls, tmp_path, inp, query):
@@ -155,6 +159,63 @@ def test_joins_and_views_of_views(spark, ls, tmp_path, inp):
         d2.stop()
 
 
+def test_static_subqueries_and_qualifiers(spark, ls, tmp_path, inp):
+    """A subtree over static tables only (aggregation, DISTINCT, ORDER BY/LIMIT, set
+    operations, reading a static WITH query) is Spark's own DataFrame; a global temp
+    view's name qualifies its columns; SELECT DISTINCT of columns sharing a name."""
+    suffix = uuid.uuid4().hex[:8]
+    dim = f"dim_{suffix}"
+    spark.createDataFrame(
+        [("n0", "zero"), ("n1", "one"), ("n1", "uno")], "name STRING, label STRING"
+    ).createOrReplaceTempView(dim)
+    queries = [
+        (
+            (
+                "SELECT {gv}.id, global_temp.{gv}.name, x.c FROM global_temp.{gv} "
+                f"JOIN (SELECT name, count(*) AS c FROM {dim} GROUP BY name) x ON global_temp.{{gv}}.name = x.name"
+            ),
+            "append",
+        ),
+        (
+            (
+                f"WITH d AS (SELECT * FROM {dim}), d2 AS (SELECT * FROM d WHERE label <> 'zero') "
+                "SELECT e.id, y.label FROM {ev} e "
+                "JOIN (SELECT DISTINCT name, label FROM d2 ORDER BY label LIMIT 1) y ON e.name = y.name "
+                "LEFT SEMI JOIN (SELECT name FROM d UNION SELECT 'n2' EXCEPT SELECT 'n0') z ON e.name = z.name"
+            ),
+            "append",
+        ),
+        (f"SELECT DISTINCT e.name, d.name FROM {{ev}} e JOIN {dim} d ON e.name = d.name", "update"),
+    ]
+
+    def query_fn(query: str, mode: str):
+        def make(reader):
+            side = "lg" if isinstance(reader, LockgateReader) else "native"
+            df = reader.schema(SCHEMA).json(str(inp))
+            view, gv = f"ev_{suffix}_{side}", f"gv_{suffix}_{side}"
+            df.createOrReplaceTempView(view)
+            df.createOrReplaceGlobalTempView(gv)
+            engine = ls if side == "lg" else spark
+            return _Mode(engine.sql(query.replace("{ev}", view).replace("{gv}", gv)), mode)
+
+        return make
+
+    runs = [
+        Differential(spark, ls, tmp_path / f"q{i}", query_fn(q, mode), sink="foreachBatch")
+        for i, (q, mode) in enumerate(queries)
+    ]
+    try:
+        write_json(inp, rows(0, 4))
+        for d in runs:
+            d.run()
+        write_json(inp, rows(4, 3))
+        for d in runs:
+            assert d.run()
+    finally:
+        for d in runs:
+            d.stop()
+
+
 def test_errors_as_spark(spark, ls, inp):
     name = f"ev_{uuid.uuid4().hex[:8]}"
     lg = ls.readStream.schema(SCHEMA).json(str(inp))
@@ -175,6 +236,24 @@ def test_errors_as_spark(spark, ls, inp):
          "Except on a streaming DataFrame/Dataset on the right is not supported"),
         ("SELECT DISTINCT name FROM {ev}", "append",
          "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION"),
+        # LIMIT takes a constant of integer type, checked by Spark's analyser
+        ("SELECT * FROM {ev} LIMIT 1.5D", "append",
+         (r'INVALID_LIMIT_LIKE_EXPRESSION.DATA_TYPE\] The limit like expression "1.5" is invalid. '
+         r'The limit expression must be integer type, but got "DOUBLE"')),
+        ("SELECT * FROM {ev} LIMIT '2'", "append",
+         r'INVALID_LIMIT_LIKE_EXPRESSION.DATA_TYPE\] .* but got "STRING"'),
+        ("SELECT * FROM {ev} LIMIT 2L", "append",
+         r'INVALID_LIMIT_LIKE_EXPRESSION.DATA_TYPE\] .* but got "BIGINT"'),
+        ("SELECT * FROM {ev} LIMIT id", "append",
+         r'INVALID_LIMIT_LIKE_EXPRESSION.IS_UNFOLDABLE\] The limit like expression "id" is invalid'),
+        ("SELECT * FROM {ev} LIMIT 1 - 2", "append",
+         r"INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE\] .* but got -1"),
+        ("SELECT * FROM {ev} LIMIT 2 OFFSET 1", "append",
+         "Offset is not supported on streaming DataFrames/Datasets"),
+        ("SELECT * FROM {ev} TABLESAMPLE (50 PERCENT)", "append",
+         "Sampling is not supported on streaming DataFrames/Datasets"),
+        ("SELECT 1L AS id UNION ALL SELECT id FROM {ev}", "append",
+         "Union between streaming and batch DataFrames/Datasets is not supported"),
     ],
 )
 def test_refusals_as_spark(spark, ls, tmp_path, inp, query, mode, message):

@@ -73,3 +73,23 @@ def test_a_subtree_that_reads_no_stream_is_spark_s_dataframe(spark):
     assert [tuple(r) for r in p.static_frame(spark, tree).collect()] == [(2, 1), (1, 2), (0, 3)]
     with pytest.raises(AnalysisException, match="TABLE_OR_VIEW_NOT_FOUND"):
         p.static_frame(spark, p.parse(spark, "SELECT * FROM no_such_table_here"))
+
+
+def test_static_subtrees_read_static_with_queries_and_limits_are_spark_s(spark):
+    tree = p.parse(spark, "WITH a AS (SELECT 1 AS x), b AS (SELECT x + 1 AS y FROM a) SELECT y FROM b LIMIT 1 + 1")
+    assert [name for name, _ in tree.ctes] == ["a", "b"]
+    body = tree.child.child  # under the LIMIT
+    with pytest.raises(AnalysisException, match="TABLE_OR_VIEW_NOT_FOUND"):
+        p.static_frame(spark, body)  # b is not in scope
+    assert p.static_frame(spark, body, tree.ctes).collect()[0][0] == 2
+    assert p.limit_value(spark, tree.child, spark.range(0)) == 2
+    for text, error in [("1.5", "DATA_TYPE"), ("id", "IS_UNFOLDABLE"), ("-1", "IS_NEGATIVE")]:
+        limit = p.parse(spark, f"SELECT * FROM v LIMIT {text}")
+        with pytest.raises(AnalysisException, match=f"INVALID_LIMIT_LIKE_EXPRESSION.{error}"):
+            p.limit_value(spark, limit, spark.range(0))
+
+
+def test_a_view_is_read_under_its_qualified_name(spark):
+    df = p.qualified(spark.range(2), ("global_temp", "gv"))
+    assert [r[0] for r in df.select("global_temp.gv.id", "gv.id").collect()] == [0, 1]
+    assert df.select("gv.*").columns == ["id"]
