@@ -66,7 +66,6 @@ _STATELESS = (
     "mapInArrow",
     "unpivot",
     "melt",
-    "sample",
     "to",
     "orderBy",
     "sort",
@@ -86,6 +85,7 @@ _STATEFUL_NOT_YET = {
 _SPARK_UNSUPPORTED = {
     "intersect": "Intersect of streaming DataFrames/Datasets is not supported",
     "intersectAll": "Intersect of streaming DataFrames/Datasets is not supported",
+    "sample": "Sampling is not supported on streaming DataFrames/Datasets",
 }
 _EXCEPT_OF_STREAMS = "Except on a streaming DataFrame/Dataset on the right is not supported"
 

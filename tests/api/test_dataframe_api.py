@@ -72,7 +72,6 @@ STATELESS_CASES = {
     "mapInArrow": [_s(_identity_arrow, SCHEMA), _s(_identity_arrow, "a nosuchtype")],
     "unpivot": [_s(["a"], ["b"], "var", "val"), _s(["nope"], ["b"], "var", "val")],
     "melt": [_s(["a"], ["b"], "var", "val"), _s(["a"], ["nope"], "var", "val")],
-    "sample": [_s(0.5), _s(fraction=-1.0)],
     "to": [
         _s(StructType([StructField("b", StringType()), StructField("a", IntegerType())])),
         _s(StructType([StructField("zz", IntegerType(), False)])),
@@ -212,6 +211,19 @@ def test_stateful_operations_are_not_supported_yet(sdf, op):
 def test_intersect_is_refused_as_spark(sdf, op):
     with pytest.raises(AnalysisException, match="Intersect of streaming DataFrames/Datasets is not supported"):
         getattr(sdf, op)
+
+
+def test_sample_is_refused_as_spark(spark, sdf, tmp_path):
+    """Spark's checker refuses a Sample node on a stream (at start()); lockgate refuses
+    ``sample`` with its words when the query is defined. ``stat.sampleBy``, a filter on
+    rand(), runs on both (test_spark_parity)."""
+    native = spark.readStream.format("rate").load().sample(0.5)
+    with pytest.raises(AnalysisException) as spark_says:
+        native.writeStream.format("noop").option("checkpointLocation", str(tmp_path)).start()
+    words = "Sampling is not supported on streaming DataFrames/Datasets"
+    assert words in str(spark_says.value)
+    with pytest.raises(AnalysisException, match=words):
+        sdf.sample(0.5)
 
 
 @pytest.mark.parametrize("op", ["subtract", "exceptAll"])
