@@ -77,6 +77,10 @@ def observation_value(observation: Observation) -> dict[str, Any] | None:
             return None
     except Exception:  # noqa: BLE001  # pragma: no cover - older pyspark without future()
         return None
+    if jo.getRow().size() == 0:
+        # Spark's optimizer removed the observed node (a plan that can return no rows,
+        # limit(0): the batch runs as an empty relation), so nothing was observed
+        return None
     return observation.get
 
 

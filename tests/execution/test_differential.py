@@ -457,3 +457,22 @@ def test_observed_metrics_in_progress(diff, inp, ls):
         json_stream(inp)(ls.readStream).observe(Observation("o"), F.count(F.lit(1)))
     with pytest.raises(AnalysisException, match="DUPLICATED_METRICS_NAME"):
         json_stream(inp)(ls.readStream).observe("m", F.count(F.lit(1))).observe("m", F.max("id"))
+
+
+# Plans Spark's optimizer empties (the batch runs as an empty relation, the source's
+# scan and lockgate's observations with it): no rows, and the input rows Spark reports.
+EMPTIED = {
+    "limit_0": lambda df: df.limit(0),
+    "where_false": lambda df: df.where(F.lit(False)),
+    "limit_0_then_select": lambda df: df.limit(0).select("name"),
+}
+
+
+@pytest.mark.parametrize("op", list(EMPTIED))
+def test_plan_spark_empties(diff, inp, op):
+    d = diff(lambda rs: EMPTIED[op](json_stream(inp)(rs)), sink="foreachBatch")
+    write_json(inp, rows(0, 4))
+    assert d.run() == []
+    write_json(inp, rows(4, 3))
+    d.run()
+    assert [b for b, _ in d.batches()] == [0, 1]
