@@ -219,7 +219,9 @@ class PartitionWriter:
         return errors
 
     def _write_at_least_once(self, rows: list[dict[str, Any]]) -> bool:
-        producer = cached_producer({"enable.idempotence": "true", **self.producer_config})
+        from confluent_kafka import Producer
+
+        producer = Producer({"enable.idempotence": "true", **self.producer_config})
         errors = self._produce_all(producer, rows)
         left = producer.flush(TIMEOUT_S)
         if errors or left:
@@ -230,51 +232,34 @@ class PartitionWriter:
         return True
 
     def _write_exactly_once(self, partition: int, rows: list[dict[str, Any]]) -> bool:
-        transactional_id = f"{self.id_prefix}-{partition}"
-        key = (transactional_id, frozenset(self.producer_config.items()))
-        while True:
-            # Taken out of the cache while in use: a task that fails or is killed half
-            # way never leaves its producer for the next batch.
-            client = _TRANSACTIONAL.pop(key, None)
-            fresh = client is None
-            if client is None:
-                client = TransactionalClient(self.producer_config, transactional_id)
-            try:
-                written = self.transact(client, partition, rows)
-            except _Fenced as exc:
-                client.close()
-                if fresh:
-                    raise SinkError(
-                        f"Batch {self.batch_id}, partition {partition}: the transactional "
-                        f"producer {transactional_id!r} was fenced by another one ({exc}): "
-                        "is another query writing with the same transactionalIdPrefix?"
-                    ) from exc
-                # The cached producer was fenced by a newer one of its id (the partition
-                # ran in another Python worker since): its transaction cannot commit and
-                # nothing of it is visible, so the batch is written again from the start
-                # with a fresh producer, which checks the marker again.
-                logger.info(
-                    "Kafka sink: producer %s of this worker was fenced; writing batch %d "
-                    "again with a new one",
-                    transactional_id,
-                    self.batch_id,
-                )
-                continue
-            except BaseException:
-                client.close()
-                raise
-            _TRANSACTIONAL[key] = client
-            return written
-
-    def transact(
-        self, client: TransactionalClient, partition: int, rows: list[dict[str, Any]]
-    ) -> bool:
-        from confluent_kafka import KafkaException
+        from confluent_kafka import Consumer, Producer
         from confluent_kafka import TopicPartition as KTP
 
-        producer, consumer = client.producer, client.consumer
+        transactional_id = f"{self.id_prefix}-{partition}"
         marker = KTP(self.marker_topic, 0)
+        producer = Producer(
+            {
+                **self.producer_config,
+                "transactional.id": transactional_id,
+                "enable.idempotence": "true",
+            }
+        )
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.producer_config["bootstrap.servers"],
+                **{
+                    k: v
+                    for k, v in self.producer_config.items()
+                    if k.startswith(("security.", "ssl.", "sasl."))
+                },
+                "group.id": transactional_id,
+                "enable.auto.commit": "false",
+                "isolation.level": "read_committed",
+            }
+        )
         try:
+            # Fences earlier producers of this id and completes their open transaction.
+            producer.init_transactions(TIMEOUT_S)
             committed = consumer.committed([marker], timeout=TIMEOUT_S)[0].offset
             if committed is not None and committed > self.batch_id:
                 logger.info(
@@ -287,8 +272,6 @@ class PartitionWriter:
             errors = self._produce_all(producer, rows)
             producer.flush(TIMEOUT_S)
             if errors:
-                if any(_is_fenced(e) for e in errors):
-                    raise _Fenced(errors[0])
                 producer.abort_transaction(TIMEOUT_S)
                 raise SinkError(
                     f"Batch {self.batch_id}, partition {partition}: Kafka refused "
@@ -301,86 +284,8 @@ class PartitionWriter:
             )
             producer.commit_transaction(TIMEOUT_S)
             return True
-        except (KafkaException, SystemError) as exc:
-            # A fenced producer's fatal error comes out of produce()'s poll or of a
-            # transaction call, sometimes as a SystemError around the KafkaException.
-            fenced = _fenced_error(exc)
-            if fenced is not None:
-                raise _Fenced(fenced) from exc
-            raise
-
-
-_FENCED_CODES = (-144, 90, 47)
-"""librdkafka's ``_FENCED``, Kafka's ``PRODUCER_FENCED`` and ``INVALID_PRODUCER_EPOCH``."""
-
-
-def _is_fenced(error: Any) -> bool:
-    code = getattr(error, "code", None)
-    return callable(code) and code() in _FENCED_CODES
-
-
-def _fenced_error(exc: BaseException) -> Any:
-    """The fencing ``KafkaError`` in ``exc`` or the exceptions it came from, if any."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if current.args and _is_fenced(current.args[0]):
-            return current.args[0]
-        current = current.__cause__ or current.__context__
-    return None
-
-
-class _Fenced(Exception):
-    """A transactional producer was fenced by a newer one of its ``transactional.id``."""
-
-
-class TransactionalClient:
-    """The transactional producer of one ``transactional.id`` and the consumer that reads
-    its marker, kept by the Python worker from batch to batch (Spark keeps its producers
-    too, ``CachedKafkaProducer``): ``init_transactions``, which fences earlier producers of
-    the id, runs once per worker instead of once per batch (57 ms median per batch, up to
-    0.5 s, measured in the task on a loaded 2-core machine)."""
-
-    def __init__(self, producer_config: dict[str, str], transactional_id: str) -> None:
-        from confluent_kafka import Consumer, Producer
-
-        self.producer = Producer(
-            {
-                **producer_config,
-                "transactional.id": transactional_id,
-                "enable.idempotence": "true",
-            }
-        )
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": producer_config["bootstrap.servers"],
-                **{
-                    k: v
-                    for k, v in producer_config.items()
-                    if k.startswith(("security.", "ssl.", "sasl."))
-                },
-                "group.id": transactional_id,
-                "enable.auto.commit": "false",
-                "isolation.level": "read_committed",
-            }
-        )
-        try:
-            # Fences earlier producers of this id and completes their open transaction.
-            self.producer.init_transactions(TIMEOUT_S)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        try:
-            self.consumer.close()
-        except Exception:
-            logger.debug("closing the marker consumer failed", exc_info=True)
-
-
-_TRANSACTIONAL: dict[tuple[str, frozenset[tuple[str, str]]], TransactionalClient] = {}
-"""This Python worker's transactional clients by ``transactional.id`` and configuration."""
+        finally:
+            consumer.close()
 
 
 class KafkaSink(Sink):
@@ -456,17 +361,14 @@ class KafkaSink(Sink):
                 option="exactlyOnce",
             )
         return KafkaContinuousSink(schema, self.options)
-
     def description(self) -> str:
         return "KafkaSink" + ("[exactly-once]" if self.options.exactly_once else "")
 
 
 # -- continuous processing ------------------------------------------------------------------
 _PRODUCERS: dict[frozenset[tuple[str, str]], Any] = {}
-"""Non-transactional producers of this Python worker, one per configuration (Spark's
-CachedKafkaProducer): a continuous task creates one writer per epoch and an at-least-once
-micro-batch task runs per batch, and a producer each time would reconnect and ask for a
-producer id each time."""
+"""Producers of this Python worker, one per configuration (Spark's CachedKafkaProducer):
+a task creates one writer per epoch, and a producer per epoch would reconnect each time."""
 
 
 def cached_producer(config: dict[str, str]) -> Any:
@@ -609,5 +511,4 @@ __all__ = [
     "KafkaSinkOptions",
     "KafkaSinkProvider",
     "PartitionWriter",
-    "TransactionalClient",
 ]

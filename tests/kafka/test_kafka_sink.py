@@ -6,7 +6,6 @@ import pytest
 from pyspark.sql import functions as F
 
 from lockgate.errors import AnalysisError, OptionError
-from lockgate.sinks.kafka import PartitionWriter, TransactionalClient
 
 
 def read_back(spark, kafka, topic: str, committed: bool = True) -> list[tuple]:
@@ -109,46 +108,6 @@ def test_a_rerun_batch_writes_nothing_twice(native_kafka, ls, kafka, names, tmp_
     q.stop()
     values = sorted(v for _, v, _, _ in read_back(native_kafka, kafka, out))
     assert values == sorted(f"v{i}" for i in range(12))
-
-
-def test_a_cached_producer_fenced_by_another_worker_writes_its_batch_once(
-    native_kafka, kafka, names
-):
-    """A Python worker keeps its transactional producer from batch to batch; when the
-    partition ran in another worker in between, that worker's producer fenced it, and the
-    batch is written again with a new producer (which checks the marker again)."""
-    import pyarrow as pa
-
-    out, prefix = names("out"), names("txn")
-    kafka.create_topic(out)
-    config = {"bootstrap.servers": kafka.bootstrap, "partitioner": "murmur2_random"}
-
-    def writer(batch_id: int) -> PartitionWriter:
-        return PartitionWriter(
-            producer_config=config,
-            topic=out,
-            exactly_once=True,
-            id_prefix=prefix,
-            marker_topic=out,
-            batch_id=batch_id,
-        )
-
-    def write(batch_id: int, values: list[str]) -> list[bool]:
-        batch = pa.RecordBatch.from_pydict({"value": [v.encode() for v in values]})
-        (summary,) = writer(batch_id)(iter([batch]))
-        return summary.to_pydict()["written"]
-
-    assert write(0, ["a", "b"]) == [True]  # this process keeps the producer of <prefix>-0
-    # Partition 0 of batch 1 runs in another worker: its producer fences the kept one.
-    other = TransactionalClient(config, f"{prefix}-0")
-    try:
-        assert writer(1).transact(other, 0, [{"value": b"c"}]) is True
-    finally:
-        other.close()
-    assert write(2, ["d"]) == [True]  # fenced, written again with a new producer
-    assert write(1, ["c"]) == [False]  # batch 1 re-run here: the marker says it is written
-    values = sorted(v for _, v, _, _ in read_back(native_kafka, kafka, out))
-    assert values == ["a", "b", "c", "d"]
 
 
 def test_sink_errors(ls, kafka, tmp_path):
