@@ -9,6 +9,7 @@ commit message, a driver-fed source's records) in the row codec of
 from __future__ import annotations
 
 import json
+import select
 import socket
 import struct
 from typing import Any
@@ -75,6 +76,22 @@ class CoordinatorClient:
         if "error" in reply and reply.get("ok") is False and message.get("type") != "Hello":
             raise ProtocolError(f"epoch coordinator failed {message.get('type')}: {reply['error']}")
         return reply, data
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Sends a request without waiting: :meth:`reply` takes its answer later. No other
+        request may go out on this connection before that."""
+        send_frame(self._sock, message)
+
+    def reply(self) -> dict[str, Any] | None:
+        """The answer to the request :meth:`send` sent, or ``None`` when it has not come
+        yet (never waits for its first byte)."""
+        ready, _, _ = select.select([self._sock], [], [], 0)
+        if not ready:
+            return None
+        reply, _ = recv_frame(self._sock)
+        if "error" in reply and reply.get("ok") is False:
+            raise ProtocolError(f"epoch coordinator failed a request: {reply['error']}")
+        return reply
 
     def close(self) -> None:
         try:

@@ -49,6 +49,9 @@ CONTINUOUS_POLL_TIMEOUT_MS = 512
 """Spark's ``kafkaConsumer.pollTimeoutMs`` default in continuous mode: how long one fetch
 waits before the task looks at the epoch again (a timeout is not an error here)."""
 
+MAX_RECORDS_PER_READ = 1000
+"""Records one read hands the task at most (those already fetched; it never waits for more)."""
+
 
 @dataclass(frozen=True)
 class KafkaContinuousPartition:
@@ -89,9 +92,10 @@ class KafkaContinuousStream(ContinuousStream):
                 "PARTITIONS_DELETED",
                 f"{describe(deleted)} are gone. Some data may have been missed.",
             )
-        offsets: PartitionOffsets = {**earliest, **{
-            tp: o for tp, o in old.items() if tp not in deleted
-        }}
+        offsets: PartitionOffsets = {
+            **earliest,
+            **{tp: o for tp, o in old.items() if tp not in deleted},
+        }
         if new:
             logger.info("Kafka continuous source: new partitions %s", describe(new))
         self._known = set(offsets)
@@ -168,7 +172,14 @@ class KafkaContinuousPartitionReader(ContinuousPartitionReader):
         from confluent_kafka import KafkaError as KErr
 
         wait = min(max(timeout_s, 0.0), CONTINUOUS_POLL_TIMEOUT_MS / 1000.0)
-        msgs = self._consumer.consume(num_messages=1000, timeout=wait)
+        # consume(n, timeout) returns only when it has n messages or the timeout has
+        # passed, so at 1,000 records/s every record waited for the task's next epoch
+        # poll (p50 55 ms). poll() returns with the first record; what else is already
+        # fetched is taken without waiting.
+        first = self._consumer.poll(wait)
+        if first is None:
+            return []
+        msgs = [first, *self._consumer.consume(num_messages=MAX_RECORDS_PER_READ - 1, timeout=0)]
         rows: list[tuple[Any, ...]] = []
         headers = self.partition.include_headers
         for msg in msgs:
