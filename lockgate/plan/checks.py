@@ -9,6 +9,7 @@ from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.flat_map_groups import (
     check_apply_in_pandas_with_state,
+    check_several_apply_in_pandas_with_state,
     refuse_after_apply_in_pandas_with_state,
 )
 from lockgate.plan.join import StreamJoin, check_stream_join
@@ -37,6 +38,7 @@ REDEFINED_WATERMARK_ERROR = (
 
 
 def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: bool = True) -> None:
+    check_several_apply_in_pandas_with_state(plan)  # before the output-mode checks, as Spark
     operators = stateful_operators(plan)
     aggregates = [op for op in operators if isinstance(op, Aggregate)]
     for op in operators:
