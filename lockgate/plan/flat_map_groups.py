@@ -29,6 +29,12 @@ The operator's output carries no event time and no watermark (Spark's
 ``produceOutputWatermark`` is None); with ``ProcessingTimeTimeout`` every trigger runs a
 batch, with ``EventTimeTimeout`` a no-data batch runs when the watermark moves (Spark's
 ``shouldRunAnotherBatch``).
+
+After it an aggregation, a stream-stream join or a transformWithState runs, each with
+its own operator id and state directory, as in Spark; a second applyInPandasWithState
+in the query is refused with Spark's message. A deduplication or ``limit`` after it is
+refused (:func:`refuse_after_apply_in_pandas_with_state`): native Spark 4.3 starts such
+a query and fails its first batch with a ``ClassCastException``.
 """
 
 from __future__ import annotations

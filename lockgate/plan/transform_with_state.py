@@ -51,6 +51,12 @@ State schemas may nest (structs, arrays, maps at any depth): values are written 
 the store's Arrow form and given back as PySpark's handle gives them (structs as
 ``Row``, maps as dicts, arrays as lists; see :func:`_user_form`).
 
+Any stateful operator may follow the operator, as Spark's UnsupportedOperationChecker
+allows (a deduplication, an aggregation, a stream-stream join, another transformWithState
+or an applyInPandasWithState), each with its own operator id and state directory; the
+input watermark passes on to it, and ``eventTimeColumnName`` makes the output's column
+its event time.
+
 Not there yet, refused with :class:`~lockgate.errors.NotSupportedYetError` when the
 query is defined: grouping by a struct or map.
 """

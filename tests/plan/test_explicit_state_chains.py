@@ -119,16 +119,46 @@ def test_chain_matches_native_across_a_restart(spark, ls, tmp_path, chain):
     assert ids == [str(i) for i in range(len(operators[0][-1]))]  # one directory per operator
 
 
-def test_two_apply_in_pandas_with_state_are_refused_as_native(spark, ls, tmp_path):
+REFUSED = {
+    "two applyInPandasWithState": (
+        lambda df: _counted(_counted(df).withColumnRenamed("n", "v")),
+        "append",
+        "Multiple applyInPandasWithStates are not supported",
+    ),
+    "after an event-time timeout": (
+        lambda df: _counter(
+            df.withWatermark("ts", "5 seconds")
+            .groupBy("k")
+            .applyInPandasWithState(count, "k string, n long", "n long", "append", GroupStateTimeout.EventTimeTimeout)
+            .withColumnRenamed("n", "v")
+        ),
+        "append",
+        "Detected pattern of possible 'correctness' issue",
+    ),
+    "after an aggregation in update mode": (
+        lambda df: df.groupBy("k").agg(F.sum("v").alias("v")).groupBy("k").transformWithStateInPandas(
+            Counter(), "k string, n long, total long", "Update", "None"
+        ),
+        "update",
+        "Detected pattern of possible 'correctness' issue",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_chains_spark_refuses_are_refused_with_its_message(spark, ls, tmp_path, case):
+    build, mode, message = REFUSED[case]
     (tmp_path / "in").mkdir()
     errors = []
     for name, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
-        df = _counted(_counted(reader.schema(SCHEMA).json(str(tmp_path / "in"))).withColumnRenamed("n", "v"))
+        df = build(reader.schema(SCHEMA).json(str(tmp_path / "in")))
         with pytest.raises(AnalysisException) as info:
-            df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / name)).start().stop()
+            df.writeStream.outputMode(mode).format("noop").option(
+                "checkpointLocation", str(tmp_path / name)
+            ).start().stop()
         errors.append(headline(info.value))
     assert errors[1] in errors[0]
-    assert "Multiple applyInPandasWithStates are not supported" in errors[1]
+    assert message in errors[1]
 
 
 def test_dedup_or_limit_after_apply_in_pandas_with_state_is_refused(spark, ls, tmp_path):
