@@ -17,6 +17,7 @@ from lockgate.plan.limit import StreamingLimit
 from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
 from lockgate.plan.session_window import SessionWindowAggregate
 from lockgate.plan.stateful import StatefulOperator, stateful_operators
+from lockgate.plan.transform_with_state import refuse_after_processing_time_transform_with_state
 
 _SORTS = ("orderBy", "sort", "sortWithinPartitions")
 
@@ -73,6 +74,7 @@ def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: boo
     if operators:
         _check_redefined_watermark(plan)
     refuse_after_apply_in_pandas_with_state(plan)
+    refuse_after_processing_time_transform_with_state(plan)
 
 
 def _stateful_below(node: PlanNode) -> list[StatefulOperator]:

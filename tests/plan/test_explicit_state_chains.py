@@ -176,3 +176,15 @@ def test_dedup_or_limit_after_apply_in_pandas_with_state_is_refused(spark, ls, t
     for df, name in ((counted.dropDuplicates(["k"]), "dedupe"), (counted.limit(2), "globalLimit")):
         with pytest.raises(NotSupportedYetError, match=rf"\({name}\) after applyInPandasWithState.*ClassCastException"):
             df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / name)).start()
+
+
+def test_an_operator_after_processing_time_event_time_column_is_refused(ls, tmp_path):
+    """Spark's operator passes no watermark on in time mode processingTime; native
+    Spark's batches in that mode never let a test finish, so lockgate refuses the chain."""
+    stream = ls.readStream.schema(SCHEMA).json(str(tmp_path))
+    out = stream.withWatermark("ts", "5 seconds").groupBy("k").transformWithStateInPandas(
+        Tagger(), "k string, ts timestamp, n long", "Append", "ProcessingTime", eventTimeColumnName="ts"
+    )
+    chained = out.groupBy(F.window("ts", "10 seconds")).count()
+    with pytest.raises(NotSupportedYetError, match=r"\(stateStoreSave\) after transformWithState in time mode processingTime"):
+        chained.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck")).start()
