@@ -9,6 +9,7 @@ from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.flat_map_groups import (
     check_apply_in_pandas_with_state,
+    check_several_apply_in_pandas_with_state,
     refuse_after_apply_in_pandas_with_state,
 )
 from lockgate.plan.join import StreamJoin, check_stream_join
@@ -16,6 +17,7 @@ from lockgate.plan.limit import StreamingLimit
 from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
 from lockgate.plan.session_window import SessionWindowAggregate
 from lockgate.plan.stateful import StatefulOperator, stateful_operators
+from lockgate.plan.transform_with_state import refuse_after_processing_time_transform_with_state
 
 _SORTS = ("orderBy", "sort", "sortWithinPartitions")
 
@@ -37,6 +39,7 @@ REDEFINED_WATERMARK_ERROR = (
 
 
 def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: bool = True) -> None:
+    check_several_apply_in_pandas_with_state(plan)  # before the output-mode checks, as Spark
     operators = stateful_operators(plan)
     aggregates = [op for op in operators if isinstance(op, Aggregate)]
     for op in operators:
@@ -71,6 +74,7 @@ def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: boo
     if operators:
         _check_redefined_watermark(plan)
     refuse_after_apply_in_pandas_with_state(plan)
+    refuse_after_processing_time_transform_with_state(plan)
 
 
 def _stateful_below(node: PlanNode) -> list[StatefulOperator]:

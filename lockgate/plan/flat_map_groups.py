@@ -29,6 +29,12 @@ The operator's output carries no event time and no watermark (Spark's
 ``produceOutputWatermark`` is None); with ``ProcessingTimeTimeout`` every trigger runs a
 batch, with ``EventTimeTimeout`` a no-data batch runs when the watermark moves (Spark's
 ``shouldRunAnotherBatch``).
+
+After it an aggregation, a stream-stream join or a transformWithState runs, each with
+its own operator id and state directory, as in Spark; a second applyInPandasWithState
+in the query is refused with Spark's message. A deduplication or ``limit`` after it is
+refused (:func:`refuse_after_apply_in_pandas_with_state`): native Spark 4.3 starts such
+a query and fails its first batch with a ``ClassCastException``.
 """
 
 from __future__ import annotations
@@ -305,24 +311,39 @@ def check_apply_in_pandas_with_state(plan: PlanNode, output_mode: str) -> None:
             )
 
 
+def check_several_apply_in_pandas_with_state(plan: PlanNode) -> None:
+    """Spark's refusal of two applyInPandasWithState operators in one query (checked
+    before its output-mode checks, as Spark's ``checkForStreaming``; Scala's
+    ``flatMapGroupsWithState`` may be chained in append mode, PySpark's operator not)."""
+    nodes = [op for op in stateful_operators(plan) if isinstance(op, FlatMapGroupsWithState)]
+    if len(nodes) > 1:
+        raise AnalysisError(
+            "Multiple applyInPandasWithStates are not supported on a streaming DataFrames/Datasets"
+        )
+
+
 def refuse_after_apply_in_pandas_with_state(plan: PlanNode) -> None:
-    """What lockgate does not run yet after applyInPandasWithState, checked after all
-    of Spark's rules (so Spark's refusals come first): a stateful operator other than an
-    aggregation after it (native Spark 4.3 fails a deduplication there at run time with
-    a ``ClassCastException``), and two of them in one query."""
-    from lockgate.plan.aggregate import Aggregate
+    """What lockgate refuses after applyInPandasWithState, checked after all of Spark's
+    rules (so Spark's refusals come first): a deduplication or a ``limit`` after it.
+    Native Spark 4.3 accepts such a query at ``start()`` and fails its first batch
+    with a ``ClassCastException`` (``ColumnarBatchRow cannot be cast to UnsafeRow``:
+    these operators read the Python runner's rows as they come); lockgate refuses
+    it when it starts. An aggregation, a stream-stream join or a transformWithState
+    after it runs, as in Spark."""
+    from lockgate.plan.dedup import Deduplicate
+    from lockgate.plan.limit import StreamingLimit
 
     operators = stateful_operators(plan)
     nodes = [op for op in operators if isinstance(op, FlatMapGroupsWithState)]
     for op in operators:
         below = [n for n in nodes if n is not op and any(n is x for x in stateful_operators(op))]
-        if below and not isinstance(op, (FlatMapGroupsWithState, Aggregate)):
+        if below and isinstance(op, (Deduplicate, StreamingLimit)):
             raise NotSupportedYetError(
-                f"A stateful operator ({op.operator_name}) after applyInPandasWithState",
-                "Write the function's output out and read it back in a second query.",
+                f"A stateful operator ({op.operator_name}) after applyInPandasWithState "
+                "(native Spark 4.3 fails it at run time with a ClassCastException)",
+                "Write the function's output out and read it back in a second query, "
+                "or deduplicate (or limit) inside the function with its state.",
             )
-    if len(nodes) > 1:
-        raise NotSupportedYetError("Several applyInPandasWithState operators in one query")
 
 
 # -- per-batch values ----------------------------------------------------------------------

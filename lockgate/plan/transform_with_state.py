@@ -51,8 +51,16 @@ State schemas may nest (structs, arrays, maps at any depth): values are written 
 the store's Arrow form and given back as PySpark's handle gives them (structs as
 ``Row``, maps as dicts, arrays as lists; see :func:`_user_form`).
 
+Any stateful operator may follow the operator, as Spark's UnsupportedOperationChecker
+allows (a deduplication, an aggregation, a stream-stream join, another transformWithState
+or an applyInPandasWithState), each with its own operator id and state directory; the
+input watermark passes on to it, and ``eventTimeColumnName`` makes the output's column
+its event time.
+
 Not there yet, refused with :class:`~lockgate.errors.NotSupportedYetError` when the
-query is defined: grouping by a struct or map.
+query is defined: grouping by a struct or map; at ``start()``, a stateful operator after
+the operator in time mode ``processingTime`` with an ``eventTimeColumnName``
+(:func:`refuse_after_processing_time_transform_with_state`).
 """
 
 from __future__ import annotations
@@ -84,7 +92,7 @@ from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
 from lockgate.plan.state_udf import map_with_state, with_batch_params
-from lockgate.plan.stateful import StatefulContext, StatefulOperator
+from lockgate.plan.stateful import StatefulContext, StatefulOperator, stateful_operators
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import (
     TIMERS_STORE,
@@ -422,6 +430,25 @@ class TransformWithState(StatefulOperator):
     def describe(self) -> str:
         method = "transformWithStateInPandas" if self.pandas else "transformWithState"
         return f"{method} [{', '.join(self.key_schema.names)}] {type(self.processor).__name__}"
+
+
+def refuse_after_processing_time_transform_with_state(plan: PlanNode) -> None:
+    """A stateful operator after a transformWithState in time mode ``processingTime``
+    with an ``eventTimeColumnName``: Spark's operator passes no watermark on in that
+    mode (its ``produceOutputWatermark`` is None), and lockgate's would pass its input's;
+    native Spark's processing-time mode never lets ``processAllAvailable`` or
+    ``availableNow`` finish, so the chain could not be compared with it. Checked after
+    Spark's rules."""
+    operators = stateful_operators(plan)
+    for op in operators:
+        below = [n for n in stateful_operators(op) if n is not op and isinstance(n, TransformWithState)]
+        if any(n.time_mode == "processingTime" and n.output_event_time is not None for n in below):
+            raise NotSupportedYetError(
+                f"A stateful operator ({op.operator_name}) after transformWithState in time mode "
+                "processingTime with an eventTimeColumnName",
+                "Use time mode eventTime (its timers and the event time it passes on), or "
+                "write the output out and read it back in a second query.",
+            )
 
 
 def make_transform_with_state(
