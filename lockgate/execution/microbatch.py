@@ -54,6 +54,8 @@ from lockgate.plan.state_udf import TASKS_CONF, encode_params, property_key
 from lockgate.plan.stateful import StatefulContext, state_task_count, stateful_operators
 from lockgate.plan.template import NotReusable, PlanTemplate
 from lockgate.sources.base import READ_ALL_AVAILABLE, ReadLimit, Source, SourceContext
+from lockgate.state.metrics import DictSumParam
+from lockgate.state.schema import check_operator_count, check_or_write
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -165,8 +167,6 @@ class MicroBatchExecution(StreamExecution):
         self._state_checked = False
         self._state_metrics: Any = None
         if self._stateful_ops:
-            from lockgate.state.metrics import DictSumParam
-
             self._state_metrics = self.spark.sparkContext.accumulator({}, DictSumParam())
         self._last_state_progress: list[dict[str, Any]] = []
         self._max_state_tasks = _max_state_tasks(self.spark) if self._stateful_ops else None
@@ -527,8 +527,6 @@ class MicroBatchExecution(StreamExecution):
         return previous.metadata.batchWatermarkMs if previous is not None else 0
 
     def _check_state_schemas(self, execution: IncrementalExecution) -> None:
-        from lockgate.state.schema import check_operator_count, check_or_write
-
         state_root = self.fs.join(self.checkpoint_root, "state")
         if not self._state_checked:
             check_operator_count(self.fs, state_root, len(self._stateful_ops))

@@ -17,8 +17,14 @@ import traceback
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
+from lockgate.checkpoint.run_lock import CheckpointRunLock
 from lockgate.errors import StreamingQueryException, error_class_of
 from lockgate.interrupt import interruptible_by
+from lockgate.state.provider import (
+    PROVIDER_CONF,
+    check_state_written_by_lockgate,
+    warn_unhonoured_provider,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -152,7 +158,6 @@ class StreamExecution:
             self.pretty_id_string,
             self.checkpoint_root,
         )
-        from lockgate.checkpoint.run_lock import CheckpointRunLock
 
         with self._lifecycle_lock:
             if self._termination_latch.is_set():
@@ -173,11 +178,6 @@ class StreamExecution:
     def _check_state_provider(self) -> None:
         """Warn once about a state store provider conf lockgate does not honour, and
         refuse a checkpoint whose state native Spark wrote (lockgate.state.provider)."""
-        from lockgate.state.provider import (
-            PROVIDER_CONF,
-            check_state_written_by_lockgate,
-            warn_unhonoured_provider,
-        )
 
         warn_unhonoured_provider(self.spark.conf, self.pretty_id_string)
         recorded = None

@@ -64,8 +64,11 @@ from pyspark.sql.types import (
 
 from lockgate.compat import override
 from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.cache import frame
+from lockgate.plan.dedup import Deduplicate
 from lockgate.plan.event_time import event_time_columns
+from lockgate.plan.limit import StreamingLimit
 from lockgate.plan.nodes import PlanNode, Transform
 from lockgate.plan.state_udf import map_with_state, with_batch_params
 from lockgate.plan.stateful import (
@@ -76,7 +79,13 @@ from lockgate.plan.stateful import (
 )
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import OperatorStateSchema
-from lockgate.state.store import StateStore, StateStoreConf, arrow_values, column_values
+from lockgate.state.store import (
+    StateStore,
+    StateStoreConf,
+    arrow_values,
+    column_values,
+    micros_array,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -279,7 +288,6 @@ def _column_name(item: Any, names: list[str], qualifier: str | None = None) -> s
 def check_apply_in_pandas_with_state(plan: PlanNode, output_mode: str) -> None:
     """Spark's start-time checks (``UnsupportedOperationChecker``) of applyInPandasWithState,
     with its messages."""
-    from lockgate.plan.aggregate import Aggregate
 
     operators = stateful_operators(plan)
     nodes = [op for op in operators if isinstance(op, FlatMapGroupsWithState)]
@@ -330,8 +338,6 @@ def refuse_after_apply_in_pandas_with_state(plan: PlanNode) -> None:
     these operators read the Python runner's rows as they come); lockgate refuses
     it when it starts. An aggregation, a stream-stream join or a transformWithState
     after it runs, as in Spark."""
-    from lockgate.plan.dedup import Deduplicate
-    from lockgate.plan.limit import StreamingLimit
 
     operators = stateful_operators(plan)
     nodes = [op for op in operators if isinstance(op, FlatMapGroupsWithState)]
@@ -681,8 +687,6 @@ def run_flat_map_task(task: FlatMapTask, partition: int, batches: Any) -> Any:
     if tables:
         table = pa.concat_tables(tables).drop_columns(["__lockgate_pid"])
         if task.late_watermark_ms is not None and task.event_time_column is not None:
-            from lockgate.state.store import micros_array
-
             times = micros_array(table.column(task.event_time_column))
             late = pc.fill_null(pc.less_equal(times, task.late_watermark_ms * 1000), False)
             dropped = pc.sum(late).as_py() or 0

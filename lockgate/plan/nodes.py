@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from lockgate.plan.current_time import CurrentTimeRewriter, mentions_current_time
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
@@ -78,15 +80,11 @@ class Transform(PlanNode):
 
     @property
     def uses_current_time(self) -> bool:
-        from lockgate.plan.current_time import mentions_current_time
-
         return mentions_current_time(self.args) or mentions_current_time(dict(self.kwargs))
 
     def apply(self, df: DataFrame, batch_timestamp_ms: int | None = None) -> DataFrame:
         method, args, kwargs = self.method, self.args, dict(self.kwargs)
         if batch_timestamp_ms is not None and self.uses_current_time:
-            from lockgate.plan.current_time import CurrentTimeRewriter
-
             rewriter = CurrentTimeRewriter(df.sparkSession, batch_timestamp_ms)
             method, args, kwargs = rewriter.rewrite_call(method, args, kwargs)
         return getattr(df, method)(*args, **kwargs)

@@ -1308,8 +1308,6 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
         if task.late_watermark_ms is not None and task.event_time_column is not None and task.event_time_column in table.column_names:
             import pyarrow.compute as pc
 
-            from lockgate.state.store import micros_array
-
             times = micros_array(table.column(task.event_time_column))
             late = pc.fill_null(pc.less_equal(times, task.late_watermark_ms * 1000), False)
             dropped = int(pc.sum(late).as_py() or 0)

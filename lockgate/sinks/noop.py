@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lockgate.sinks.base import Sink, SinkContext, SinkProvider
+from lockgate.sinks.continuous import NoopContinuousSink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -15,7 +16,6 @@ class NoopSink(Sink):
         data.write.format("noop").mode("append").save()
 
     def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]
-        from lockgate.sinks.continuous import NoopContinuousSink
 
         return NoopContinuousSink()
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from lockgate.checkpoint import StreamMetadata, resolve_filesystem
 from lockgate.errors import AnalysisError, OptionError, SinkError
 from lockgate.sinks.base import Sink, SinkContext, SinkProvider
 from lockgate.sources.redis.connection import RedisConnection, RedisConnectionConfig
@@ -386,8 +387,6 @@ class RedisSink(Sink):
         if query_id:
             return query_id
         if self._checkpoint:
-            from lockgate.checkpoint import StreamMetadata, resolve_filesystem
-
             fs, root = resolve_filesystem(self._checkpoint)
             metadata = StreamMetadata.read(fs, fs.join(root, "metadata"))
             if metadata is not None:

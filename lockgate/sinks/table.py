@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lockgate.errors import AnalysisError
+from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.sinks import lookup_sink
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -30,9 +31,6 @@ def prepare_table(
     fmt = (fmt or "parquet").lower()
     if not spark.catalog.tableExists(name):
         if fmt not in _FILE_FORMATS:
-            from lockgate.errors import NotSupportedYetError
-            from lockgate.sinks import lookup_sink
-
             lookup_sink(fmt)  # "Failed to find data source" for a format nobody registered
             raise NotSupportedYetError(
                 f"toTable({name!r}) in format {fmt!r}",

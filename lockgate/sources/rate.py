@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.types import LongType, StructField, StructType, TimestampType
 
 from lockgate.checkpoint.log import MetadataLog
-from lockgate.errors import OptionError
+from lockgate.errors import AnalysisError, CheckpointError, OptionError
+from lockgate.jvm import analysed_frame, jvm_name, scala_list
 from lockgate.sources.base import (
     ContinuousPartitionReader,
     ContinuousStream,
@@ -37,8 +38,6 @@ RATE_SCHEMA = StructType(
 
 def _reject_user_schema(name: str, user_schema: StructType | None) -> None:
     if user_schema is not None:
-        from lockgate.errors import AnalysisError
-
         raise AnalysisError(f"The {name} source does not support a user-specified schema.")
 
 
@@ -143,7 +142,6 @@ class _Batches:
         """The batch of ``shape`` with these ``arrays``, when a projection was captured."""
         if shape != self._shape or not self._template:
             return None
-        from lockgate.jvm import analysed_frame, jvm_name, scala_list
 
         columns, child = self._template
         spark = self._spark
@@ -205,8 +203,6 @@ class _StartTimeLog(MetadataLog[int]):
         return str(entry)
 
     def deserialize(self, body: str, path: str) -> int:
-        from lockgate.errors import CheckpointError
-
         try:
             return int(body.strip())
         except ValueError as exc:
@@ -331,8 +327,6 @@ class RateSourceProvider(SourceProvider):
     def createContinuousStream(self, context: SourceContext) -> ContinuousStream:
         rows, ramp, parts = self._parse(context.spark, context.options)
         if ramp:
-            from lockgate.errors import AnalysisError
-
             raise AnalysisError("The rate source does not support rampUpTime in continuous processing.")
         return RateContinuousStream(context, rows, parts)
 

@@ -26,7 +26,7 @@ from lockgate.checkpoint import (
     OffsetSeqLog,
     OffsetSeqMetadata,
 )
-from lockgate.errors import AnalysisError
+from lockgate.errors import AnalysisError, CheckpointError
 from lockgate.execution.conf import pin_confs
 from lockgate.execution.continuous.coordinator import CoordinatorServer, EpochCoordinator
 from lockgate.execution.continuous.task import TaskSpec, run_partition
@@ -38,6 +38,8 @@ from lockgate.execution.progress import (
 from lockgate.execution.stream import QueryState, StreamExecution
 from lockgate.options import Options
 from lockgate.plan.row_expressions import Program
+from lockgate.sinks.continuous import output_rows
+from lockgate.sources.base import SourceContext
 
 if TYPE_CHECKING:
     from lockgate.plan.nodes import StreamingRelation
@@ -97,8 +99,6 @@ class ContinuousExecution(StreamExecution):
 
     # -- sources and sinks ----------------------------------------------------------------
     def _init_source(self) -> ContinuousStream:
-        from lockgate.sources.base import SourceContext
-
         relation = self.relation
         context = SourceContext(
             spark=self.spark,
@@ -150,16 +150,12 @@ class ContinuousExecution(StreamExecution):
         epoch, _ = latest
         offsets = self.offset_log.get(epoch)
         if offsets is None:
-            from lockgate.errors import CheckpointError
-
             raise CheckpointError(
                 f"Epoch {epoch} is committed but offsets/{epoch} is missing from "
                 f"{self.offset_log.path}: the checkpoint is damaged.",
                 path=self.offset_log.path,
             )
         if len(offsets.offsets) != 1:
-            from lockgate.errors import CheckpointError
-
             raise CheckpointError(
                 f"The checkpoint {self.checkpoint_root} has {len(offsets.offsets)} sources; a "
                 "continuous query reads exactly one. Use a new checkpoint location.",
@@ -356,8 +352,6 @@ class ContinuousExecution(StreamExecution):
         messages: list[tuple[dict[str, Any], bytes | None]],
         commit_ms: int,
     ) -> None:
-        from lockgate.sinks.continuous import output_rows
-
         assert self.source is not None
         now = self.clock.get_time_millis()
         seconds = max(0, now - self._last_commit_ms) / 1000.0
