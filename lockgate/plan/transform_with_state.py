@@ -1171,13 +1171,13 @@ class _Converter:
         names = table.column_names
         return [Row(**{n: self._user_value(r[n]) for n in names}) for r in table.to_pylist()]
 
-    def output(self, results: Any, where: str) -> Iterator[pa.RecordBatch]:
-        """The processor's output (an iterator of pandas DataFrames or Rows) as batches
-        of the output schema."""
+    def collect(self, results: Any, where: str, into: list[Any]) -> None:
+        """Consume the processor's output for the current key (an iterator of pandas
+        DataFrames or Rows: consumed now, while the handle's key is this key), checked
+        against the output schema, into ``into``; :meth:`batches` converts it."""
         if results is None:
             return
-        schema = self.task.out_schema
-        names = schema.names
+        names = self.task.out_schema.names
         if self.task.pandas:
             import pandas as pd
 
@@ -1196,36 +1196,57 @@ class _Converter:
                         f"{list(pdf.columns)}, which lack {missing} of the output schema "
                         f"{self.task.output_struct.simpleString()}."
                     )
-                pdf = pdf[names].copy()
-                for name in self.out_timestamps:
-                    series = pd.to_datetime(pdf[name])
-                    if getattr(series.dt, "tz", None) is None:
-                        series = series.dt.tz_localize(self.task.timezone)
-                    pdf[name] = series
-                table = pa.Table.from_pandas(pdf, schema=schema, preserve_index=False)
-                yield from table.to_batches()
+                into.append(pdf[names])
+            return
+        for row in results:
+            if hasattr(row, "asDict") and getattr(row, "__fields__", None):
+                d = row.asDict()
+                missing = [n for n in names if n not in d]
+                if missing:
+                    raise ValueError(
+                        f"[RESULT_COLUMNS_MISSING_IN_FUNCTION_OUTPUT] {where} yielded {row!r}, "
+                        f"which lacks {missing} of the output schema."
+                    )
+                values = [d[n] for n in names]
+            else:
+                values = list(row)
+                if len(values) != len(names):
+                    raise ValueError(
+                        f"{where} yielded {row!r} with {len(values)} values; the output schema "
+                        f"has {len(names)} ({', '.join(names)})."
+                    )
+            into.append(dict(zip(names, values)))
+
+    def batches(self, collected: list[Any]) -> Iterator[pa.RecordBatch]:
+        """What :meth:`collect` gathered (over many keys) as batches of the output
+        schema: one conversion for all of it, where a conversion per key cost more
+        than the processor. DataFrames whose column types differ are converted one by
+        one (concatenating them could widen an integer column to floats)."""
+        if not collected:
+            return
+        schema = self.task.out_schema
+        if not self.task.pandas:
+            yield from pa.Table.from_pylist(collected, schema=schema).to_batches()
+            return
+        import pandas as pd
+
+        first = tuple(collected[0].dtypes)
+        if len(collected) > 1 and all(tuple(pdf.dtypes) == first for pdf in collected):
+            frames = [pd.concat(collected, ignore_index=True)]
         else:
-            rows = []
-            for row in results:
-                if hasattr(row, "asDict") and getattr(row, "__fields__", None):
-                    d = row.asDict()
-                    missing = [n for n in names if n not in d]
-                    if missing:
-                        raise ValueError(
-                            f"[RESULT_COLUMNS_MISSING_IN_FUNCTION_OUTPUT] {where} yielded {row!r}, "
-                            f"which lacks {missing} of the output schema."
-                        )
-                    values = [d[n] for n in names]
-                else:
-                    values = list(row)
-                    if len(values) != len(names):
-                        raise ValueError(
-                            f"{where} yielded {row!r} with {len(values)} values; the output schema "
-                            f"has {len(names)} ({', '.join(names)})."
-                        )
-                rows.append(dict(zip(names, values)))
-            if rows:
-                yield from pa.Table.from_pylist(rows, schema=schema).to_batches()
+            frames = collected
+        for pdf in frames:
+            pdf = pdf.copy()
+            for name in self.out_timestamps:
+                series = pd.to_datetime(pdf[name])
+                if getattr(series.dt, "tz", None) is None:
+                    series = series.dt.tz_localize(self.task.timezone)
+                pdf[name] = series
+            yield from pa.Table.from_pandas(pdf, schema=schema, preserve_index=False).to_batches()
+
+
+_OUTPUT_CHUNK = 2048
+"""Keys' outputs converted to Arrow at once (:meth:`_Converter.batches`)."""
 
 
 def _checked(task: TwsTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -1281,6 +1302,7 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
     timer_values = TimerValues(processing_ms, watermark_ms)
 
     processor.init(handle)
+    collected: list[Any] = []  # the processor's output, converted a chunk of keys at a time
     tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     dropped = 0
     # the UDF is made on a run's first batch: only batch 0's rows hold the initial state
@@ -1322,7 +1344,12 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
             handle.key = key
             user_key = convert.key(key)
             results = processor.handleInputRows(user_key, iter([rows] if task.pandas else rows), timer_values)
-            yield from _checked(task, convert.output(results, "handleInputRows"))
+            convert.collect(results, "handleInputRows", collected)
+            if len(collected) >= _OUTPUT_CHUNK:
+                yield from _checked(task, convert.batches(collected))
+                collected = []
+    yield from _checked(task, convert.batches(collected))
+    collected = []
     t1 = time.perf_counter()
     if timed:
         threshold = processing_ms if task.time_mode == "processingTime" else watermark_ms
@@ -1332,8 +1359,12 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
             results = processor.handleExpiredTimer(
                 key=convert.key(key), timerValues=timer_values, expiredTimerInfo=ExpiredTimerInfo(ts)
             )
-            yield from _checked(task, convert.output(results, "handleExpiredTimer"))
+            convert.collect(results, "handleExpiredTimer", collected)
             timers.delete(key, ts)
+            if len(collected) >= _OUTPUT_CHUNK:
+                yield from _checked(task, convert.batches(collected))
+                collected = []
+        yield from _checked(task, convert.batches(collected))
     handle.key = None
     processor.close()
     # Spark's doTtlCleanup, before the commit: what expired by the batch timestamp goes.
