@@ -79,11 +79,11 @@ def call_in_slices(
     while True:
         check()
         started = time.monotonic()
-        remaining = deadline - started
+        length = min(SLICE_S, deadline - started)
         try:
-            return call(max(0.001, min(SLICE_S, remaining)))
+            return call(max(0.001, length))
         except Exception as exc:
             if not again(exc) or time.monotonic() >= deadline:
                 raise
         # a slice that failed at once (a refused connection) waits out its length
-        sleep(max(0.0, min(SLICE_S, deadline - time.monotonic()) - (time.monotonic() - started)))
+        sleep(max(0.0, started + length - time.monotonic()))

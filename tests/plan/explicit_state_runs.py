@@ -71,6 +71,9 @@ class Tagger(StatefulProcessor):
 class Run:
     """One query on both engines, fed by JSON files; each side's batches collected."""
 
+    processing_time: str | None = None
+    """A processing-time trigger's interval; None for the default trigger."""
+
     def __init__(self, spark: Any, ls: Any, root: Path, build: Any, mode: str, schema: str) -> None:
         self.spark, self.ls, self.root, self.build, self.mode, self.schema = spark, ls, root, build, mode, schema
         self.input = root / "in"
@@ -83,13 +86,10 @@ class Run:
         def collect(df: Any, batch_id: int) -> None:
             self.batches[engine].append((batch_id, df.collect()))
 
-        query = (
-            self.build(reader.schema(self.schema).json(str(self.input)))
-            .writeStream.outputMode(self.mode)
-            .option("checkpointLocation", str(self.root / engine / "ck"))
-            .foreachBatch(collect)
-            .start()
-        )
+        writer = self.build(reader.schema(self.schema).json(str(self.input))).writeStream.outputMode(self.mode)
+        if self.processing_time:
+            writer = writer.trigger(processingTime=self.processing_time)
+        query = writer.option("checkpointLocation", str(self.root / engine / "ck")).foreachBatch(collect).start()
         self.queries[engine] = query
         return query
 

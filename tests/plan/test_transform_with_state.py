@@ -400,6 +400,8 @@ class TTLRun(Run):
     removes the 1 ms values), so the data batches and the removal counts are the same on
     both, batch by batch."""
 
+    processing_time = "1 second"
+
     def __init__(self, spark: Any, ls: Any, root: Path, processor: Any) -> None:
         build = lambda df: df.groupBy("k").transformWithStateInPandas(
             processor, "k string, before string, after string", "Update", "ProcessingTime"
@@ -408,21 +410,6 @@ class TTLRun(Run):
         self.removed: dict[str, dict[int, tuple[int, ...]]] = {"native": {}, "lockgate": {}}
         self.last: dict[str, Any] = {"native": None, "lockgate": None}
         self.files = 0
-
-    def _start(self, engine: str, reader: Any) -> Any:
-        def collect(df: Any, batch_id: int) -> None:
-            self.batches[engine].append((batch_id, df.collect()))
-
-        query = (
-            self.build(reader.schema(self.schema).json(str(self.input)))
-            .writeStream.outputMode(self.mode)
-            .trigger(processingTime="1 second")
-            .option("checkpointLocation", str(self.root / engine / "ck"))
-            .foreachBatch(collect)
-            .start()
-        )
-        self.queries[engine] = query
-        return query
 
     def _record(self, engine: str) -> int:
         """The engine's batches so far (their TTL metrics); the last batch id."""
