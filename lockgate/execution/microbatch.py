@@ -78,6 +78,29 @@ def _reuse_plans(spark: SparkSession) -> bool:
     return raw == "true"
 
 
+BACKGROUND_SNAPSHOT_CONF = "spark.lockgate.stateStore.backgroundSnapshotMinRows"
+_BACKGROUND_SNAPSHOT_DEFAULT = 50_000
+
+
+def _background_snapshot_min_rows(spark: SparkSession) -> int | None:
+    """``spark.lockgate.stateStore.backgroundSnapshotMinRows``: a state partition of at
+    least this many rows writes its snapshots in the background (-1: never)."""
+    raw = spark.conf.get(BACKGROUND_SNAPSHOT_CONF, None)
+    if raw is None or str(raw).strip() == "":
+        return _BACKGROUND_SNAPSHOT_DEFAULT
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = -2
+    if value < -1:
+        raise OptionError(
+            f"{BACKGROUND_SNAPSHOT_CONF} must be a number of rows (0 or more), or -1 to "
+            f"write every snapshot in its task; got {raw!r}.",
+            option=BACKGROUND_SNAPSHOT_CONF,
+        )
+    return None if value == -1 else value
+
+
 def _max_state_tasks(spark: SparkSession) -> int:
     """``spark.lockgate.stateTasks``, else the cores Spark runs tasks on."""
     raw = spark.conf.get(TASKS_CONF, None)
@@ -170,6 +193,9 @@ class MicroBatchExecution(StreamExecution):
             self._state_metrics = self.spark.sparkContext.accumulator({}, DictSumParam())
         self._last_state_progress: list[dict[str, Any]] = []
         self._max_state_tasks = _max_state_tasks(self.spark) if self._stateful_ops else None
+        self._background_snapshot_min_rows = (
+            _background_snapshot_min_rows(self.spark) if self._stateful_ops else None
+        )
         root = self.checkpoint_root
         self.offset_log = OffsetSeqLog(self.fs, self.fs.join(root, "offsets"))
         self.commit_log = CommitLog(self.fs, self.fs.join(root, "commits"))
@@ -511,6 +537,7 @@ class MicroBatchExecution(StreamExecution):
             shape=empty_sources,
             operator_watermarks=self._operator_watermarks() if self._watermark_nodes else None,
             max_state_tasks=self._max_state_tasks,
+            background_snapshot_min_rows=self._background_snapshot_min_rows,
             batch_timestamp_ms=self.offset_metadata.batchTimestampMs,
         )
 

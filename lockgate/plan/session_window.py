@@ -520,6 +520,7 @@ def build_session_aggregate(
         key_schema=key_schema,
         value_schema=value_schema,
         snapshot_interval=ctx.snapshot_interval,
+        background_snapshot_min_rows=ctx.background_snapshot_min_rows,
         min_versions_to_retain=ctx.min_versions_to_retain,
         checkpoint_id=ctx.checkpoint_id,
     )

@@ -252,6 +252,9 @@ class StatefulContext:
     max_state_tasks: int | None = None
     """At most this many tasks run an operator's state step (None: one per partition);
     see :func:`state_task_count`."""
+    background_snapshot_min_rows: int | None = None
+    """State partitions of at least this many rows write their snapshots in the
+    background (``StateStoreConf.background_snapshot_min_rows``); None: in the task."""
     batch_timestamp_ms: int | None = None
     """The batch's timestamp from the offsets log (processing-time timeouts, the state's
     ``getCurrentProcessingTimeMs``)."""

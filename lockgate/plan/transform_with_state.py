@@ -611,6 +611,7 @@ def _build(
             key_schema=key_arrow,
             value_schema=schema_to_arrow(value, tz),
             snapshot_interval=ctx.snapshot_interval,
+            background_snapshot_min_rows=ctx.background_snapshot_min_rows,
             min_versions_to_retain=ctx.min_versions_to_retain,
             store_name=name,
             checkpoint_id=ctx.checkpoint_id,

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import collections
 import logging
+import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -118,6 +119,11 @@ class StateStoreConf:
     ``version`` first writes versions ``last + 1 .. version`` as empty deltas (replacing
     what a cut-off batch may have left there, and dropping snapshots in between), so
     that ``version`` reads as ``last``: Spark reads a re-declared variable's state back."""
+    background_snapshot_min_rows: int | None = None
+    """A partition holding at least this many rows writes its snapshot from a thread of
+    the worker after the task has committed, as Spark's maintenance task does, so the
+    batch does not wait for the whole partition to be written; a smaller partition (or
+    every partition, when None) writes it in the task."""
     timestamps_as_micros: bool = False
     """Hold top-level timestamp columns of keys and values in memory as ``int``
     microseconds since the epoch instead of ``datetime`` objects (the files keep their
@@ -181,6 +187,56 @@ def clear_cache() -> None:
     """Forget every cached partition of this process (tests use it to force file replay)."""
     with _cache_lock:
         _cache.clear()
+
+
+# -- snapshots written in the background -------------------------------------------------
+class _BackgroundSnapshots:
+    """One daemon thread per worker process writes snapshots, in the order they were
+    committed; the task that commits a snapshot version only hands it over."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[str, int, Callable[[], None]]] = queue.Queue()
+        self._pending: set[tuple[str, int]] = set()
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, directory: str, version: int, write: Callable[[], None]) -> None:
+        with self._lock:
+            self._pending.add((directory, version))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="lockgate-state-snapshots", daemon=True)
+                self._thread.start()
+        self._queue.put((directory, version, write))
+
+    def pending(self, directory: str, version: int) -> bool:
+        with self._lock:
+            return (directory, version) in self._pending
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every snapshot handed over so far is written (or failed); False
+        on a timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._pending, timeout)
+
+    def _run(self) -> None:
+        while True:
+            directory, version, write = self._queue.get()
+            try:
+                write()
+            except Exception as exc:  # noqa: BLE001 - a snapshot is an optimisation: the deltas hold the version
+                logger.warning("Background snapshot %d in %s not written: %s", version, directory, exc)
+            finally:
+                with self._lock:
+                    self._pending.discard((directory, version))
+                    self._lock.notify_all()
+
+
+_background_snapshots = _BackgroundSnapshots()
+
+
+def wait_for_background_snapshots(timeout: float | None = None) -> bool:
+    """Wait until this process's background snapshots are written (tests and tools)."""
+    return _background_snapshots.wait(timeout)
 
 
 # -- files -----------------------------------------------------------------------------
@@ -639,31 +695,71 @@ class StateStore:
         entries += [(k, None, _OP_REMOVE) for k in self.removed]
         _write_table(self.fs, f"{self.dir}/{new_version}.delta", self._table(entries, True), "delta")
         if new_version % self.conf.snapshot_interval == 0:
-            _write_table(self.fs, f"{self.dir}/{new_version}.snapshot", self._snapshot_table(new_version), "snapshot")
+            self._remove_leftovers()
+            self._snapshot(new_version)
             self.metrics.snapshot_written = True
-            self._cleanup(new_version)
         _cache_put(self.conf, self.partition, new_version, self.map, self.aux)
         self.metrics.commit_ms = (time.perf_counter() - t0) * 1000
         return new_version
 
+    def _snapshot(self, version: int) -> None:
+        """Write snapshot ``version`` (of the map just committed) and delete the files no
+        version needs any more: in the background when the partition is large enough and
+        the previous snapshot landed (a worker that died with a background snapshot
+        unwritten is made up for by the next snapshot, written in its task)."""
+        min_rows = self.conf.background_snapshot_min_rows
+        if min_rows is None or len(self.map) < min_rows or not self._previous_snapshot_landed(version):
+            _write_table(self.fs, f"{self.dir}/{version}.snapshot", self._snapshot_table(version), "snapshot")
+            self._delete_old(version)
+            return
+        _background_snapshots.submit(self.dir, version, lambda: self._snapshot_in_background(version))
+
+    def _previous_snapshot_landed(self, version: int) -> bool:
+        previous = version - self.conf.snapshot_interval
+        if previous <= self.conf.first_version:
+            return True
+        _, snapshots = _file_versions(self.fs, self.dir)
+        return previous in snapshots or _background_snapshots.pending(self.dir, previous)
+
+    def _snapshot_in_background(self, version: int) -> None:
+        """Snapshot ``version`` from the files alone: the map in the worker cache is the
+        next batch's to change. Files that cannot rebuild it leave it unwritten (the
+        deltas still hold every version)."""
+        table = self._snapshot_from_files(version)
+        if table is None:
+            logger.warning(
+                "Background snapshot %d of %s not written: its files do not rebuild it; the "
+                "next snapshot is written in its task.", version, self.where,
+            )
+            return
+        _write_table(self.fs, f"{self.dir}/{version}.snapshot", table, "snapshot")
+        self._delete_old(version)
+
     def _snapshot_table(self, version: int) -> pa.Table:
-        """The whole map at ``version``, merged in Arrow from the files (no walk of the map)."""
+        """The whole map at ``version``, merged in Arrow from the files, or from the map
+        when the files cannot rebuild it."""
+        table = self._snapshot_from_files(version)
+        if table is not None:
+            return table
+        # the map in memory is right (it was loaded from intact files)
+        return self._table(((k, v, _OP_UPSERT) for k, v in self.map.items()), False)
+
+    def _snapshot_from_files(self, version: int) -> pa.Table | None:
+        """The whole map at ``version`` from the newest snapshot before it and the deltas
+        after that (no walk of the map); None if one of them is missing or corrupt."""
         deltas, snapshots = _file_versions(self.fs, self.dir)
         base = max((s for s in snapshots if s < version), default=0)
-        from_map = self._table(((k, v, _OP_UPSERT) for k, v in self.map.items()), False)
         if any(v not in deltas for v in range(base + 1, version + 1)):
-            return from_map
+            return None
         try:
             tables = self._version_tables(base, version)
         except CorruptStateFileError:
-            return from_map  # the map in memory is right (it was loaded from intact files)
+            return None
         live = _latest_per_key(pa.concat_tables(tables), self._key_names)
-        names = self._key_names + self._value_names
-        return live.select(names)
+        return live.select(self._key_names + self._value_names)
 
-    def _cleanup(self, version: int) -> None:
+    def _delete_old(self, version: int) -> None:
         """Delete files no version >= ``version - min_versions_to_retain`` needs."""
-        self._remove_leftovers()
         oldest_needed = version - self.conf.min_versions_to_retain
         if oldest_needed <= 0:
             return
@@ -681,8 +777,9 @@ class StateStore:
     def _remove_leftovers(self) -> None:
         """Delete what cut-off writes left in the partition's directory: ``.tmp`` files
         of atomic writes that never finished, and ``.crc`` files whose file is gone.
-        Only this task writes the partition now (one task per partition and batch), so
-        no ``.tmp`` here belongs to a live write."""
+        Only this task writes the partition now (one task per partition and batch), but
+        for a background snapshot of an earlier version, which fails harmlessly if its
+        ``.tmp`` goes (a missing snapshot is made up for by the next one)."""
         names = set(self.fs.list_names(self.dir))
         for name in names:
             orphan = is_checksum_file(name) and name[: -len(".crc")] not in names
@@ -749,4 +846,5 @@ __all__ = [
     "column_values",
     "micros_array",
     "read_state_table",
+    "wait_for_background_snapshots",
 ]

@@ -811,6 +811,7 @@ def build_stream_join(
             key_schema=schema_to_arrow(StructType(key_fields), tz),
             value_schema=schema_to_arrow(StructType(value_fields), tz),
             snapshot_interval=ctx.snapshot_interval,
+            background_snapshot_min_rows=ctx.background_snapshot_min_rows,
             min_versions_to_retain=ctx.min_versions_to_retain,
             store_name=name,
             checkpoint_id=ctx.checkpoint_id,
