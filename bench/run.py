@@ -9,6 +9,7 @@
     .venv/bin/python -m bench.run --nexmark [ARGS]     # Nexmark (bench/nexmark.py; ARGS are its flags)
     .venv/bin/python -m bench.run --explicit-state [ARGS]  # explicit state (bench/explicit_state.py; ARGS are its flags)
     .venv/bin/python -m bench.run --kafka-latency [ARGS]   # Kafka -> Kafka latency (bench/kafka_latency.py; ARGS are its flags)
+    .venv/bin/python -m bench.run --cluster [ARGS]     # state size on a standalone cluster (bench/cluster.py)
 
 Both engines run in ONE process and ONE SparkSession, on the same source and sink, in
 interleaved rounds (native then lockgate, then lockgate then native, ...) so that drift
@@ -70,6 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kafka-latency", action="store_true",
                         help="first flag only: run the Kafka -> Kafka latency benchmark (python -m "
                         "bench.kafka_latency --help) with the flags after it")
+    parser.add_argument("--cluster", action="store_true",
+                        help="first flag only: run the state-size benchmark on a standalone cluster (python -m "
+                        "bench.cluster --help) with the flags after it")
     parser.add_argument("--soak", type=int, metavar="N", help="run N batches of workload 2 on lockgate and report memory drift")
     parser.add_argument("--results-dir", default=RESULTS_DIR)
     parser.add_argument("--driver-memory", default="4g")
@@ -123,6 +127,10 @@ def main(argv: list[str] | None = None, spark: Any = None, log: Callable[[str], 
         from bench.explicit_state import main as explicit_state
 
         return explicit_state(argv[1:], spark=spark, log=log)
+    if argv[:1] == ["--cluster"]:
+        from bench.cluster import main as cluster
+
+        return cluster(argv[1:], log=log)
     if argv[:1] == ["--kafka-latency"]:
         from bench.kafka_latency import main as kafka_latency
 
