@@ -157,6 +157,25 @@ class Round:
     start_call_ms: float
     wall_s: float
     notes: list[str] = field(default_factory=list)
+    cpu: dict[int, dict[str, float]] = field(default_factory=dict)
+    """``{batch_id: {"cpu_s", "wall_s"}}`` from :class:`bench.cpu.CpuProbe` (empty without /proc)."""
+
+
+def cpu_stats(rounds: list[Round]) -> dict[str, Any]:
+    """CPU seconds per measured batch of the process tree (both engines' processes), from
+    the observations between consecutive batches; and the cores that kept busy (CPU over
+    the wall time between the same observations)."""
+    per = [r.cpu[b["batchId"]] for r in rounds for b in r.measured if b.get("batchId") in r.cpu]
+    if not per:
+        return {"cpu_batches": 0, "cpu_s_mean": None, "cpu_s_median": None, "cpu_cores": None}
+    cpu = [c["cpu_s"] for c in per]
+    wall = sum(c["wall_s"] for c in per)
+    return {
+        "cpu_batches": len(per),
+        "cpu_s_mean": statistics.fmean(cpu),
+        "cpu_s_median": statistics.median(cpu),
+        "cpu_cores": sum(cpu) / wall if wall > 0 else None,
+    }
 
 
 def summarize(rounds: list[Round]) -> dict[str, Any]:
@@ -205,13 +224,15 @@ def summarize(rounds: list[Round]) -> dict[str, Any]:
         else None,
         "memory": memory,
         "start_call_ms_median": statistics.median(r.start_call_ms for r in rounds) if rounds else None,
-        "batches": [batch_record(b) for b in batches],
+        **cpu_stats(rounds),
+        "batches": [batch_record(b, r.cpu.get(b.get("batchId"))) for r in rounds for b in r.measured],
     }
 
 
-def batch_record(p: dict[str, Any]) -> dict[str, Any]:
+def batch_record(p: dict[str, Any], cpu: dict[str, float] | None = None) -> dict[str, Any]:
     ops = p.get("stateOperators") or []
     return {
+        "cpuSeconds": cpu["cpu_s"] if cpu else None,
         "batchId": p.get("batchId"),
         "timestamp": p.get("timestamp"),
         "numInputRows": p.get("numInputRows"),
@@ -222,6 +243,10 @@ def batch_record(p: dict[str, Any]) -> dict[str, Any]:
         "stateCustomMetrics": ops[0].get("customMetrics") if ops else None,
         "numOutputRows": (p.get("sink") or {}).get("numOutputRows"),
     }
+
+
+def ms(seconds: float | None) -> float | None:
+    return seconds * 1000 if seconds is not None else None
 
 
 def ratio(a: Any, b: Any) -> float | None:

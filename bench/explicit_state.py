@@ -57,14 +57,18 @@ from bench.common import (
     RESULTS_DIR,
     QueryFailed,
     close_run,
+    cpu_stats,
     end_offset,
     fmt,
     loadavg,
     log_table,
+    ms,
     percentile,
     ratio,
     state_rows,
 )
+from bench.cpu import busy_core
+from bench.report import busy_core_line
 from bench.suite import Bench
 from bench.workloads import FULL, Context, Workload
 
@@ -210,6 +214,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scaling-workloads", default="tws,session", help="workloads of --scaling")
     parser.add_argument("--touched", type=int, default=1_000, help="rows (= keys touched) per batch for --scaling")
     parser.add_argument("--scaling-batches", type=int, default=12, help="measured batches per size for --scaling")
+    parser.add_argument("--busy-core", action="store_true",
+                        help="keep one core busy for the whole run (a spinning process, stopped at the end)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="4g")
     parser.add_argument("--results-dir", default=RESULTS_DIR)
@@ -253,6 +259,7 @@ def _stats(rounds: list[Any]) -> dict[str, Any]:
         "state_rows_median": statistics.median(rows) if rows else None,
         "output_rows_median": statistics.median(int((b.get("sink") or {}).get("numOutputRows", -1)) for b in batches),
         "trigger_ms": lat,
+        **cpu_stats(rounds),
     }
 
 
@@ -327,6 +334,8 @@ class ExplicitRuns:
         res["engines"] = {e: _stats(rs) for e, rs in rounds.items()}
         res["ratio_median"] = ratio(res["engines"]["lockgate"].get("median_ms"), res["engines"]["native"].get("median_ms"))
         res["ratio_p99"] = ratio(res["engines"]["lockgate"].get("p99_ms"), res["engines"]["native"].get("p99_ms"))
+        res["ratio_cpu"] = ratio(res["engines"]["lockgate"].get("cpu_s_mean"),
+                                 res["engines"]["native"].get("cpu_s_mean"))
         res["elapsed_s"] = time.perf_counter() - t0
         res["loadavg_after"] = loadavg()
         return res
@@ -361,19 +370,24 @@ class ExplicitRuns:
 def table(results: dict[str, Any]) -> str:
     cfg = results["config"]
     lines = [(f"Explicit state, {cfg['keys']:,} keys, {cfg['rows']:,} rows per batch; load average "
-              f"{cfg['loadavg_start']} -> {results.get('loadavg_end')}"), ""]
+              f"{cfg['loadavg_start']} -> {results.get('loadavg_end')}"
+              + (f"; {busy_core_line(results.get('busy_core'))}" if cfg.get("busy_core") else "")), ""]
     if results["workloads"]:
         lines += [("| workload | native median / p99 ms | lockgate median / p99 ms | lockgate/native median | "
+                   "native / lockgate CPU ms per batch | lockgate/native CPU | "
                    "lockgate state step median ms | load before -> after | notes |"),
-                  "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
         for name, res in results["workloads"].items():
             cells = []
             for engine in ENGINES:
                 st = res["engines"][engine]
                 cells.append(f"{fmt(st.get('median_ms'))} / {fmt(st.get('p99_ms'))}" if st.get("batches") else "failed")
             r = res.get("ratio_median")
+            rc = res.get("ratio_cpu")
+            cpu = " / ".join(fmt(ms(res["engines"][e].get("cpu_s_mean"))) for e in ENGINES)
             notes = "; ".join(f"{e}: {m[:200]}" for e, m in res["errors"].items())
             lines.append(f"| {name}: {res['title']} | {cells[0]} | {cells[1]} | {fmt(r, 2) if r else '-'} | "
+                         f"{cpu} | {fmt(rc, 2) if rc else '-'} | "
                          f"{fmt(res['engines']['lockgate'].get('state_step_median_ms'))} | "
                          f"{res['loadavg_before']} -> {res['loadavg_after']} | {notes} |")
     for name, res in results.get("scaling", {}).items():
@@ -396,36 +410,41 @@ def main(argv: list[str] | None = None, spark: Any = None, log: Callable[[str], 
     if own_spark:
         spark = make_spark(args)
         spark.sparkContext.setLogLevel("FATAL")
-    bench = ExplicitBench(spark, sizes=FULL, batches=args.batches, rounds=args.rounds, warmup=args.warmup,
-                          recovery_after=0, log=log)
-    runs = ExplicitRuns(bench, args, log)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    command = ["python", "-m", "bench.explicit_state", *(argv if argv is not None else sys.argv[1:])]
-    results: dict[str, Any] = {
-        "timestamp": stamp,
-        "config": {"command": " ".join(command), "keys": args.keys, "rows": args.rows, "batches": args.batches,
-                   "rounds": args.rounds, "warmup": args.warmup, "scaling": sizes, "touched": args.touched,
-                   "master": spark.sparkContext.master, "cpus": os.cpu_count(),
-                   "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
-                   "loadavg_start": loadavg()},
-        "workloads": {},
-        "scaling": {},
-    }
-    log(f"explicit state: {names}, scaling {sizes or '-'}; load {loadavg()}")
-    started = time.perf_counter()
-    try:
-        for name in names:
-            res = runs.run(name)
-            results["workloads"][name] = res
-            log(f"  {name}: " + json.dumps({e: {k: v for k, v in res['engines'][e].items() if k != 'trigger_ms'}
-                                            for e in ENGINES})
-                + f" ratio {fmt(res['ratio_median'], 2)} errors {res['errors'] or '-'} "
-                  f"({res['elapsed_s']:.0f} s, load {res['loadavg_after']})")
-        for name in _names(args.scaling_workloads) if sizes else []:
-            results["scaling"][name] = runs.scaling(name, sizes)
-    finally:
-        bench.close()
-        close_run(results, started, args.results_dir, f"explicit-state-{stamp}.json", spark if own_spark else None)
+    with busy_core(args.busy_core) as burner:
+        bench = ExplicitBench(spark, sizes=FULL, batches=args.batches, rounds=args.rounds, warmup=args.warmup,
+                              recovery_after=0, log=log,
+                              exclude_pids={burner.pid} if burner is not None else None)
+        runs = ExplicitRuns(bench, args, log)
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        command = ["python", "-m", "bench.explicit_state", *(argv if argv is not None else sys.argv[1:])]
+        results: dict[str, Any] = {
+            "timestamp": stamp,
+            "config": {"command": " ".join(command), "keys": args.keys, "rows": args.rows, "batches": args.batches,
+                       "rounds": args.rounds, "warmup": args.warmup, "scaling": sizes, "touched": args.touched,
+                       "master": spark.sparkContext.master, "cpus": os.cpu_count(),
+                       "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+                       "busy_core": args.busy_core, "loadavg_start": loadavg()},
+            "workloads": {},
+            "scaling": {},
+        }
+        log(f"explicit state: {names}, scaling {sizes or '-'}{'; other core busy' if burner is not None else ''}; "
+            f"load {loadavg()}")
+        started = time.perf_counter()
+        try:
+            for name in names:
+                res = runs.run(name)
+                results["workloads"][name] = res
+                log(f"  {name}: " + json.dumps({e: {k: v for k, v in res['engines'][e].items() if k != 'trigger_ms'}
+                                                for e in ENGINES})
+                    + f" ratio {fmt(res['ratio_median'], 2)} errors {res['errors'] or '-'} "
+                      f"({res['elapsed_s']:.0f} s, load {res['loadavg_after']})")
+            for name in _names(args.scaling_workloads) if sizes else []:
+                results["scaling"][name] = runs.scaling(name, sizes)
+        finally:
+            bench.close()
+            if burner is not None:
+                results["busy_core"] = burner.stop()
+            close_run(results, started, args.results_dir, f"explicit-state-{stamp}.json", spark if own_spark else None)
     log_table(log, table(results), results)
     return results
 

@@ -36,13 +36,17 @@ from bench.common import (
     ENGINES,
     RESULTS_DIR,
     close_run,
+    cpu_stats,
     fmt,
     loadavg,
     log_table,
+    ms,
     percentile,
     ratio,
 )
+from bench.cpu import busy_core
 from bench.nexmark_queries import QUERIES, Config, Query, select
+from bench.report import busy_core_line
 from bench.workloads import FULL, Context, Workload
 
 TRIGGER_MS = 1000
@@ -60,6 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rates", default="50000,200000,800000",
                         help="rates tried for the sustained rate, ascending ('' skips the search)")
     parser.add_argument("--search-batches", type=int, default=3, help="measured batches per engine and rate")
+    parser.add_argument("--busy-core", action="store_true",
+                        help="keep one core busy for the whole run (a spinning process, stopped at the end)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="4g")
     parser.add_argument("--results-dir", default=RESULTS_DIR)
@@ -116,8 +122,9 @@ class NexmarkRuns:
                 except Exception as exc:  # noqa: BLE001 - a finding: record it and go on
                     self.bench._stop_all()
                     res["errors"][engine] = f"{type(exc).__name__}: {str(exc)[:2000]}"
-        res["fixed"] = {e: _stats(_latencies(rs)) for e, rs in rounds.items()}
+        res["fixed"] = {e: {**_stats(_latencies(rs)), **cpu_stats(rs)} for e, rs in rounds.items()}
         res["ratio_median"] = ratio(res["fixed"]["lockgate"].get("median_ms"), res["fixed"]["native"].get("median_ms"))
+        res["ratio_cpu"] = ratio(res["fixed"]["lockgate"].get("cpu_s_mean"), res["fixed"]["native"].get("cpu_s_mean"))
         res["ratio_p99"] = ratio(res["fixed"]["lockgate"].get("p99_ms"), res["fixed"]["native"].get("p99_ms"))
         res["sustained"] = {}
         res["search"] = {e: [] for e in ENGINES}
@@ -133,7 +140,7 @@ class NexmarkRuns:
                     self.bench._stop_all()
                     res["search"][engine].append({"rate": rate, "error": f"{type(exc).__name__}: {str(exc)[:500]}"})
                     break
-                st = _stats(_latencies([rr]))
+                st = {**_stats(_latencies([rr])), **cpu_stats([rr])}
                 res["search"][engine].append({"rate": rate, **st})
                 if st.get("median_ms") is None or st["median_ms"] >= TRIGGER_MS:
                     break
@@ -152,15 +159,20 @@ def table(results: dict[str, Any]) -> str:
         f"{results.get('loadavg_end')}"),
         "",
         ("| query | native median / p99 ms | lockgate median / p99 ms | lockgate/native median | "
+        "native / lockgate CPU ms per batch | lockgate/native CPU | "
         "native sustained ev/s | lockgate sustained ev/s | Flink per core ev/s | notes |"),
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
+    if cfg.get("busy_core"):
+        lines[0] += "; " + busy_core_line(results.get("busy_core"))
     for name, res in results["queries"].items():
         cells = []
         for engine in ENGINES:
             st = res["fixed"][engine]
             cells.append(f"{fmt(st.get('median_ms'))} / {fmt(st.get('p99_ms'))}" if st.get("batches") else "failed")
         r = res.get("ratio_median")
+        rc = res.get("ratio_cpu")
+        cpu = " / ".join(fmt(ms(res["fixed"][e].get("cpu_s_mean"))) for e in ENGINES)
         sustained = []
         for engine in ENGINES:
             s = res["sustained"].get(engine)
@@ -176,6 +188,7 @@ def table(results: dict[str, Any]) -> str:
         notes = "; ".join(f"{e}: {msg[:300]}" for e, msg in res["errors"].items())
         flink = FLINK_PER_CORE.get(name)
         lines.append(f"| {name} {res['title']} | {cells[0]} | {cells[1]} | {f'{r:.2f}' if r else '-'} | "
+                     f"{cpu} | {f'{rc:.2f}' if rc else '-'} | "
                      f"{sustained[0]} | {sustained[1]} | {f'{flink:,}' if flink else ''} | {notes} |")
     return "\n".join(lines)
 
@@ -190,29 +203,34 @@ def main(argv: list[str] | None = None, spark: Any = None, log: Callable[[str], 
     if own_spark:
         spark = make_spark(args)
         spark.sparkContext.setLogLevel("FATAL")
-    bench = Bench(spark, sizes=FULL, batches=args.batches, rounds=args.rounds, warmup=args.warmup,
-                  recovery_after=0, log=log)
-    runs = NexmarkRuns(bench, args, log)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    results: dict[str, Any] = {
-        "timestamp": stamp,
-        "config": {"command": " ".join(["python", "-m", "bench.nexmark", *(argv if argv is not None else sys.argv[1:])]),
-                   "rate": args.rate, "rates": runs.rates, "batches": args.batches, "rounds": args.rounds,
-                   "warmup": args.warmup, "search_batches": args.search_batches, "master": spark.sparkContext.master,
-                   "cpus": os.cpu_count(), "loadavg_start": loadavg()},
-        "queries": {},
-    }
-    log(f"nexmark: {names}; load {loadavg()}")
-    started = time.perf_counter()
-    try:
-        for name in names:
-            res = runs.run(name)
-            results["queries"][name] = res
-            log(f"  {name}: {json.dumps({e: res['fixed'][e] for e in ENGINES})} sustained {res['sustained']} "
-                f"errors {res['errors'] or '-'} ({res['elapsed_s']:.0f} s, load {res['loadavg_after']})")
-    finally:
-        bench.close()
-        close_run(results, started, args.results_dir, f"nexmark-{stamp}.json", spark if own_spark else None)
+    with busy_core(args.busy_core) as burner:
+        bench = Bench(spark, sizes=FULL, batches=args.batches, rounds=args.rounds, warmup=args.warmup,
+                      recovery_after=0, log=log, exclude_pids={burner.pid} if burner is not None else None)
+        runs = NexmarkRuns(bench, args, log)
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        results: dict[str, Any] = {
+            "timestamp": stamp,
+            "config": {"command": " ".join(["python", "-m", "bench.nexmark",
+                                            *(argv if argv is not None else sys.argv[1:])]),
+                       "rate": args.rate, "rates": runs.rates, "batches": args.batches, "rounds": args.rounds,
+                       "warmup": args.warmup, "search_batches": args.search_batches,
+                       "master": spark.sparkContext.master, "cpus": os.cpu_count(), "busy_core": args.busy_core,
+                       "cpu_probe": bench.cpu.available, "loadavg_start": loadavg()},
+            "queries": {},
+        }
+        log(f"nexmark: {names}{'; other core busy' if burner is not None else ''}; load {loadavg()}")
+        started = time.perf_counter()
+        try:
+            for name in names:
+                res = runs.run(name)
+                results["queries"][name] = res
+                log(f"  {name}: {json.dumps({e: res['fixed'][e] for e in ENGINES})} sustained {res['sustained']} "
+                    f"errors {res['errors'] or '-'} ({res['elapsed_s']:.0f} s, load {res['loadavg_after']})")
+        finally:
+            bench.close()
+            if burner is not None:
+                results["busy_core"] = burner.stop()
+            close_run(results, started, args.results_dir, f"nexmark-{stamp}.json", spark if own_spark else None)
     log_table(log, table(results), results)
     return results
 

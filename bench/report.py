@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import ENGINES, PHASE_KEYS, fmt, ratio
+from bench.common import ENGINES, PHASE_KEYS, fmt, ms, ratio
 
 # -- reporting -------------------------------------------------------------------------------
 MEM_COLS = (
@@ -19,22 +19,30 @@ MEM_COLS = (
 
 def _engine_row(label: str, st: dict[str, Any]) -> list[str]:
     mem = st.get("memory", {})
+    cpu = st.get("cpu_s_mean")
     return [
         label,
         str(st["measured_batches"]),
         fmt(st["median_ms"]),
         fmt(st["p90_ms"]),
         fmt(st["rows_per_s"]),
+        fmt(ms(cpu)),
         *[fmt(mem.get(k)) for k, _ in MEM_COLS],
     ]
 
 
+def _ratio_cell(r: float | None) -> str:
+    return fmt(r, 2) if r is not None else ""
+
+
 def table_rows(results: dict[str, Any]) -> list[list[str]]:
-    """Rows of the summary table: workload, engine, batches, median, p90, rows/s, memory, ratio."""
+    """Rows of the summary table: workload, engine, batches, median, p90, rows/s, CPU per
+    batch, memory, the lockgate/native ratios of the median and of the CPU."""
     rows = []
+    width = len(HEADER)
     for key, res in results["workloads"].items():
         if res.get("status") == "error":
-            rows.append([key, "error", "", "", "", "", "", "", "", "", res.get("error", "")[:80]])
+            rows.append([key, "error"] + [""] * (width - 3) + [res.get("error", "")[:80]])
             continue
         if key == "7":
             for variant, st in res["recovery"].items():
@@ -42,32 +50,34 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
                 r = ratio(st["median_ms"], res["recovery"]["native"]["median_ms"]) if variant != "native" else None
                 rows.append(
                     ["7 recovery (ms from start())", variant, str(st["runs"]), fmt(st["median_ms"]),
-                     fmt(st["max_ms"]) + " (max)", "", *[fmt(mem.get(k)) for k, _ in MEM_COLS],
-                     fmt(r, 2) if r is not None else ""]
+                     fmt(st["max_ms"]) + " (max)", "", "", *[fmt(mem.get(k)) for k, _ in MEM_COLS],
+                     _ratio_cell(r), ""]
                 )
             continue
-        groups = [(key, res["engines"], res.get("ratio_median"))]
+        groups = [(key, res["engines"], res.get("ratio_median"), res.get("ratio_cpu"))]
         if key == "3":
             small = res["phases"]["small"]
             keys_small = small["lockgate"].get("state_rows_median") or small["native"].get("state_rows_median")
             keys_large = res["engines"]["lockgate"].get("state_rows_median")
             groups = [
-                (f"3 (~{fmt(keys_small)} keys)", small, res.get("ratio_median_small")),
-                (f"3 ({fmt(keys_large)} keys)", res["engines"], res.get("ratio_median")),
+                (f"3 (~{fmt(keys_small)} keys)", small, res.get("ratio_median_small"), res.get("ratio_cpu_small")),
+                (f"3 ({fmt(keys_large)} keys)", res["engines"], res.get("ratio_median"), res.get("ratio_cpu")),
             ]
-        for label, engines, r in groups:
+        for label, engines, r, rc in groups:
             for engine in ENGINES:
                 if engine not in engines:
                     continue
-                rows.append([label] + _engine_row(engine, engines[engine]) + [fmt(r, 2) if engine == "lockgate" and r is not None else ""])
+                last = engine == "lockgate"
+                rows.append([label, *_engine_row(engine, engines[engine]),
+                             _ratio_cell(r) if last else "", _ratio_cell(rc) if last else ""])
             if "lockgate" not in engines:
                 why = "lockgate failed" if res.get("status") == "lockgate-error" else "not supported by lockgate yet"
-                rows.append([label, "lockgate", "", "", "", "", "", "", "", "", why])
+                rows.append([label, "lockgate"] + [""] * (width - 4) + [why, ""])
     return rows
 
 
-HEADER = ["workload", "engine", "batches", "median ms", "p90 ms", "rows/s",
-          *[f"{label} MB" for _, label in MEM_COLS], "lockgate/native (median)"]
+HEADER = ["workload", "engine", "batches", "median ms", "p90 ms", "rows/s", "CPU ms/batch",
+          *[f"{label} MB" for _, label in MEM_COLS], "lockgate/native (median)", "lockgate/native (CPU)"]
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -84,12 +94,27 @@ def markdown(results: dict[str, Any]) -> str:
         + ".  ",
         f"Load average at start {cfg['loadavg_start']}, at end {results.get('loadavg_end')}.",
     ]
+    if cfg.get("busy_core"):
+        lines[-1] += "  "
+        lines.append(busy_core_line(results.get("busy_core")))
     if results["workloads"]:
         lines += _workload_tables(results)
+    for size, sub in (results.get("by_rows_per_batch") or {}).items():
+        lines += ["", f"## {int(size):,} rows per batch", ""]
+        lines += _workload_tables(sub)
     if results.get("soak"):
         s = results["soak"]
         lines += ["", "## Soak (workload 2 on lockgate)", "", "```", json.dumps(s, indent=2), "```"]
     return "\n".join(lines) + "\n"
+
+
+def busy_core_line(burner: dict[str, Any] | None) -> str:
+    """What ``--busy-core``'s burner did (it ran beside the whole run)."""
+    if not burner:
+        return "Other core kept busy (`--busy-core`): burner figures missing."
+    core = f"pinned to core {burner['core']}" if burner.get("core") is not None else "not pinned"
+    return (f"Other core kept busy (`--busy-core`): a spinning process {core}, {burner['cpu_s']:.0f} s of CPU "
+            f"in {burner['wall_s']:.0f} s ({burner['busy_fraction']:.0%} of a core).")
 
 
 def _workload_tables(results: dict[str, Any]) -> list[str]:
@@ -101,8 +126,10 @@ def _workload_tables(results: dict[str, Any]) -> list[str]:
     for row in table_rows(results):
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", ("Latency is `durationMs.triggerExecution` per batch; rows/s is input rows over the "
-                   "wall time of the measured batches; memory columns are process-wide peaks during the "
-                   "engine's rounds (see docs/benchmarks.md)."), ""]
+                   "wall time of the measured batches; CPU ms/batch is the CPU of the whole process tree "
+                   "(driver, JVM, Python workers) between consecutive batches, the mean over the measured "
+                   "batches; memory columns are process-wide peaks during the engine's rounds (see "
+                   "docs/benchmarks.md)."), ""]
     # per-phase breakdown
     lines += ["## Per-phase breakdown (median ms of each `durationMs` key)", ""]
     cols = list(PHASE_KEYS) + ["other (trigger - named phases)", "triggerExecution"]
@@ -168,7 +195,7 @@ def print_workload(res: dict[str, Any], log: Callable[[str], None]) -> None:
         log(f"   lockgate/native: cold workers {fmt(res['ratio_median'], 2)}, warm {fmt(res['ratio_median_warm'], 2)}"
             f"; batches in checkpoint {res['batches_in_checkpoint']}; cache clears {res['cache_clears']}")
         return
-    header = f"   {'engine':<9} {'batches':>7} {'median ms':>9} {'p90 ms':>7} {'rows/s':>11} " + " ".join(
+    header = f"   {'engine':<9} {'batches':>7} {'median ms':>9} {'p90 ms':>7} {'rows/s':>11} {'CPU ms':>7} " + " ".join(
         f"{label + ' MB':>13}" for _, label in MEM_COLS
     )
     groups = [("", res["engines"])]
@@ -184,7 +211,8 @@ def print_workload(res: dict[str, Any], log: Callable[[str], None]) -> None:
             st = engines[engine]
             mem = st["memory"]
             log(f"   {engine:<9} {st['measured_batches']:>7} {fmt(st['median_ms']):>9} {fmt(st['p90_ms']):>7} "
-                f"{fmt(st['rows_per_s']):>11} " + " ".join(f"{fmt(mem.get(k)):>13}" for k, _ in MEM_COLS)
+                f"{fmt(st['rows_per_s']):>11} {fmt(ms(st.get('cpu_s_mean'))):>7} "
+                + " ".join(f"{fmt(mem.get(k)):>13}" for k, _ in MEM_COLS)
                 + (f"   state rows ~{fmt(st['state_rows_median'])}" if st.get("state_rows_median") else ""))
         for engine in ENGINES:
             if engine in engines:
@@ -195,7 +223,7 @@ def print_workload(res: dict[str, Any], log: Callable[[str], None]) -> None:
     elif res.get("status") == "lockgate-error":
         log(f"   lockgate: FAILED ({res['lockgate_error'].splitlines()[0][:300]})")
     else:
-        log(f"   lockgate/native (median): {fmt(res.get('ratio_median'), 2)}")
+        log(f"   lockgate/native: median {fmt(res.get('ratio_median'), 2)}, CPU per batch {fmt(res.get('ratio_cpu'), 2)}")
     if key == "3":
         log(f"   large/small median: lockgate {fmt(res['large_over_small_median']['lockgate'], 2)}x, "
             f"native {fmt(res['large_over_small_median']['native'], 2)}x; fill "

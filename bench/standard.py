@@ -70,6 +70,7 @@ class StandardRuns:
             result["status"] = "ok"
             result["ratio_median"] = ratio(engines["lockgate"]["median_ms"], engines["native"]["median_ms"])
             result["ratio_p90"] = ratio(engines["lockgate"]["p90_ms"], engines["native"]["p90_ms"])
+            result["ratio_cpu"] = ratio(engines["lockgate"]["cpu_s_mean"], engines["native"]["cpu_s_mean"])
         if wl.kind == "files":
             result["output_check"] = self._check_file_outputs(wl)
         return result

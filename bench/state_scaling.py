@@ -81,6 +81,10 @@ class StateScalingRuns:
             "ratio_median_small": ratio(
                 phases["small"]["lockgate"]["median_ms"], phases["small"]["native"]["median_ms"]
             ),
+            "ratio_cpu": ratio(engines["lockgate"]["cpu_s_mean"], engines["native"]["cpu_s_mean"]),
+            "ratio_cpu_small": ratio(
+                phases["small"]["lockgate"]["cpu_s_mean"], phases["small"]["native"]["cpu_s_mean"]
+            ),
             "notes": [],
         }
 

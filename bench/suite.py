@@ -22,6 +22,7 @@ from bench.common import (
     loadavg,
     next_batch_id,
 )
+from bench.cpu import CpuProbe
 from bench.memory import MemoryProbe
 from bench.recovery import RecoveryRuns
 from bench.soak import SoakRuns
@@ -45,7 +46,10 @@ class Bench(StandardRuns, StateScalingRuns, RecoveryRuns, SoakRuns):
         warmup: int,
         recovery_after: int,
         log: Callable[[str], None] = print,
+        exclude_pids: set[int] | None = None,
     ) -> None:
+        """``exclude_pids``: processes of this tree whose CPU is not the engines' (the burner
+        of ``--busy-core``)."""
         import lockgate
 
         self.spark = spark
@@ -58,6 +62,7 @@ class Bench(StandardRuns, StateScalingRuns, RecoveryRuns, SoakRuns):
         self.log = log
         self.tmp = tempfile.mkdtemp(prefix="lockgate-bench-")
         self.mem = MemoryProbe(spark)
+        self.cpu = CpuProbe(exclude=set(exclude_pids or ()))
         self._w3_checkpoints: dict[str, str] | None = None
         self.failures: list[str] = []
 
@@ -132,6 +137,7 @@ class Bench(StandardRuns, StateScalingRuns, RecoveryRuns, SoakRuns):
         t0 = time.perf_counter()
         q = self._start(engine, wl, ctx, checkpoint, out_dir, available_now)
         start_call_ms = (time.perf_counter() - t0) * 1000
+        self.cpu.start()
         notes: list[str] = []
         seen: list[int] = []
         accepted = 0
@@ -142,6 +148,7 @@ class Bench(StandardRuns, StateScalingRuns, RecoveryRuns, SoakRuns):
                 p = q.lastProgress
                 if p is not None and p.numInputRows > 0 and (not seen or p.batchId > seen[-1]):
                     seen.append(p.batchId)
+                    self.cpu.observe(p.batchId)
                     last_new = time.monotonic()
                     if len(seen) > warmup and (accept is None or accept(json.loads(p.json))):
                         accepted += 1
@@ -184,7 +191,8 @@ class Bench(StandardRuns, StateScalingRuns, RecoveryRuns, SoakRuns):
         measured = [p for p in with_data[warmup:] if accept is None or accept(p)]
         if measure is not None:
             measured = measured[:measure]
-        return Round(engine, start_batch, progresses, measured, self.mem.peaks(), start_call_ms, wall_s, notes)
+        return Round(engine, start_batch, progresses, measured, self.mem.peaks(), start_call_ms, wall_s, notes,
+                     cpu=self.cpu.per_batch())
 
     # -- workloads -------------------------------------------------------------------------------
     def run(self, key: str) -> dict[str, Any]:

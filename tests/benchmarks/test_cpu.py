@@ -1,0 +1,103 @@
+"""bench/cpu.py: the process-tree CPU probe sees what a child process burns (alive, and
+after it was reaped), leaves out excluded pids, and the burner keeps a core busy and is
+always stopped."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.cpu import CLK_TCK, CpuProbe, busy_core, tree_ticks
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+# spins until it has used 0.5 s of CPU (however loaded the machine), says so, then waits
+# for its stdin to close
+SPIN_THEN_WAIT = """
+import sys, time
+while time.process_time() < 0.5:
+    pass
+print("done", flush=True)
+sys.stdin.read()
+"""
+
+
+def _spinner() -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", SPIN_THEN_WAIT], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "done\n"
+    return proc
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=30)
+
+
+def test_probe_sees_cpu_of_a_child_alive_and_reaped():
+    probe = CpuProbe()
+    probe.start()
+    proc = _spinner()
+    alive = probe.observe(0)
+    _end(proc)  # reaped: its CPU moves to this process's cutime
+    reaped = probe.observe(1)
+    assert alive is not None and reaped is not None
+    per = probe.per_batch()
+    # 0.5 s of the child's CPU (plus its interpreter start) and what else the tree did
+    assert 0.45 <= per[0]["cpu_s"] < 5.0, per
+    # reaping neither loses nor counts it twice
+    assert -0.05 <= per[1]["cpu_s"] < 0.3, per
+    assert alive.processes >= 2
+
+
+def test_probe_leaves_out_excluded_pids():
+    proc = _spinner()
+    try:
+        counted = tree_ticks(os.getpid())
+        assert counted is not None and proc.pid in counted[1]
+        probe = CpuProbe(exclude={proc.pid})
+        probe.start()
+        # the spinner's 0.5 s are already spent and it is not counted: only the rest of the tree
+        probe.observe(0)
+        assert proc.pid not in tree_ticks(probe.root, probe.exclude)[1]
+        assert probe.per_batch()[0]["cpu_s"] < 0.3
+    finally:
+        _end(proc)
+
+
+def test_per_batch_shares_a_difference_between_skipped_batches():
+    probe = CpuProbe()
+    probe.start()
+    probe.observe(3)
+    # batches 4 and 5 finished within one poll: the observation at 5 covers two batches
+    probe.observations.append(type(probe.observations[-1])(5, probe.observations[-1].cpu_s + 2.0,
+                                                           probe.observations[-1].wall_s + 1.0, 1))
+    per = probe.per_batch()
+    assert per[5] == pytest.approx({"cpu_s": 1.0, "wall_s": 0.5})
+    assert set(per) == {3, 5}
+
+
+def test_busy_core_burns_and_is_stopped_also_on_failure():
+    with busy_core() as burner:
+        assert burner is not None
+        # wait until the burner has burnt 0.3 s of CPU (a real wait: it is another process)
+        for _ in range(400):
+            if tree_ticks(burner.pid)[0] >= 0.3 * CLK_TCK:
+                break
+            time.sleep(0.05)
+        assert burner.proc.poll() is None
+    result = burner.result
+    assert burner.proc.returncode is not None
+    assert result["cpu_s"] >= 0.25 and result["busy_fraction"] > 0.1, result
+
+    with pytest.raises(RuntimeError), busy_core() as failing:
+        raise RuntimeError("a benchmark failed")
+    assert failing is not None and failing.proc.returncode is not None
+
+    with busy_core(enabled=False) as none:
+        assert none is None
