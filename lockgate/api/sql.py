@@ -139,6 +139,20 @@ _JOIN_TYPES = {
 }
 
 
+
+def _sort_child(order: parsed.Expression) -> parsed.Expression:
+    """What an ``ORDER BY`` item sorts by, without its direction."""
+    return order.child if isinstance(order, parsed.SortOrder) else order
+
+
+def _ordered(column: Column, order: parsed.Expression) -> Column:
+    """``column`` in the direction and null ordering of the ``ORDER BY`` item ``order``."""
+    if not isinstance(order, parsed.SortOrder):
+        return column
+    if order.ascending:
+        return column.asc_nulls_first() if order.nulls_first else column.asc_nulls_last()
+    return column.desc_nulls_first() if order.nulls_first else column.desc_nulls_last()
+
 class _Translator:
     """Applies a parsed plan as DataFrame operations, bottom-up."""
 
@@ -242,7 +256,14 @@ class _Translator:
     def _Aggregate(self, node: parsed.Aggregate) -> Any:
         return self._aggregate(node, having=None)
 
-    def _aggregate(self, node: parsed.Aggregate, having: parsed.Expression | None) -> Any:
+    def _aggregate(
+        self,
+        node: parsed.Aggregate,
+        having: parsed.Expression | None,
+        order: tuple[parsed.Expression, ...] = (),
+        is_global: bool = True,
+    ) -> Any:
+        """The aggregation, with its ``HAVING`` condition and the ``ORDER BY`` over it."""
         child = self.apply(node.child)
         select = node.aggregates
         items = [e.column for e in select]
@@ -272,9 +293,18 @@ class _Translator:
         # HAVING that reads the select list's aliases (HAVING c > 2): Spark resolves them
         # to the aggregate's output, so the condition applies to the output rows.
         aliases = set(by_alias)
-        having_on_output = having is not None and any(
-            name in aliases and name not in inputs for name in having.references
-        )
+
+        def on_output(e: parsed.Expression) -> bool:
+            return any(name in aliases and name not in inputs for name in e.references)
+
+        having_on_output = having is not None and on_output(having)
+        # ORDER BY over the aggregation: an order that reads the select list's aliases
+        # sorts the output rows; any other (an aggregate function, a qualified grouping
+        # column: ORDER BY count(*), ORDER BY v.k) is computed by the aggregation as a
+        # hidden column and dropped after the sort, as Spark's analyser adds it.
+        hidden = {i for i, o in enumerate(order) if not on_output(o)}
+        visible = len(items)
+        items += [_sort_child(o).column.alias(f"__lg_o{i}") for i, o in enumerate(order) if i in hidden]
         extra = [having_col.alias("__lg_having")] if having_col is not None and not having_on_output else []
         template = child._template.groupBy(*grouping).agg(*items, *extra)
         keys = len(template.columns) - len(items) - len(extra)
@@ -309,7 +339,16 @@ class _Translator:
             else:
                 columns.append(items[index])
         result = out.select(*columns)
-        return result.where(having_col) if having_on_output else result
+        if having_on_output:
+            result = result.where(having_col)
+        if not order:
+            return result
+        by = [
+            _ordered(F.col(f"__lg_o{i}") if i in hidden else _sort_child(o).column, o)
+            for i, o in enumerate(order)
+        ]
+        result = result.orderBy(*by) if is_global else result.sortWithinPartitions(*by)
+        return result.drop(*names[visible:]) if len(names) > visible else result
 
     def _Distinct(self, node: parsed.Distinct) -> Any:
         # SELECT DISTINCT is an aggregation in Spark (ReplaceDistinctWithAggregate), with
@@ -328,6 +367,11 @@ class _Translator:
         return self.apply(node.child).distinct()
 
     def _Sort(self, node: parsed.Sort) -> Any:
+        inner = node.child
+        if isinstance(inner, (parsed.Filter, parsed.UnresolvedHaving)) and isinstance(inner.child, parsed.Aggregate):
+            return self._aggregate(inner.child, inner.condition, node.order, node.is_global)
+        if isinstance(inner, parsed.Aggregate):
+            return self._aggregate(inner, None, node.order, node.is_global)
         child = self.apply(node.child)
         order = [o.column for o in node.order]
         return child.orderBy(*order) if node.is_global else child.sortWithinPartitions(*order)

@@ -67,6 +67,15 @@ class Ordinal(Expression):
 
 
 @dataclass(frozen=True, eq=False)
+class SortOrder(Expression):
+    """``child ASC|DESC NULLS FIRST|LAST`` of an ``ORDER BY``."""
+
+    child: Expression
+    ascending: bool
+    nulls_first: bool
+
+
+@dataclass(frozen=True, eq=False)
 class Literal(Expression):
     """A literal: its value where py4j gives a Python one (numbers, booleans, strings
     of the JVM's own type), else None; and its Spark type name (``integer``)."""
@@ -427,6 +436,11 @@ class _Reader:
         if kind == "Alias":
             child = self.expression(expr.child())
             return Alias(column, child.references, str(expr.name()), child)
+        if kind == "SortOrder":
+            child = self.expression(expr.child())
+            ascending = _kind(expr.direction()).rstrip("$") == "Ascending"
+            nulls_first = _kind(expr.nullOrdering()).rstrip("$") == "NullsFirst"
+            return SortOrder(column, child.references, child, ascending, nulls_first)
         if kind == "UnresolvedAttribute":
             parts = tuple(str(p) for p in _seq(expr.nameParts()))
             return Attribute(column, (parts[-1].lower(),), parts)
