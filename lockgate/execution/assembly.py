@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lockgate.checkpoint import StreamMetadata, resolve_filesystem
@@ -28,6 +28,7 @@ from lockgate.execution.microbatch import MicroBatchExecution
 from lockgate.execution.triggers import ContinuousTrigger, Trigger
 from lockgate.options import Options
 from lockgate.plan.checks import check_for_streaming
+from lockgate.plan.limit import limits_per_batch
 from lockgate.plan.nodes import source_relations
 from lockgate.plan.row_expressions import compile_plan
 from lockgate.sinks import SinkContext, SinkProvider, lookup_sink
@@ -79,6 +80,8 @@ def create_query(
     opts = Options(spec.options, owner=f"{sink_name} sink option")
     path = opts.get_str("path")
     _check_output_mode(spec, provider, sink_name)
+    if spec.output_mode == "complete":
+        spec = replace(spec, plan=limits_per_batch(spec.plan))
     continuous_plan = _check_continuous(spec) if continuous else None
     provider.validate(spec.spark, opts, path)
     check_name(spec.query_name)

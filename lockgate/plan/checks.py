@@ -46,11 +46,8 @@ def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: boo
         if isinstance(op, StreamJoin):
             check_stream_join(op, output_mode)
     limits = [op for op in operators if isinstance(op, StreamingLimit)]
-    if limits and output_mode in ("update", "complete"):
-        raise AnalysisError(
-            f"Limits are not supported on streaming DataFrames/Datasets in "
-            f"{output_mode.capitalize()} output mode"
-        )
+    if limits and output_mode == "update":
+        raise AnalysisError("Limits are not supported on streaming DataFrames/Datasets in Update output mode")
     if output_mode == "complete" and not aggregates:
         raise AnalysisError(
             "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: "

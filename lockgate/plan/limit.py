@@ -1,12 +1,14 @@
 """Streaming ``limit(n)`` (Spark's StreamingGlobalLimitExec): at most n rows over the stream.
 
 State is one counter in a single state partition; each batch passes rows on until the
-counter reaches n. Only in Append mode, as in Spark.
+counter reaches n. Only in Append mode, as in Spark; in Complete mode Spark plans a limit
+as a plain limit of each batch's rows (:func:`limits_per_batch`), and refuses it in
+Update mode.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import partial as bind
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +17,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
 from lockgate.compat import override
-from lockgate.plan.nodes import PlanNode
+from lockgate.plan.aggregate import Aggregate
+from lockgate.plan.nodes import PlanNode, Transform
 from lockgate.plan.stateful import StatefulContext, StatefulOperator, stateful_operators
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import OperatorStateSchema
@@ -127,3 +130,27 @@ def build_limit(
     return result, OperatorStateSchema(
         operator_id, node.operator_name, key_schema, value_schema, 1, metadata_partitions=ctx.num_partitions
     )
+
+
+def limits_per_batch(plan: PlanNode) -> PlanNode:
+    """Complete mode: ``plan`` with every limit over a streaming aggregation made a plain
+    ``limit`` of each batch's rows, as Spark's planner makes it (its stateful
+    StreamingGlobalLimitExec serves what appends only: Append mode, or a limit with no
+    aggregation below it, ``limit(5).groupBy().count()``). So ``orderBy(...).limit(n)``
+    over an aggregation is the top n rows of each batch's whole result."""
+    if isinstance(plan, StreamingLimit) and any(isinstance(op, Aggregate) for op in stateful_operators(plan.child)):
+        return Transform(limits_per_batch(plan.child), "limit", (plan.limit,))
+    changes: dict[str, Any] = {}
+    for f in fields(plan):
+        if not f.init:
+            continue
+        value = getattr(plan, f.name)
+        if isinstance(value, PlanNode):
+            new = limits_per_batch(value)
+        elif isinstance(value, tuple) and value and all(isinstance(v, PlanNode) for v in value):
+            new = tuple(limits_per_batch(v) for v in value)
+        else:
+            continue
+        if new is not value and new != value:
+            changes[f.name] = new
+    return replace(plan, **changes) if changes else plan

@@ -868,3 +868,51 @@ def test_grouping_sets_and_pivot_match_native(bench, tmp_path):
     bench.start()
     for i, rows in enumerate(AGG_STEPS[:4]):  # through watermark 25 s: windows [0, 20) evicted
         bench.step(f"step {i}", {inp: rows})
+
+
+# -- limits outside Append mode -------------------------------------------------------------
+@pytest.mark.parametrize(
+    "build",
+    [
+        # the top two groups of the whole result, every batch (Spark's TopN in Complete mode)
+        pytest.param(
+            lambda df: df.groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("s")).orderBy(F.desc("s"), "k").limit(2),
+            id="top-n-of-an-aggregation",
+        ),
+        # a limit below the aggregation limits each batch's rows, as Spark plans it there
+        pytest.param(lambda df: df.limit(3).groupBy("k").count().orderBy("k"), id="limit-below-an-aggregation"),
+    ],
+)
+def test_limit_in_complete_mode_is_a_limit_of_each_batch_as_spark(spark, ls, tmp_path, build):
+    inp = tmp_path / "in"
+    inp.mkdir()
+    d = Differential(
+        spark, ls, tmp_path / "q", lambda r: _CompleteMode(build(r.schema(SCHEMA).json(str(inp)))), sink="foreachBatch"
+    )
+    try:
+        for rows in (
+            [ev(1, "a", 1.0), ev(2, "b", 5.0), ev(3, "c", 2.0), ev(4, "a", 9.0)],
+            [ev(5, "c", 20.0), ev(6, "d", 1.0)],
+            [ev(7, "b", 3.0), ev(8, "d", 40.0), ev(9, "e", 1.0)],
+        ):
+            write_json(inp, rows)
+            d.run()
+        ordered = [[(b, [tuple(r) for r in batch]) for b, batch in side.batches] for side in (d.native, d.lockgate)]
+        assert ordered[1] == ordered[0] and len(ordered[0]) == 3
+    finally:
+        d.stop()
+
+
+class _CompleteMode:
+    def __init__(self, df: Any) -> None:
+        self.df = df
+
+    @property
+    def writeStream(self) -> Any:
+        return self.df.writeStream.outputMode("complete")
+
+
+def test_limit_in_update_mode_is_refused_with_sparks_message(ls, tmp_path):
+    df = ls.readStream.schema(SCHEMA).json(str(tmp_path)).groupBy("k").count().limit(2)
+    with pytest.raises(AnalysisException, match="Limits are not supported on streaming DataFrames/Datasets in Update output mode"):
+        df.writeStream.format("noop").outputMode("update").option("checkpointLocation", str(tmp_path / "ck")).start()
