@@ -172,7 +172,7 @@ class StreamingDataFrame:
     # -- construction ------------------------------------------------------------------
     @classmethod
     def _from_plan(cls, session: StreamingSession, relation: StreamingRelation) -> StreamingDataFrame:
-        template = session.spark.createDataFrame([], relation.schema)
+        template = relation.provider.emptyFrame(session.spark, relation.schema)
         return cls(session, relation, template)
 
     def _derive(self, plan: PlanNode, template: DataFrame) -> StreamingDataFrame:

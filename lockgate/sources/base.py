@@ -148,6 +148,12 @@ class SourceProvider(ABC):
     def createSource(self, context: SourceContext) -> Source:
         """The source for one query run."""
 
+    def emptyFrame(self, spark: SparkSession, schema: StructType) -> DataFrame:
+        """A DataFrame of ``schema`` without rows, standing in for the stream when a query
+        is defined (its columns are what the query can read). File sources give one that
+        also holds Spark's hidden ``_metadata`` column."""
+        return spark.createDataFrame([], schema)
+
     supports_continuous: bool = False
 
     def createContinuousStream(self, context: SourceContext) -> ContinuousStream:

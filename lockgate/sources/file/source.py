@@ -6,9 +6,13 @@ Also holds the seen-files map (Spark's ``SeenFilesMap``), the ``cleanSource`` cl
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import os
 import re
+import shutil
+import tempfile
 import threading
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -341,7 +345,7 @@ class FileStreamSource(Source):
         files = self._log.get_range(first + 1, last)
         logger.info("Processing %d files from %d:%d", len(files), first + 1, last)
         if not files:
-            return self._spark.createDataFrame([], self._schema)
+            return empty_file_frame(self._spark, self._format, self._schema)
         backend = self._location.backend
         paths = []
         for f in files:
@@ -612,6 +616,31 @@ class FileSourceProvider(SourceProvider):
     def createSource(self, context: SourceContext) -> Source:
         location, opts = self._validate(context.options)
         return FileStreamSource(context, self.name, location, opts, reader_options(context.options))
+
+    def emptyFrame(self, spark: SparkSession, schema: StructType) -> DataFrame:
+        return empty_file_frame(spark, self.name, schema)
+
+
+_empty_directory: str | None = None
+_empty_directory_lock = threading.Lock()
+
+
+def empty_file_frame(spark: SparkSession, fmt: str, schema: StructType) -> DataFrame:
+    """No rows of ``schema``, read by Spark's file source of ``fmt`` from an empty
+    directory, so that it holds Spark's hidden ``_metadata`` column (``file_path``,
+    ``file_name``, ...) as a batch of files does: what a query defines over the stream
+    and what an empty batch gives. A schema the format cannot read (text with partition
+    columns) gets a plain empty DataFrame."""
+    global _empty_directory
+    with _empty_directory_lock:
+        if _empty_directory is None or not os.path.isdir(_empty_directory):
+            _empty_directory = tempfile.mkdtemp(prefix="lockgate-empty-")
+            atexit.register(shutil.rmtree, _empty_directory, True)
+        directory = _empty_directory
+    try:
+        return spark.read.format(fmt).schema(schema).load(directory)
+    except Exception:  # noqa: BLE001 - Spark's own reader refuses the schema: no _metadata then
+        return spark.createDataFrame([], schema)
 
 
 def _glob_suffix(location: DataLocation) -> str:
