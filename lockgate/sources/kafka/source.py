@@ -30,12 +30,20 @@ from pyspark.sql.types import (
 
 from lockgate import interrupt
 from lockgate.checkpoint.log import MetadataLog
+from lockgate.compat import override
 from lockgate.errors import CheckpointError, ConcurrentWriteError, OptionError
 from lockgate.interrupt import call_in_slices
 from lockgate.sources.base import (
     ReadLimit,
     Source,
     SourceContext,
+)
+from lockgate.sources.kafka.clients import (
+    KEPT_TIMEOUT_S,
+    ClientPool,
+    KeptClient,
+    discard,
+    pool_key,
 )
 from lockgate.sources.kafka.errors import DATA_LOSS_PREFIX, KafkaDataLossError, KafkaError
 from lockgate.sources.kafka.offsets import (
@@ -551,6 +559,39 @@ def _range_rows(spark: SparkSession, ranges: list[OffsetRange]) -> DataFrame:
     )
 
 
+class StaleConsumerError(KafkaError):
+    """A kept consumer's answer that a new consumer must confirm (see RangeReader)."""
+
+
+@dataclass
+class _Cursor:
+    position: int
+
+
+class _KeptConsumer(KeptClient):
+    """A task's consumer, kept in the Python worker for the next task with its
+    configuration (``lockgate.sources.kafka.clients``)."""
+
+    def __init__(self, config: dict[str, str]) -> None:
+        from confluent_kafka import Consumer
+
+        super().__init__()
+        self.consumer: Any = Consumer({**config, "error_cb": self.on_error})
+
+    @override
+    def serve_callbacks(self) -> None:
+        self.consumer.poll(0)
+
+    @override
+    def close(self) -> None:
+        consumer, self.consumer = self.consumer, None
+        if consumer is not None:
+            consumer.close()
+
+
+_CONSUMERS: ClientPool[_KeptConsumer] = ClientPool("consumer")
+
+
 TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}
 """librdkafka's timestamp type -> Kafka's TimestampType id (Spark's ``timestampType``)."""
 
@@ -574,55 +615,108 @@ class RangeReader:
     batch_rows: int = 4096
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from confluent_kafka import Consumer
-
-        consumer = Consumer(self.config)
+        key = pool_key(self.config)
+        kept = _CONSUMERS.take(key)
+        client = kept if kept is not None else _KeptConsumer(self.config)
         try:
             for batch in batches:
                 for row in batch.to_pylist():
-                    yield from self.read_range(
-                        consumer,
-                        row["topic"],
-                        row["partition"],
-                        row["from_offset"],
-                        row["until_offset"],
-                    )
-        finally:
-            consumer.close()
+                    topic, partition = row["topic"], row["partition"]
+                    cursor = _Cursor(row["from_offset"])
+                    while True:
+                        try:
+                            yield from self.read_range(
+                                client.consumer,
+                                topic,
+                                partition,
+                                cursor.position,
+                                row["until_offset"],
+                                cursor=cursor,
+                                kept=kept is not None,
+                            )
+                            break
+                        except KafkaDataLossError:
+                            raise
+                        except Exception as exc:
+                            if kept is None:
+                                raise
+                            # A kept consumer that fails, times out or finds records
+                            # gone hands over to a new one, from where it got to.
+                            logger.warning(
+                                "Kafka source: a kept consumer failed reading %s-%d at offset "
+                                "%d (%s); reading on with a new consumer",
+                                topic,
+                                partition,
+                                cursor.position,
+                                exc,
+                            )
+                            discard(client)
+                            kept = None
+                            client = _KeptConsumer(self.config)
+        except BaseException:
+            discard(client)
+            raise
+        _CONSUMERS.give_back(key, client)
 
     def read_range(
-        self, consumer: Any, topic: str, partition: int, start: int, until: int
+        self,
+        consumer: Any,
+        topic: str,
+        partition: int,
+        start: int,
+        until: int,
+        *,
+        cursor: _Cursor | None = None,
+        kept: bool = False,
     ) -> Iterator[pa.RecordBatch]:
+        """The records of ``[start, until)``; ``cursor`` follows the next offset to read
+        (past what was yielded). A ``kept`` consumer (one of an earlier task) waits at
+        most :data:`KEPT_TIMEOUT_S` and never reports data loss: it raises
+        :class:`StaleConsumerError` so that a new consumer reads the range on."""
         from confluent_kafka import KafkaError as KErr
         from confluent_kafka import TopicPartition as KTP
 
+        cursor = cursor if cursor is not None else _Cursor(start)
+
+        def lost(begin: int, end: int) -> None:
+            if kept and begin < end:
+                raise StaleConsumerError(
+                    f"a kept consumer found offsets [{begin}, {end}) of {topic}-{partition} gone"
+                )
+            self._lost(topic, partition, begin, end)
+
         tp = KTP(topic, partition)
-        marks = self._watermarks(consumer, tp)
+        marks = self._watermarks(consumer, tp, kept=kept)
         if marks is None:
             # The topic was deleted after the batch was planned: its records are gone.
+            if kept:
+                raise StaleConsumerError(f"a kept consumer found {topic} gone")
             self._lost(topic, partition, start, until)
             return
         low, high = marks
         position = start
         if start < low:
-            self._lost(topic, partition, start, min(low, until))
+            lost(start, min(low, until))
             position = low
         if high < until:
             # The records up to `until` existed when the batch was planned: the partition
             # was truncated or re-created.
-            self._lost(topic, partition, max(position, high), until)
+            lost(max(position, high), until)
             until = high
+        cursor.position = position
         if position >= until:
             return
         consumer.assign([KTP(topic, partition, position)])
         rows: list[Any] = []
         timeout_s = self.poll_timeout_ms / 1000.0
+        if kept:
+            timeout_s = min(timeout_s, KEPT_TIMEOUT_S)
         try:
             while position < until:
                 msgs = consumer.consume(num_messages=min(1000, until - position), timeout=timeout_s)
                 if not msgs:
                     raise TimeoutError(
-                        f"Cannot fetch record for offset {position} in {self.poll_timeout_ms} "
+                        f"Cannot fetch record for offset {position} in {timeout_s * 1000:.0f} "
                         f"milliseconds (topic-partition {topic}-{partition}). Raise the source "
                         "option 'kafkaConsumer.pollTimeoutMs' if the broker is slow."
                     )
@@ -641,7 +735,7 @@ class RangeReader:
                             low, _ = consumer.get_watermark_offsets(
                                 tp, timeout=METADATA_TIMEOUT_S, cached=False
                             )
-                            self._lost(topic, partition, position, min(low, until))
+                            lost(position, min(low, until))
                             position = low
                             consumer.assign([KTP(topic, partition, position)])
                             break
@@ -657,26 +751,29 @@ class RangeReader:
                     if len(rows) >= self.batch_rows:
                         yield self._to_arrow(rows)
                         rows = []
+                        cursor.position = position
         finally:
             consumer.unassign()
         if rows:
             yield self._to_arrow(rows)
+        cursor.position = until
 
-    def _watermarks(self, consumer: Any, tp: Any) -> tuple[int, int] | None:
+    def _watermarks(self, consumer: Any, tp: Any, *, kept: bool = False) -> tuple[int, int] | None:
         """The partition's low and high offsets, retried as the driver retries them;
-        None when the partition no longer exists."""
+        None when the partition no longer exists (a kept consumer asks once)."""
         from confluent_kafka import KafkaError as KErr
         from confluent_kafka import KafkaException
 
-        for attempt in range(1, self.fetch_offset_attempts + 1):
+        attempts = 1 if kept else self.fetch_offset_attempts
+        for attempt in range(1, attempts + 1):
             try:
                 low, high = consumer.get_watermark_offsets(
-                    tp, timeout=METADATA_TIMEOUT_S, cached=False
+                    tp, timeout=KEPT_TIMEOUT_S if kept else METADATA_TIMEOUT_S, cached=False
                 )
                 return int(low), int(high)
             except KafkaException as exc:
                 gone = exc.args and exc.args[0].code() == KErr.UNKNOWN_TOPIC_OR_PART
-                if attempt == self.fetch_offset_attempts:
+                if attempt == attempts:
                     if gone:
                         return None
                     raise
