@@ -17,6 +17,7 @@ from lockgate.sinks import kafka as sink_module
 from lockgate.sinks.kafka import PartitionWriter
 from lockgate.sources.kafka import source as source_module
 from lockgate.sources.kafka.clients import ClientPool, KeptClient, pool_key
+from lockgate.sources.kafka.offsets import OffsetRange
 from lockgate.sources.kafka.source import RangeReader
 
 
@@ -139,7 +140,7 @@ def test_a_kept_consumer_reads_a_topic_created_again(kafka: Any, names: Any) -> 
     topic = names("again")
     kafka.create_topic(topic)
     kafka.produce(topic, [{"value": f"v{i}".encode()} for i in range(4)])
-    reader = RangeReader(
+    base = dict(
         config={
             "bootstrap.servers": kafka.bootstrap,
             "group.id": f"g-{uuid.uuid4()}",
@@ -155,13 +156,12 @@ def test_a_kept_consumer_reads_a_topic_created_again(kafka: Any, names: Any) -> 
     )
 
     def read(start: int, until: int) -> list[bytes]:
-        ranges = pa.RecordBatch.from_pydict(
-            {"topic": [topic], "partition": [0], "from_offset": [start], "until_offset": [until]}
-        )
-        return [v for b in reader(iter([ranges])) for v in b.column("value").to_pylist()]
+        reader = RangeReader(**base, ranges=(OffsetRange(topic, 0, start, until),))
+        ids = pa.RecordBatch.from_pydict({"id": [0]})
+        return [v for b in reader(iter([ids])) for v in b.column("value").to_pylist()]
 
     assert read(0, 2) == [b"v0", b"v1"]
-    key = pool_key(reader.config)
+    key = pool_key(base["config"])
     kept = source_module._CONSUMERS.take(key)
     assert kept is not None
     source_module._CONSUMERS.give_back(key, kept)

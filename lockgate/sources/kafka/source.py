@@ -62,7 +62,7 @@ from lockgate.sources.kafka.options import KafkaSourceOptions, check_consumer_co
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
 
 logger = logging.getLogger(__name__)
@@ -276,6 +276,7 @@ class KafkaSource(Source):
         self._available_now: PartitionOffsets | None = None
         self._available_now_requested = False
         self._last_trigger_ms = 0
+        self._ids: tuple[int, DataFrame] | None = None
 
     @property
     def schema(self) -> StructType:
@@ -508,8 +509,18 @@ class KafkaSource(Source):
             poll_timeout_ms=self.options.poll_timeout_ms,
             fetch_offset_attempts=self.options.fetch_offset_attempts,
             fetch_offset_retry_interval_ms=self.options.fetch_offset_retry_interval_ms,
+            ranges=tuple(ranges),
         )
-        return _range_rows(self._spark, ranges).mapInArrow(reader, schema)
+        return self._task_ids(len(ranges)).mapInArrow(reader, schema)
+
+    def _task_ids(self, count: int) -> DataFrame:
+        """``spark.range(count)`` in ``count`` partitions, one task per offset range (the
+        task reads ``reader.ranges[id]``). Kept for the next batch of as many ranges: a
+        batch then analyses one new plan node (the ``mapInArrow``), where ranges passed as
+        column literals cost three and a py4j call per literal (~50 ms a batch)."""
+        if self._ids is None or self._ids[0] != count:
+            self._ids = (count, self._spark.range(0, count, 1, count))
+        return self._ids[1]
 
     def executor_config(self) -> dict[str, str]:
         return {
@@ -539,24 +550,6 @@ def _java_hash(text: str) -> int:
     for ch in text:
         h = (31 * h + ord(ch)) & 0xFFFFFFFF
     return h - 2**32 if h >= 2**31 else h
-
-
-def _range_rows(spark: SparkSession, ranges: list[OffsetRange]) -> DataFrame:
-    """One ``(topic, partition, from, until)`` row per Spark partition (one task each),
-    from ``spark.range`` with the ranges as literals: a JVM-only plan."""
-    from pyspark.sql import functions as F
-
-    index = (F.col("id") + F.lit(1)).cast("int")
-
-    def pick(values: list[Any], name: str, kind: str) -> Any:
-        return F.element_at(F.array(*[F.lit(v).cast(kind) for v in values]), index).alias(name)
-
-    return spark.range(0, len(ranges), 1, len(ranges)).select(
-        pick([r.topic for r in ranges], "topic", "string"),
-        pick([r.partition for r in ranges], "partition", "int"),
-        pick([r.from_offset for r in ranges], "from_offset", "long"),
-        pick([r.until_offset for r in ranges], "until_offset", "long"),
-    )
 
 
 class StaleConsumerError(KafkaError):
@@ -598,7 +591,8 @@ TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}
 
 @dataclass(frozen=True)
 class RangeReader:
-    """The task side of a batch: offset ranges in, the records of ``[from, until)`` out.
+    """The task side of a batch: the ids of offset ranges in (``ranges[id]``), the records
+    of each ``[from, until)`` out.
 
     Records beyond the range are never returned; gaps inside it (transaction markers,
     compaction, aborted records under ``read_committed``) are skipped. Records that are
@@ -612,6 +606,7 @@ class RangeReader:
     poll_timeout_ms: int
     fetch_offset_attempts: int = 3
     fetch_offset_retry_interval_ms: int = 1000
+    ranges: tuple[OffsetRange, ...] = ()
     batch_rows: int = 4096
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -620,9 +615,10 @@ class RangeReader:
         client = kept if kept is not None else _KeptConsumer(self.config)
         try:
             for batch in batches:
-                for row in batch.to_pylist():
-                    topic, partition = row["topic"], row["partition"]
-                    cursor = _Cursor(row["from_offset"])
+                for index in batch.column("id").to_pylist():
+                    offsets = self.ranges[index]
+                    topic, partition = offsets.topic, offsets.partition
+                    cursor = _Cursor(offsets.from_offset)
                     while True:
                         try:
                             yield from self.read_range(
@@ -630,7 +626,7 @@ class RangeReader:
                                 topic,
                                 partition,
                                 cursor.position,
-                                row["until_offset"],
+                                offsets.until_offset,
                                 cursor=cursor,
                                 kept=kept is not None,
                             )
