@@ -181,6 +181,9 @@ class PartitionWriter:
     id_prefix: str
     marker_topic: str | None
     batch_id: int
+    columns: dict[str, int] | None = None
+    """Where each of the sink's columns is in the input (``validate_schema``); None: the
+    input is exactly those columns, by name."""
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -188,7 +191,7 @@ class PartitionWriter:
 
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
-        rows = [row for batch in batches for row in batch.to_pylist()]
+        rows = [row for batch in batches for row in self._rows(batch)]
         if not rows:
             # A re-run gives this partition no rows either: no producer, no transaction
             # (a shuffle's many empty partitions cost nothing).
@@ -203,6 +206,16 @@ class PartitionWriter:
                 [("partition", pa.int32()), ("rows", pa.int64()), ("written", pa.bool_())]
             ),
         )
+
+    def _rows(self, batch: pa.RecordBatch) -> list[dict[str, Any]]:
+        if self.columns is None:
+            return batch.to_pylist()
+        values = {name: batch.column(i).to_pylist() for name, i in self.columns.items()}
+        for name in ("key", "value"):  # Spark's cast to binary: a string's UTF-8 bytes
+            if name in values:
+                values[name] = [_as_bytes(v) for v in values[name]]
+        names = list(values)
+        return [dict(zip(names, row, strict=True)) for row in zip(*values.values(), strict=True)]
 
     def _produce_all(self, producer: Any, rows: list[dict[str, Any]]) -> list[Any]:
         errors: list[Any] = []
@@ -458,16 +471,25 @@ class KafkaSink(Sink):
 
         o = self.options
         fields = data.schema.fields
-        columns = []
-        for name in ("topic", "key", "value", "partition", "headers"):
-            if name not in self._columns:
-                continue
-            col = F.col(f"`{fields[self._columns[name]].name}`")
-            if name in ("key", "value"):
-                col = col.cast("binary")
-            columns.append(col.alias(name))
-        prepared = data.select(*columns)
+        used = validate_schema(data.schema, o.topic)
+        if sorted(used.values()) == list(range(len(fields))):
+            # Every column is one the sink takes: the writer reads them where they are and
+            # casts key and value itself, and the batch needs no projection of its own
+            # (a plan analysed per batch).
+            prepared, columns = data, used
+        else:
+            # Other columns may be of types Arrow does not carry: pick the sink's columns.
+            selected = []
+            for name in ("topic", "key", "value", "partition", "headers"):
+                if name not in used:
+                    continue
+                col = F.col(f"`{fields[used[name]].name}`")
+                if name in ("key", "value"):
+                    col = col.cast("binary")
+                selected.append(col.alias(name))
+            prepared, columns = data.select(*selected), None
         writer = PartitionWriter(
+            columns=columns,
             producer_config=o.producer,
             topic=o.topic,
             exactly_once=o.exactly_once,
