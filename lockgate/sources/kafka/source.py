@@ -2,10 +2,11 @@
 
 The driver only asks Kafka for metadata: the partitions of the subscription and their
 earliest/latest offsets (or the offsets of timestamps), through one librdkafka consumer
-that never fetches records. Each batch is a DataFrame of offset ranges, one Spark task
-per topic-partition range (Spark's ``KafkaSourceRDD``; ``minPartitions`` splits large
-ranges), turned into records by ``mapInArrow`` with a function that consumes the range
-from Kafka inside the task (:class:`RangeReader`).
+that never fetches records. Each batch is ``spark.range(n)`` in ``n`` partitions, one
+Spark task per topic-partition range (Spark's ``KafkaSourceRDD``; ``minPartitions``
+splits large ranges), turned into records by ``mapInArrow`` with a function that holds
+the ranges and consumes range ``id`` from Kafka inside the task (:class:`RangeReader`),
+with a consumer kept in the Python worker between tasks (``clients.py``).
 """
 
 from __future__ import annotations
