@@ -55,6 +55,16 @@ def test_a_client_is_kept_until_it_reports_an_error() -> None:
     assert second.closed and pool.take("k") is None
 
 
+def test_a_pool_keeps_at_most_its_capacity_of_idle_clients() -> None:
+    pool: ClientPool[_Fake] = ClientPool("fake", capacity=2)
+    clients = [_Fake() for _ in range(3)]
+    for i, client in enumerate(clients):
+        pool.give_back(i, client)
+    assert [c.closed for c in clients] == [True, False, False]  # the oldest went
+    assert pool.take(0) is None
+    assert pool.take(1) is clients[1] and pool.take(2) is clients[2]
+
+
 def _write(kafka: Any, topic: str, prefix: str, batch_id: int, values: list[str]) -> bool:
     writer = PartitionWriter(
         producer_config={"bootstrap.servers": kafka.bootstrap, "partitioner": "murmur2_random"},

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
@@ -34,6 +35,9 @@ KEPT_TIMEOUT_S = 10.0
 the work redone with a fresh client (which gets the full timeout). A healthy broker
 answers in milliseconds; this only bounds how long a client that is stuck in a way its
 error callback did not report can hold a task."""
+
+POOL_CAPACITY = 16
+"""Idle clients a pool keeps per Python worker (see :class:`ClientPool`)."""
 
 
 class KeptClient:
@@ -66,11 +70,16 @@ class ClientPool(Generic[K]):
 
     :meth:`take` hands out an idle client that is not stale, or None; :meth:`give_back`
     returns a client after a successful use. A client is in use by one task at a time.
+    At most ``capacity`` idle clients are kept, the least recently given back closed
+    first (Spark's ``spark.kafka.consumer.cache.capacity`` bounds its pool likewise): a
+    sink after a shuffle of many partitions would otherwise keep a producer, with its
+    librdkafka threads and connections, for every partition the worker ever wrote.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, capacity: int = POOL_CAPACITY) -> None:
         self._name = name
-        self._idle: dict[Hashable, K] = {}
+        self._capacity = capacity
+        self._idle: OrderedDict[Hashable, K] = OrderedDict()
         self._lock = threading.Lock()
 
     def take(self, key: Hashable) -> K | None:
@@ -91,11 +100,12 @@ class ClientPool(Generic[K]):
             discard(client)
             return
         with self._lock:
-            previous = self._idle.pop(key, None)
+            evicted = [c for c in [self._idle.pop(key, None)] if c is not None]
             self._idle[key] = client
-        if previous is not None:
-            discard(previous)
-
+            while len(self._idle) > self._capacity:
+                evicted.append(self._idle.popitem(last=False)[1])
+        for old in evicted:
+            discard(old)
 
     def clear(self) -> None:
         """Close every idle client (tests; a worker's clients otherwise live with it)."""
