@@ -397,6 +397,7 @@ def run_one(
     q = writer.start()
     producer.start()
     drained = False
+    durations: dict[str, float] = {}
     phases: dict[str, float] = {}
     mark = time.perf_counter()
 
@@ -420,6 +421,7 @@ def run_one(
         phase("produce_s")
         drained = _drain(q)
         phase("drain_s")
+        durations = duration_medians(q.recentProgress)
     finally:
         producer.stop()
         producer.join(60)
@@ -439,11 +441,24 @@ def run_one(
             "sink": SINK_MODE[engine],
             "drained": drained,
             "phases": phases,
+            "duration_ms_p50": durations,
             "elapsed_s": time.perf_counter() - started,
             "loadavg_after": loadavg(),
         }
     )
     return figures
+
+
+def duration_medians(progress: list[Any]) -> dict[str, float]:
+    """The median of each ``durationMs`` entry over the query's recent batches that read
+    records (Spark keeps the last 100: the end of the timed phase)."""
+    by_name: dict[str, list[float]] = {}
+    for p in progress:
+        if not p["numInputRows"]:
+            continue
+        for name, ms in p["durationMs"].items():
+            by_name.setdefault(name, []).append(float(ms))
+    return {name: sorted(v)[len(v) // 2] for name, v in sorted(by_name.items())}
 
 
 def runs(queries: list[str], engines: list[str]) -> Iterator[tuple[str, str]]:

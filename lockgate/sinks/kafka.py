@@ -23,8 +23,14 @@ see every row once; ``read_uncommitted`` consumers may also see rows of aborted
 attempts. A re-run must split the batch into the same partitions (true for lockgate's
 sources and for shuffles by key).
 
-``option("exactlyOnce", "false")`` writes as Spark does: an idempotent producer per
-task, at least once across failures.
+Producers (and the marker's consumer) are kept in the Python worker between batches, as
+Spark keeps its producers (``lockgate.sources.kafka.clients``): a kept transactional
+producer skips ``init_transactions``, and anything that goes wrong with it (fenced by
+another producer of its id, an error reported since its last use, a timeout) aborts
+its transaction and writes the partition again with a new producer.
+
+``option("exactlyOnce", "false")`` writes as Spark does: an idempotent producer (kept
+per worker), at least once across failures.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lockgate.compat import override
 from lockgate.errors import AnalysisError, OptionError, SinkError
 from lockgate.sinks.base import (
     ContinuousDataWriter,
@@ -42,6 +49,14 @@ from lockgate.sinks.base import (
     Sink,
     SinkContext,
     SinkProvider,
+)
+from lockgate.sources.kafka.clients import (
+    KEPT_TIMEOUT_S,
+    ClientPool,
+    KeptClient,
+    discard,
+    pool_key,
+    using,
 )
 from lockgate.sources.kafka.options import kafka_params
 
@@ -166,6 +181,9 @@ class PartitionWriter:
     id_prefix: str
     marker_topic: str | None
     batch_id: int
+    columns: dict[str, int] | None = None
+    """Where each of the sink's columns is in the input (``validate_schema``); None: the
+    input is exactly those columns, by name."""
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -173,7 +191,7 @@ class PartitionWriter:
 
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
-        rows = [row for batch in batches for row in batch.to_pylist()]
+        rows = [row for batch in batches for row in self._rows(batch)]
         if not rows:
             # A re-run gives this partition no rows either: no producer, no transaction
             # (a shuffle's many empty partitions cost nothing).
@@ -188,6 +206,16 @@ class PartitionWriter:
                 [("partition", pa.int32()), ("rows", pa.int64()), ("written", pa.bool_())]
             ),
         )
+
+    def _rows(self, batch: pa.RecordBatch) -> list[dict[str, Any]]:
+        if self.columns is None:
+            return batch.to_pylist()
+        values = {name: batch.column(i).to_pylist() for name, i in self.columns.items()}
+        for name in ("key", "value"):  # Spark's cast to binary: a string's UTF-8 bytes
+            if name in values:
+                values[name] = [_as_bytes(v) for v in values[name]]
+        names = list(values)
+        return [dict(zip(names, row, strict=True)) for row in zip(*values.values(), strict=True)]
 
     def _produce_all(self, producer: Any, rows: list[dict[str, Any]]) -> list[Any]:
         errors: list[Any] = []
@@ -219,73 +247,202 @@ class PartitionWriter:
         return errors
 
     def _write_at_least_once(self, rows: list[dict[str, Any]]) -> bool:
-        from confluent_kafka import Producer
+        key = pool_key(self.producer_config)
+        client, fresh = using(_IDEMPOTENT, key, lambda: _Idempotent(self.producer_config))
+        if not fresh:
+            try:
+                self._send(client, rows, KEPT_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - redone below with a new producer
+                logger.warning(
+                    "Kafka sink: a kept producer failed in batch %d (%s); sending the rows "
+                    "again with a new one",
+                    self.batch_id,
+                    exc,
+                )
+                discard(client)
+                client = _Idempotent(self.producer_config)
+            else:
+                _IDEMPOTENT.give_back(key, client)
+                return True
+        try:
+            self._send(client, rows, TIMEOUT_S)
+        except BaseException:
+            discard(client)
+            raise
+        _IDEMPOTENT.give_back(key, client)
+        return True
 
-        producer = Producer({"enable.idempotence": "true", **self.producer_config})
-        errors = self._produce_all(producer, rows)
-        left = producer.flush(TIMEOUT_S)
+    def _send(self, client: _Idempotent, rows: list[dict[str, Any]], timeout: float) -> None:
+        errors = self._produce_all(client.producer, rows)
+        left = client.producer.flush(timeout)
         if errors or left:
             raise SinkError(
                 f"Batch {self.batch_id}: Kafka did not acknowledge {left or len(errors)} "
                 f"record(s): {errors[:1] or 'timed out'}"
             )
-        return True
 
     def _write_exactly_once(self, partition: int, rows: list[dict[str, Any]]) -> bool:
-        from confluent_kafka import Consumer, Producer
+        """Partition ``partition`` of the batch in one transaction, with a kept producer
+        when this worker has one for the transactional id, else a new one.
+
+        A kept producer skips ``init_transactions``. That is safe because it was given
+        back only after its last transaction committed, and because fencing goes by the
+        producer epoch: if another producer of this id was initialised since (another
+        worker took this partition in a later batch, a task attempt elsewhere), the
+        broker refuses this one's transaction. Whatever fails on a kept producer (fenced,
+        timed out, an outage) aborts its transaction, and the partition is written again
+        by a new producer, whose ``init_transactions`` completes or aborts whatever the
+        old one left open before the marker is read: so the redo is exactly once too.
+        """
+        transactional_id = f"{self.id_prefix}-{partition}"
+        key = pool_key(self.producer_config, transactional_id)
+
+        def make() -> _Transactional:
+            return _Transactional(self.producer_config, transactional_id, TIMEOUT_S)
+
+        client, fresh = using(_TRANSACTIONAL, key, make)
+        if not fresh:
+            try:
+                written = self._transact(client, partition, rows, KEPT_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - redone below with a new producer
+                logger.warning(
+                    "Kafka sink: the kept transactional producer %s failed in batch %d (%s); "
+                    "aborting and writing the partition again with a new producer",
+                    transactional_id,
+                    self.batch_id,
+                    exc,
+                )
+                discard(client)
+                client = make()
+            else:
+                _TRANSACTIONAL.give_back(key, client)
+                return written
+        try:
+            written = self._transact(client, partition, rows, TIMEOUT_S)
+        except BaseException:
+            discard(client)
+            raise
+        _TRANSACTIONAL.give_back(key, client)
+        return written
+
+    def _transact(
+        self, client: _Transactional, partition: int, rows: list[dict[str, Any]], timeout: float
+    ) -> bool:
         from confluent_kafka import TopicPartition as KTP
 
-        transactional_id = f"{self.id_prefix}-{partition}"
-        marker = KTP(self.marker_topic, 0)
-        producer = Producer(
+        producer = client.producer
+        marker = client.consumer.committed([KTP(self.marker_topic, 0)], timeout=timeout)[0]
+        committed = marker.offset
+        if committed is not None and committed > self.batch_id:
+            logger.info(
+                "Kafka sink: partition %d of batch %d was written before; skipped",
+                partition,
+                self.batch_id,
+            )
+            return False
+        producer.begin_transaction()
+        client.in_transaction = True
+        errors = self._produce_all(producer, rows)
+        left = producer.flush(timeout)
+        if errors or left:
+            raise SinkError(
+                f"Batch {self.batch_id}, partition {partition}: Kafka refused "
+                f"{len(errors)} record(s), first: {errors[0] if errors else None}; "
+                f"{left} not acknowledged in {timeout:.0f} s; the transaction was aborted."
+            )
+        producer.send_offsets_to_transaction(
+            [KTP(self.marker_topic, 0, self.batch_id + 1)],
+            client.consumer.consumer_group_metadata(),
+            timeout,
+        )
+        producer.commit_transaction(timeout)
+        client.in_transaction = False
+        return True
+
+
+ABORT_TIMEOUT_S = 5.0
+"""How long a discarded producer may take to abort its open transaction. Not needed for
+correctness (the next producer of the id aborts it in ``init_transactions``), so short."""
+
+
+class _Idempotent(KeptClient):
+    """The at-least-once sink's producer, kept in the worker between batches."""
+
+    def __init__(self, config: dict[str, str]) -> None:
+        from confluent_kafka import Producer
+
+        super().__init__()
+        self.producer: Any = Producer(
+            {"enable.idempotence": "true", **config, "error_cb": self.on_error}
+        )
+
+    @override
+    def serve_callbacks(self) -> None:
+        self.producer.poll(0)
+
+    @override
+    def close(self) -> None:
+        producer, self.producer = self.producer, None
+        if producer is not None:
+            producer.purge()
+
+
+class _Transactional(KeptClient):
+    """A transactional producer and the consumer that reads and commits its marker,
+    kept in the worker between batches (see ``PartitionWriter._write_exactly_once``)."""
+
+    def __init__(self, config: dict[str, str], transactional_id: str, timeout: float) -> None:
+        from confluent_kafka import Consumer, Producer
+
+        super().__init__()
+        self.in_transaction = False
+        self.producer: Any = Producer(
             {
-                **self.producer_config,
+                **config,
                 "transactional.id": transactional_id,
                 "enable.idempotence": "true",
+                "error_cb": self.on_error,
             }
         )
-        consumer = Consumer(
+        self.consumer: Any = Consumer(
             {
-                "bootstrap.servers": self.producer_config["bootstrap.servers"],
-                **{
-                    k: v
-                    for k, v in self.producer_config.items()
-                    if k.startswith(("security.", "ssl.", "sasl."))
-                },
+                "bootstrap.servers": config["bootstrap.servers"],
+                **{k: v for k, v in config.items() if k.startswith(("security.", "ssl.", "sasl."))},
                 "group.id": transactional_id,
                 "enable.auto.commit": "false",
                 "isolation.level": "read_committed",
+                "error_cb": self.on_error,
             }
         )
         try:
             # Fences earlier producers of this id and completes their open transaction.
-            producer.init_transactions(TIMEOUT_S)
-            committed = consumer.committed([marker], timeout=TIMEOUT_S)[0].offset
-            if committed is not None and committed > self.batch_id:
-                logger.info(
-                    "Kafka sink: partition %d of batch %d was written before; skipped",
-                    partition,
-                    self.batch_id,
-                )
-                return False
-            producer.begin_transaction()
-            errors = self._produce_all(producer, rows)
-            producer.flush(TIMEOUT_S)
-            if errors:
-                producer.abort_transaction(TIMEOUT_S)
-                raise SinkError(
-                    f"Batch {self.batch_id}, partition {partition}: Kafka refused "
-                    f"{len(errors)} record(s), first: {errors[0]}; the transaction was aborted."
-                )
-            producer.send_offsets_to_transaction(
-                [KTP(self.marker_topic, 0, self.batch_id + 1)],
-                consumer.consumer_group_metadata(),
-                TIMEOUT_S,
-            )
-            producer.commit_transaction(TIMEOUT_S)
-            return True
+            self.producer.init_transactions(timeout)
+        except BaseException:
+            discard(self)
+            raise
+
+    @override
+    def serve_callbacks(self) -> None:
+        self.producer.poll(0)
+        self.consumer.poll(0)
+
+    @override
+    def close(self) -> None:
+        producer, self.producer = self.producer, None
+        consumer, self.consumer = self.consumer, None
+        try:
+            if producer is not None:
+                producer.purge()
+                if self.in_transaction:
+                    self.in_transaction = False
+                    producer.abort_transaction(ABORT_TIMEOUT_S)
         finally:
-            consumer.close()
+            if consumer is not None:
+                consumer.close()
+
+
+_TRANSACTIONAL: ClientPool[_Transactional] = ClientPool("transactional producer")
+_IDEMPOTENT: ClientPool[_Idempotent] = ClientPool("producer")
 
 
 class KafkaSink(Sink):
@@ -314,16 +471,25 @@ class KafkaSink(Sink):
 
         o = self.options
         fields = data.schema.fields
-        columns = []
-        for name in ("topic", "key", "value", "partition", "headers"):
-            if name not in self._columns:
-                continue
-            col = F.col(f"`{fields[self._columns[name]].name}`")
-            if name in ("key", "value"):
-                col = col.cast("binary")
-            columns.append(col.alias(name))
-        prepared = data.select(*columns)
+        used = validate_schema(data.schema, o.topic)
+        if sorted(used.values()) == list(range(len(fields))):
+            # Every column is one the sink takes: the writer reads them where they are and
+            # casts key and value itself, and the batch needs no projection of its own
+            # (a plan analysed per batch).
+            prepared, columns = data, used
+        else:
+            # Other columns may be of types Arrow does not carry: pick the sink's columns.
+            selected = []
+            for name in ("topic", "key", "value", "partition", "headers"):
+                if name not in used:
+                    continue
+                col = F.col(f"`{fields[used[name]].name}`")
+                if name in ("key", "value"):
+                    col = col.cast("binary")
+                selected.append(col.alias(name))
+            prepared, columns = data.select(*selected), None
         writer = PartitionWriter(
+            columns=columns,
             producer_config=o.producer,
             topic=o.topic,
             exactly_once=o.exactly_once,
@@ -361,6 +527,7 @@ class KafkaSink(Sink):
                 option="exactlyOnce",
             )
         return KafkaContinuousSink(schema, self.options)
+
     def description(self) -> str:
         return "KafkaSink" + ("[exactly-once]" if self.options.exactly_once else "")
 

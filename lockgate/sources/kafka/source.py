@@ -2,10 +2,11 @@
 
 The driver only asks Kafka for metadata: the partitions of the subscription and their
 earliest/latest offsets (or the offsets of timestamps), through one librdkafka consumer
-that never fetches records. Each batch is a DataFrame of offset ranges, one Spark task
-per topic-partition range (Spark's ``KafkaSourceRDD``; ``minPartitions`` splits large
-ranges), turned into records by ``mapInArrow`` with a function that consumes the range
-from Kafka inside the task (:class:`RangeReader`).
+that never fetches records. Each batch is ``spark.range(n)`` in ``n`` partitions, one
+Spark task per topic-partition range (Spark's ``KafkaSourceRDD``; ``minPartitions``
+splits large ranges), turned into records by ``mapInArrow`` with a function that holds
+the ranges and consumes range ``id`` from Kafka inside the task (:class:`RangeReader`),
+with a consumer kept in the Python worker between tasks (``clients.py``).
 """
 
 from __future__ import annotations
@@ -30,12 +31,20 @@ from pyspark.sql.types import (
 
 from lockgate import interrupt
 from lockgate.checkpoint.log import MetadataLog
+from lockgate.compat import override
 from lockgate.errors import CheckpointError, ConcurrentWriteError, OptionError
 from lockgate.interrupt import call_in_slices
 from lockgate.sources.base import (
     ReadLimit,
     Source,
     SourceContext,
+)
+from lockgate.sources.kafka.clients import (
+    KEPT_TIMEOUT_S,
+    ClientPool,
+    KeptClient,
+    discard,
+    pool_key,
 )
 from lockgate.sources.kafka.errors import DATA_LOSS_PREFIX, KafkaDataLossError, KafkaError
 from lockgate.sources.kafka.offsets import (
@@ -54,7 +63,7 @@ from lockgate.sources.kafka.options import KafkaSourceOptions, check_consumer_co
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
 
 logger = logging.getLogger(__name__)
@@ -268,6 +277,7 @@ class KafkaSource(Source):
         self._available_now: PartitionOffsets | None = None
         self._available_now_requested = False
         self._last_trigger_ms = 0
+        self._ids: tuple[int, DataFrame] | None = None
 
     @property
     def schema(self) -> StructType:
@@ -500,8 +510,18 @@ class KafkaSource(Source):
             poll_timeout_ms=self.options.poll_timeout_ms,
             fetch_offset_attempts=self.options.fetch_offset_attempts,
             fetch_offset_retry_interval_ms=self.options.fetch_offset_retry_interval_ms,
+            ranges=tuple(ranges),
         )
-        return _range_rows(self._spark, ranges).mapInArrow(reader, schema)
+        return self._task_ids(len(ranges)).mapInArrow(reader, schema)
+
+    def _task_ids(self, count: int) -> DataFrame:
+        """``spark.range(count)`` in ``count`` partitions, one task per offset range (the
+        task reads ``reader.ranges[id]``). Kept for the next batch of as many ranges: a
+        batch then analyses one new plan node (the ``mapInArrow``), where ranges passed as
+        column literals cost three and a py4j call per literal (~50 ms a batch)."""
+        if self._ids is None or self._ids[0] != count:
+            self._ids = (count, self._spark.range(0, count, 1, count))
+        return self._ids[1]
 
     def executor_config(self) -> dict[str, str]:
         return {
@@ -533,22 +553,37 @@ def _java_hash(text: str) -> int:
     return h - 2**32 if h >= 2**31 else h
 
 
-def _range_rows(spark: SparkSession, ranges: list[OffsetRange]) -> DataFrame:
-    """One ``(topic, partition, from, until)`` row per Spark partition (one task each),
-    from ``spark.range`` with the ranges as literals: a JVM-only plan."""
-    from pyspark.sql import functions as F
+class StaleConsumerError(KafkaError):
+    """A kept consumer's answer that a new consumer must confirm (see RangeReader)."""
 
-    index = (F.col("id") + F.lit(1)).cast("int")
 
-    def pick(values: list[Any], name: str, kind: str) -> Any:
-        return F.element_at(F.array(*[F.lit(v).cast(kind) for v in values]), index).alias(name)
+@dataclass
+class _Cursor:
+    position: int
 
-    return spark.range(0, len(ranges), 1, len(ranges)).select(
-        pick([r.topic for r in ranges], "topic", "string"),
-        pick([r.partition for r in ranges], "partition", "int"),
-        pick([r.from_offset for r in ranges], "from_offset", "long"),
-        pick([r.until_offset for r in ranges], "until_offset", "long"),
-    )
+
+class _KeptConsumer(KeptClient):
+    """A task's consumer, kept in the Python worker for the next task with its
+    configuration (``lockgate.sources.kafka.clients``)."""
+
+    def __init__(self, config: dict[str, str]) -> None:
+        from confluent_kafka import Consumer
+
+        super().__init__()
+        self.consumer: Any = Consumer({**config, "error_cb": self.on_error})
+
+    @override
+    def serve_callbacks(self) -> None:
+        self.consumer.poll(0)
+
+    @override
+    def close(self) -> None:
+        consumer, self.consumer = self.consumer, None
+        if consumer is not None:
+            consumer.close()
+
+
+_CONSUMERS: ClientPool[_KeptConsumer] = ClientPool("consumer")
 
 
 TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}
@@ -557,7 +592,8 @@ TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}
 
 @dataclass(frozen=True)
 class RangeReader:
-    """The task side of a batch: offset ranges in, the records of ``[from, until)`` out.
+    """The task side of a batch: the ids of offset ranges in (``ranges[id]``), the records
+    of each ``[from, until)`` out.
 
     Records beyond the range are never returned; gaps inside it (transaction markers,
     compaction, aborted records under ``read_committed``) are skipped. Records that are
@@ -571,58 +607,113 @@ class RangeReader:
     poll_timeout_ms: int
     fetch_offset_attempts: int = 3
     fetch_offset_retry_interval_ms: int = 1000
+    ranges: tuple[OffsetRange, ...] = ()
     batch_rows: int = 4096
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from confluent_kafka import Consumer
-
-        consumer = Consumer(self.config)
+        key = pool_key(self.config)
+        kept = _CONSUMERS.take(key)
+        client = kept if kept is not None else _KeptConsumer(self.config)
         try:
             for batch in batches:
-                for row in batch.to_pylist():
-                    yield from self.read_range(
-                        consumer,
-                        row["topic"],
-                        row["partition"],
-                        row["from_offset"],
-                        row["until_offset"],
-                    )
-        finally:
-            consumer.close()
+                for index in batch.column("id").to_pylist():
+                    offsets = self.ranges[index]
+                    topic, partition = offsets.topic, offsets.partition
+                    cursor = _Cursor(offsets.from_offset)
+                    while True:
+                        try:
+                            yield from self.read_range(
+                                client.consumer,
+                                topic,
+                                partition,
+                                cursor.position,
+                                offsets.until_offset,
+                                cursor=cursor,
+                                kept=kept is not None,
+                            )
+                            break
+                        except KafkaDataLossError:
+                            raise
+                        except Exception as exc:
+                            if kept is None:
+                                raise
+                            # A kept consumer that fails, times out or finds records
+                            # gone hands over to a new one, from where it got to.
+                            logger.warning(
+                                "Kafka source: a kept consumer failed reading %s-%d at offset "
+                                "%d (%s); reading on with a new consumer",
+                                topic,
+                                partition,
+                                cursor.position,
+                                exc,
+                            )
+                            discard(client)
+                            kept = None
+                            client = _KeptConsumer(self.config)
+        except BaseException:
+            discard(client)
+            raise
+        _CONSUMERS.give_back(key, client)
 
     def read_range(
-        self, consumer: Any, topic: str, partition: int, start: int, until: int
+        self,
+        consumer: Any,
+        topic: str,
+        partition: int,
+        start: int,
+        until: int,
+        *,
+        cursor: _Cursor | None = None,
+        kept: bool = False,
     ) -> Iterator[pa.RecordBatch]:
+        """The records of ``[start, until)``; ``cursor`` follows the next offset to read
+        (past what was yielded). A ``kept`` consumer (one of an earlier task) waits at
+        most :data:`KEPT_TIMEOUT_S` and never reports data loss: it raises
+        :class:`StaleConsumerError` so that a new consumer reads the range on."""
         from confluent_kafka import KafkaError as KErr
         from confluent_kafka import TopicPartition as KTP
 
+        cursor = cursor if cursor is not None else _Cursor(start)
+
+        def lost(begin: int, end: int) -> None:
+            if kept and begin < end:
+                raise StaleConsumerError(
+                    f"a kept consumer found offsets [{begin}, {end}) of {topic}-{partition} gone"
+                )
+            self._lost(topic, partition, begin, end)
+
         tp = KTP(topic, partition)
-        marks = self._watermarks(consumer, tp)
+        marks = self._watermarks(consumer, tp, kept=kept)
         if marks is None:
             # The topic was deleted after the batch was planned: its records are gone.
+            if kept:
+                raise StaleConsumerError(f"a kept consumer found {topic} gone")
             self._lost(topic, partition, start, until)
             return
         low, high = marks
         position = start
         if start < low:
-            self._lost(topic, partition, start, min(low, until))
+            lost(start, min(low, until))
             position = low
         if high < until:
             # The records up to `until` existed when the batch was planned: the partition
             # was truncated or re-created.
-            self._lost(topic, partition, max(position, high), until)
+            lost(max(position, high), until)
             until = high
+        cursor.position = position
         if position >= until:
             return
         consumer.assign([KTP(topic, partition, position)])
         rows: list[Any] = []
         timeout_s = self.poll_timeout_ms / 1000.0
+        if kept:
+            timeout_s = min(timeout_s, KEPT_TIMEOUT_S)
         try:
             while position < until:
                 msgs = consumer.consume(num_messages=min(1000, until - position), timeout=timeout_s)
                 if not msgs:
                     raise TimeoutError(
-                        f"Cannot fetch record for offset {position} in {self.poll_timeout_ms} "
+                        f"Cannot fetch record for offset {position} in {timeout_s * 1000:.0f} "
                         f"milliseconds (topic-partition {topic}-{partition}). Raise the source "
                         "option 'kafkaConsumer.pollTimeoutMs' if the broker is slow."
                     )
@@ -641,7 +732,7 @@ class RangeReader:
                             low, _ = consumer.get_watermark_offsets(
                                 tp, timeout=METADATA_TIMEOUT_S, cached=False
                             )
-                            self._lost(topic, partition, position, min(low, until))
+                            lost(position, min(low, until))
                             position = low
                             consumer.assign([KTP(topic, partition, position)])
                             break
@@ -657,26 +748,29 @@ class RangeReader:
                     if len(rows) >= self.batch_rows:
                         yield self._to_arrow(rows)
                         rows = []
+                        cursor.position = position
         finally:
             consumer.unassign()
         if rows:
             yield self._to_arrow(rows)
+        cursor.position = until
 
-    def _watermarks(self, consumer: Any, tp: Any) -> tuple[int, int] | None:
+    def _watermarks(self, consumer: Any, tp: Any, *, kept: bool = False) -> tuple[int, int] | None:
         """The partition's low and high offsets, retried as the driver retries them;
-        None when the partition no longer exists."""
+        None when the partition no longer exists (a kept consumer asks once)."""
         from confluent_kafka import KafkaError as KErr
         from confluent_kafka import KafkaException
 
-        for attempt in range(1, self.fetch_offset_attempts + 1):
+        attempts = 1 if kept else self.fetch_offset_attempts
+        for attempt in range(1, attempts + 1):
             try:
                 low, high = consumer.get_watermark_offsets(
-                    tp, timeout=METADATA_TIMEOUT_S, cached=False
+                    tp, timeout=KEPT_TIMEOUT_S if kept else METADATA_TIMEOUT_S, cached=False
                 )
                 return int(low), int(high)
             except KafkaException as exc:
                 gone = exc.args and exc.args[0].code() == KErr.UNKNOWN_TOPIC_OR_PART
-                if attempt == self.fetch_offset_attempts:
+                if attempt == attempts:
                     if gone:
                         return None
                     raise
