@@ -59,6 +59,12 @@ class ListenerBus:
         with self._lock:
             self._listeners = [x for x in self._listeners if x is not listener]
 
+    @property
+    def listeners(self) -> list[StreamingQueryListener]:
+        """The listeners, in the order they were added."""
+        with self._lock:
+            return list(self._listeners)
+
     def post(self, event: Any) -> None:
         with self._lock:
             if not self._listeners:
@@ -68,7 +74,10 @@ class ListenerBus:
         self._queue.put(event)
 
     def wait_until_empty(self, timeout: float = 10.0) -> bool:
-        """Block until every posted event was delivered (for tests)."""
+        """Block until every posted event was delivered; False at once when called from
+        a listener (the bus thread would wait for itself)."""
+        if threading.current_thread() is self._thread:
+            return False
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 

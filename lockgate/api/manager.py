@@ -42,6 +42,26 @@ def _already_active(query_id: str) -> AnalysisError:
     )
 
 
+class _ListenerListView:
+    """``ls.streams._jsqm``: the one thing PySpark code reads from ``spark.streams._jsqm``
+    to inspect a manager, ``listListeners()`` (PySpark's own streaming tests count
+    listeners with it), answered with lockgate's listeners. lockgate's manager has no
+    JVM counterpart; anything else is refused rather than answered by Spark's."""
+
+    def __init__(self, manager: StreamingQueryManager) -> None:
+        self._manager = manager
+
+    def listListeners(self) -> list[StreamingQueryListener]:
+        return self._manager.listener_bus.listeners
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"ls.streams._jsqm has no {name!r}: lockgate's query manager is not Spark's JVM "
+            "StreamingQueryManager; only listListeners() is answered (with lockgate's "
+            "listeners). Use ls.streams' public methods."
+        )
+
+
 class StreamingQueryManager:
     """Active queries of one lockgate session, listeners, and waiting for termination."""
 
@@ -56,6 +76,10 @@ class StreamingQueryManager:
         # The same events on spark.streams' bus: its listeners, Spark's UI tab, the event log.
         self.jvm_listener_bus = JvmListenerBus(session.spark)
 
+    @property
+    def _jsqm(self) -> _ListenerListView:
+        return _ListenerListView(self)
+
     # -- queries -----------------------------------------------------------------------
     @property
     def active(self) -> list[StreamingQuery]:
@@ -68,8 +92,10 @@ class StreamingQueryManager:
 
     def awaitAnyTermination(self, timeout: float | None = None) -> bool | None:
         """Wait until any query ends (since the last :meth:`resetTerminated`)."""
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"timeout must be a positive integer or float. Got {timeout}")
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+            from lockgate.api.query import timeout_not_positive
+
+            raise timeout_not_positive(timeout)  # PySpark's check: 0 is allowed here
         with self._terminated:
             ended = self._terminated.wait_for(lambda: self._last_terminated is not None, timeout)
             last = self._last_terminated
@@ -86,6 +112,11 @@ class StreamingQueryManager:
 
     def removeListener(self, listener: StreamingQueryListener) -> None:
         self.listener_bus.remove(listener)
+
+    def drain_listener_events(self, timeout: float = 30.0) -> None:
+        """Wait until the listeners have had every event posted so far (see
+        :meth:`StreamingQuery.stop`); a no-op on the listener thread itself."""
+        self.listener_bus.wait_until_empty(timeout)
 
     # -- engine side -------------------------------------------------------------------
     def _check_name_available(self, name: str | None) -> None:

@@ -13,6 +13,16 @@ if TYPE_CHECKING:
     from lockgate.execution.microbatch import MicroBatchExecution
 
 
+def timeout_not_positive(timeout: object) -> Exception:
+    """PySpark's error for a ``timeout`` that is not a positive number."""
+    from pyspark.errors import PySparkValueError
+
+    return PySparkValueError(
+        errorClass="VALUE_NOT_POSITIVE",
+        messageParameters={"arg_name": "timeout", "arg_value": type(timeout).__name__},
+    )
+
+
 class StreamingQuery:
     """A running (or finished) streaming query, as ``pyspark.sql.streaming.StreamingQuery``."""
 
@@ -55,8 +65,8 @@ class StreamingQuery:
         With ``timeout`` (seconds) returns whether it ended in time.
         """
         if timeout is not None:
-            if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-                raise ValueError(f"timeout must be a positive integer or float. Got {timeout}")
+            if not isinstance(timeout, (int, float)) or timeout <= 0:
+                raise timeout_not_positive(timeout)
             return self._execution.await_termination(float(timeout))
         self._execution.await_termination(None)
         return None
@@ -66,7 +76,17 @@ class StreamingQuery:
         self._execution.process_all_available()
 
     def stop(self) -> None:
+        """Stop the query; return once listeners have had its last events.
+
+        Spark posts the terminated event before ``stop()`` returns and PySpark code waits
+        for Spark's listener bus to drain (``listenerBus().waitUntilEmpty()``) before it
+        reads what its listeners saw; lockgate's listener bus is its own, so ``stop()``
+        drains it (except when called from a listener, which would wait for itself).
+        """
         self._execution.stop()
+        drain = getattr(self._execution.manager, "drain_listener_events", None)
+        if drain is not None:
+            drain()
 
     def exception(self) -> StreamingQueryException | None:
         return self._execution.stream_death_cause

@@ -4,6 +4,7 @@ exception exposes, what a failing ``foreach`` writer reports, ..."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pandas as pd
@@ -11,6 +12,7 @@ import pytest
 from differential import unique, write_text
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQueryListener
 
 
 def _rate(reader: Any) -> Any:
@@ -76,3 +78,101 @@ def test_apply_in_pandas_with_state_grouped_by_a_column_of_the_dataframe(spark, 
         return sorted(tuple(r) for r in spark.table(name).collect())
 
     assert run(ls.readStream) == run(spark.readStream) == [("a", 3), ("b", 1), ("c", 1)]
+
+
+def _errors(call: Any, *args: Any) -> list[tuple[str, str | None, str]]:
+    out = []
+    for arg in args:
+        try:
+            call(arg)
+            out.append(("returned", None, repr(arg)))
+        except Exception as exc:  # noqa: BLE001 - the type and message are what is compared
+            out.append((type(exc).__name__, getattr(exc, "getCondition", lambda: None)(), str(exc)))
+    return out
+
+
+def test_timeouts_are_checked_as_pyspark_checks_them(spark, ls):
+    # test_stream_await_termination / test_query_manager_await_termination
+    def run(reader: Any, streams: Any) -> tuple[Any, ...]:
+        q = _rate(reader).writeStream.format("noop").start()
+        query_errors = _errors(q.awaitTermination, "hello", 0, -1, -0.5)
+        streams.resetTerminated()
+        manager_errors = _errors(streams.awaitAnyTermination, "hello", -1)
+        # 0 passes the manager's check (it is `< 0` there) and returns at once
+        manager_zero = streams.awaitAnyTermination(0)
+        still_running = q.awaitTermination(0.2)
+        q.stop()
+        return query_errors, manager_errors, manager_zero, still_running, q.awaitTermination(0.2)
+
+    native, lg = run(spark.readStream, spark.streams), run(ls.readStream, ls.streams)
+    assert lg == native
+    assert native[0][0] == (
+        "PySparkValueError", "VALUE_NOT_POSITIVE",
+        "[VALUE_NOT_POSITIVE] Value for `timeout` must be positive, got 'str'.",
+    )
+    assert native[2:] == (False, False, True)
+
+
+def test_listeners_have_the_terminated_event_when_stop_returns(spark, ls):
+    # test_listener_events: q.stop(), Spark's listenerBus().waitUntilEmpty(), then the
+    # terminated event is read; a slow listener must not make it arrive later
+    def run(reader: Any, streams: Any) -> list[tuple[bool, Any, Any]]:
+        seen: dict[str, Any] = {}
+
+        class Slow(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                seen["started"] = event
+
+            def onQueryProgress(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                time.sleep(0.3)  # a listener doing some work
+                seen["terminated"] = event
+
+        listener = Slow()
+        streams.addListener(listener)
+        out = []
+        try:
+            for _ in range(2):
+                seen.clear()
+                q = _rate(reader).writeStream.format("noop").queryName(unique("test")).start()
+                q.processAllAvailable()
+                q.stop()
+                spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+                terminated = seen.get("terminated")
+                out.append((
+                    terminated is not None and str(terminated.id) == q.id,
+                    terminated and terminated.exception,
+                    terminated and terminated.errorClassOnException,
+                ))
+        finally:
+            streams.removeListener(listener)
+        return out
+
+    native, lg = run(spark.readStream, spark.streams), run(ls.readStream, ls.streams)
+    assert lg == native == [(True, None, None)] * 2
+
+
+def test_adding_and_removing_a_listener_shows_in_list_listeners(spark, ls):
+    # test_remove_listener counts listeners with streams._jsqm.listListeners()
+    class Quiet(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            pass
+
+    def counts(streams: Any) -> list[int]:
+        before = len(streams._jsqm.listListeners())
+        listener = Quiet()
+        streams.addListener(listener)
+        added = len(streams._jsqm.listListeners()) - before
+        streams.removeListener(listener)
+        return [added, len(streams._jsqm.listListeners()) - before]
+
+    assert counts(ls.streams) == counts(spark.streams) == [1, 0]
+    assert ls.streams is ls.streams  # test_query_manager_no_recreation
