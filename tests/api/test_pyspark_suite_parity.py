@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from differential import unique, write_text
+from differential import unique, wait_until, write_text
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
@@ -137,7 +137,9 @@ def test_listeners_have_the_terminated_event_when_stop_returns(spark, ls):
             for _ in range(2):
                 seen.clear()
                 q = _rate(reader).writeStream.format("noop").queryName(unique("test")).start()
-                q.processAllAvailable()
+                # rate-micro-batch always has another batch: processAllAvailable would
+                # not return on native Spark; one batch done is enough here
+                wait_until(lambda q=q: q.lastProgress is not None, message="a first batch")
                 q.stop()
                 spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
                 terminated = seen.get("terminated")
