@@ -9,6 +9,7 @@ except with ``CI=true`` in the environment, where they fail.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pytest
@@ -52,3 +53,36 @@ def require_connector(spark: Any) -> None:
             f"the native Spark session has no Kafka connector ({CONNECTOR_CLASSPATH} is "
             "missing: run tools/fetch_kafka.sh)"
         )
+
+
+def read_committed_values(broker: Any, topic: str, expected: int) -> list[str]:
+    """Every record of ``topic`` a read_committed consumer sees (waits for ``expected``)."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": f"check-{time.monotonic_ns()}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    seen: list[str] = []
+    deadline = time.monotonic() + 60
+    idle_since = None
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error():
+                if len(seen) >= expected:
+                    idle_since = idle_since or time.monotonic()
+                    if time.monotonic() - idle_since > 2:  # nothing more behind them
+                        break
+                continue
+            idle_since = None
+            seen.append(message.value().decode())
+    finally:
+        consumer.close()
+    return seen

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from kafka_testing import KafkaBroker
+from kafka_testing import KafkaBroker, read_committed_values
 from pyspark.sql import functions as F
 
 OUTAGE_S = 3.0
@@ -60,39 +60,6 @@ def _rows(spark: Any, table: str) -> list[tuple[int, int, str]]:
     return sorted((r.partition, r.offset, r.v) for r in spark.table(table).collect())
 
 
-def _read_committed(broker: KafkaBroker, topic: str, expected: int) -> list[str]:
-    """Every record of ``topic`` a read_committed consumer sees (waits for ``expected``)."""
-    from confluent_kafka import Consumer
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": broker.bootstrap,
-            "group.id": f"check-{time.monotonic_ns()}",
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([topic])
-    seen: list[str] = []
-    deadline = time.monotonic() + 60
-    idle_since = None
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None or message.error():
-                if len(seen) >= expected:
-                    idle_since = idle_since or time.monotonic()
-                    if time.monotonic() - idle_since > 2:  # nothing more behind them
-                        break
-                continue
-            idle_since = None
-            seen.append(message.value().decode())
-    finally:
-        consumer.close()
-    return seen
-
-
 def test_broker_killed_and_restarted_under_running_queries(
     native_kafka: Any, ls: Any, broker: KafkaBroker, names: Any, tmp_path: Any
 ) -> None:
@@ -132,7 +99,7 @@ def test_broker_killed_and_restarted_under_running_queries(
         expected = sorted((i % 2, i // 2, f"v{i}") for i in range(20))
         assert _rows(native_kafka, native.name) == expected
         assert _rows(native_kafka, mine.name) == expected
-        assert sorted(_read_committed(broker, out, 20)) == sorted(f"v{i}" for i in range(20))
+        assert sorted(read_committed_values(broker, out, 20)) == sorted(f"v{i}" for i in range(20))
     finally:
         # While the broker runs: the broker fixture's teardown kills it before the
         # conftest's stops what a test left running, and a Kafka client stopped with

@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from kafka_testing import read_committed_values
 
 from lockgate.sinks import kafka as sink_module
 from lockgate.sinks.kafka import PartitionWriter
@@ -79,38 +80,6 @@ def _write(kafka: Any, topic: str, prefix: str, batch_id: int, values: list[str]
     return bool(summary.to_pylist()[0]["written"])
 
 
-def _read_committed(kafka: Any, topic: str, expected: int) -> list[str]:
-    from confluent_kafka import Consumer
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": kafka.bootstrap,
-            "group.id": f"check-{uuid.uuid4()}",
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([topic])
-    seen: list[str] = []
-    deadline = time.monotonic() + 60
-    idle_since = None
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None or message.error():
-                if len(seen) >= expected:
-                    idle_since = idle_since or time.monotonic()
-                    if time.monotonic() - idle_since > 2:  # nothing more behind them
-                        break
-                continue
-            idle_since = None
-            seen.append(message.value().decode())
-    finally:
-        consumer.close()
-    return seen
-
-
 def _kept_producer(kafka: Any, prefix: str) -> Any:
     config = {"bootstrap.servers": kafka.bootstrap, "partitioner": "murmur2_random"}
     key = pool_key(config, f"{prefix}-0")
@@ -140,7 +109,7 @@ def test_a_fenced_kept_producer_hands_the_batch_to_a_new_one(kafka: Any, names: 
     replaced = _kept_producer(kafka, prefix)
     assert replaced is not None and replaced is not kept
     assert not _write(kafka, topic, prefix, 2, ["d", "e"])  # batch 2 again: written before
-    assert sorted(_read_committed(kafka, topic, 5)) == ["a", "b", "c", "d", "e"]
+    assert sorted(read_committed_values(kafka, topic, 5)) == ["a", "b", "c", "d", "e"]
 
 
 def test_a_kept_consumer_reads_a_topic_created_again(kafka: Any, names: Any) -> None:
