@@ -249,6 +249,8 @@ class FileStreamSource(Source):
         self._spark = context.spark
         self._schema = context.schema
         self._format = format_name
+        self._empty: DataFrame | None = None
+        """The empty batch, made once (a listing of an empty directory on the driver)."""
         self._location = location
         self._opts = opts
         self._listing_options = _ListingOptions.parse(context.spark, location, read_options)
@@ -345,7 +347,9 @@ class FileStreamSource(Source):
         files = self._log.get_range(first + 1, last)
         logger.info("Processing %d files from %d:%d", len(files), first + 1, last)
         if not files:
-            return empty_file_frame(self._spark, self._format, self._schema)
+            if self._empty is None:
+                self._empty = empty_file_frame(self._spark, self._format, self._schema)
+            return self._empty
         backend = self._location.backend
         paths = []
         for f in files:
