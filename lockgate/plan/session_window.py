@@ -73,7 +73,7 @@ from lockgate.plan.aggregate_functions import (
     merge_buffers,
 )
 from lockgate.plan.event_time import column_event_time
-from lockgate.plan.state_udf import partitioned
+from lockgate.plan.state_udf import map_with_state, with_batch_params
 from lockgate.plan.stateful import StatefulContext, UniqueNames, micros, report_store_metrics
 from lockgate.state.arrow_types import schema_to_arrow, spark_type_to_arrow
 from lockgate.state.schema import SESSION_WINDOW_NAME, OperatorStateSchema
@@ -120,8 +120,11 @@ class SessionWindowAggregate(Aggregate):
     @property
     @override
     def reuses_state_step(self) -> bool:
-        """Session windows build their state step each batch."""
-        return False
+        return True
+
+    @override
+    def batch_params(self, ctx: StatefulContext, batch_id: int) -> dict[str, Any]:
+        return session_params(self, ctx, batch_id)
 
     @property
     def keys_without_session(self) -> tuple[str, ...]:
@@ -245,6 +248,8 @@ class SessionTask:
     merges: tuple[str, ...]
     output_mode: str
     version: int
+    """The state version to commit; 0 in the task made once per run, whose tasks take
+    this batch's values (:func:`~lockgate.plan.state_udf.with_batch_params`)."""
     key_columns: tuple[str, ...]
     start_column: str
     end_column: str
@@ -329,6 +334,7 @@ def merge_within_input_partitions(
 def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
     """Restore, merge and save the sessions of one state partition (runs on an executor)."""
 
+    task = with_batch_params(task, task.store.checkpoint_id)
     t_start = time.perf_counter()
     store = StateStore(task.store, partition, task.version - 1)
     n_buffers = len(task.buffer_columns)
@@ -432,6 +438,18 @@ def _utc(data_type: pa.DataType) -> pa.DataType:
     return data_type
 
 
+def session_params(node: SessionWindowAggregate, ctx: StatefulContext, batch_id: int) -> dict[str, Any]:
+    """This batch's values for the session state step (see ``map_with_state``)."""
+    watermarked = node.event_time_key is not None
+    return {
+        "version": batch_id + 1,
+        "late_watermark_ms": ctx.late_events_watermark_ms if watermarked else None,
+        "eviction_watermark_ms": (
+            ctx.batch_watermark_ms if watermarked and ctx.output_mode == "append" else None
+        ),
+    }
+
+
 def build_session_aggregate(
     node: SessionWindowAggregate,
     child: DataFrame,
@@ -524,7 +542,6 @@ def build_session_aggregate(
         min_versions_to_retain=ctx.min_versions_to_retain,
         checkpoint_id=ctx.checkpoint_id,
     )
-    watermarked = node.event_time_key is not None
     out_struct = StructType(
         [StructField(f.name, f.dataType, True) for f in key_fields + session_fields + value_fields]
     )
@@ -532,21 +549,22 @@ def build_session_aggregate(
         store=store,
         merges=tuple(m for spec in node.specs for m in spec.merges),
         output_mode=ctx.output_mode,
-        version=batch_id + 1,
+        version=0,  # this batch's values come with the tasks (with_batch_params)
         key_columns=tuple(flat_keys),
         start_column=start_name,
         end_column=end_name,
         buffer_columns=tuple(buffers),
-        late_watermark_ms=ctx.late_events_watermark_ms if watermarked else None,
+        late_watermark_ms=None,
         merge_in_input_partition=_merges_in_input_partition(child),
-        eviction_watermark_ms=(
-            ctx.batch_watermark_ms if watermarked and ctx.output_mode == "append" else None
-        ),
+        eviction_watermark_ms=None,
         out_schema=schema_to_arrow(out_struct, tz),
         accumulator=ctx.accumulator,
         operator_id=operator_id,
     )
-    stateful = flat.mapInArrow(partitioned(bind(run_session_task, task), ctx.num_partitions, tasks), out_struct)
+    params = session_params(node, ctx, batch_id)
+    stateful = map_with_state(
+        flat, ctx, node, lambda: bind(run_session_task, task), out_struct, operator_id, params, ctx.num_partitions
+    )
     if finished_after_state(node.specs):  # median, percentile: Spark's function per session
         session_keys = [*flat_keys, start_name, end_name]
         stateful = finish_after_state(stateful, session_keys, buffers, node.specs)

@@ -116,6 +116,26 @@ def test_rate_micro_batch_windowed_count_matches_native_per_batch(spark, ls):
     assert _execution(q).reused_plans >= 4
 
 
+def test_rate_micro_batch_session_windows_match_native_per_batch(spark, ls):
+    """Session windows take their state step's per-batch values from the tasks' local
+    property like the other operators, so their batches reuse the first batch's plan too,
+    and close sessions as native Spark does, batch by batch."""
+
+    def query(reader: Any) -> Any:
+        return (
+            _rate(reader, 7, 1_000)
+            .withWatermark("timestamp", "1 second")
+            .groupBy(F.session_window("timestamp", "500 milliseconds"), (F.col("value") % 3).alias("m"))
+            .agg(F.count("*").alias("n"), F.max("value").alias("top"))
+        )
+
+    native, _ = _first_batches(spark, spark.readStream, query)
+    ours, q = _first_batches(spark, ls.readStream, query)
+    assert ours == native
+    assert any(native.values())  # sessions were closed and emitted
+    assert _execution(q).reused_plans >= 4
+
+
 def test_outer_join_of_two_rate_sources_matches_native_per_batch(spark, ls):
     """A stream-stream left outer join reuses its plan with both sources substituted;
     matches and the null-extended rows of evicted left rows equal native Spark's."""
