@@ -170,6 +170,55 @@ def _event_micros_array(column: Any) -> Any:
     return micros_array(column) if pa.types.is_timestamp(column.type) else column.cast(pa.int64())
 
 
+def _groups_in_arrow(t: pa.DataType) -> bool:
+    """Whether Arrow's hash grouping of a key column agrees with the state's Python keys:
+    integers, strings, booleans, times. Not floating point (the state takes -0.0 as 0.0
+    and every NaN as one key) nor nested or decimal values."""
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_date(t)
+    )
+
+
+def _first_rows(batch: pa.RecordBatch, key_columns: tuple[str, ...], late: Any) -> tuple[pa.Array, list[int]]:
+    """The index of each key's first row that is not late, in arrival order, and how
+    many rows that are not late the key has in ``batch``. Grouped by Arrow when every key
+    column allows it (a batch of a million rows and a few thousand keys costs a few
+    thousand Python steps, not a million), else row by row."""
+    import numpy as np
+
+    n = batch.num_rows
+    rows = np.arange(n, dtype=np.int64) if late is None else np.flatnonzero(~late).astype(np.int64)
+    if all(_groups_in_arrow(batch.schema.field(k).type) for k in key_columns):
+        if late is None:
+            columns = [batch.column(k) for k in key_columns]
+        else:
+            mask = pa.array(~late)
+            columns = [batch.column(k).filter(mask) for k in key_columns]
+        names = [f"k{i}" for i in range(len(columns))]
+        table = pa.Table.from_arrays([*columns, pa.array(rows)], names=[*names, "row"])
+        grouped = table.group_by(names, use_threads=False).aggregate([("row", "min"), ("row", "count")])
+        order = pa.compute.sort_indices(grouped.column("row_min"))
+        return grouped.column("row_min").take(order).combine_chunks(), grouped.column("row_count").take(order).to_pylist()
+    keys = list(zip(*[column_values(batch.column(k), micros=True) for k in key_columns]))
+    first: dict[Any, int] = {}
+    count: dict[Any, int] = {}
+    for i in rows.tolist():
+        key = keys[i]
+        if key in count:
+            count[key] += 1
+        else:
+            first[key] = i
+            count[key] = 1
+    return pa.array(list(first.values()), type=pa.int64()), list(count.values())
+
+
 def _late_rows(event_micros: Any, watermark_us: int) -> Any:
     """A numpy bool mask of the rows whose event time is at or below the watermark."""
     import pyarrow.compute as pc
@@ -263,25 +312,31 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        keys = list(zip(*[column_values(batch.column(k), micros=True) for k in task.key_columns]))
         late_times = None
         if late_column and (late_us is not None or task.within_watermark):
             late_times = _event_micros_array(batch.column(late_column))
         late = _late_rows(late_times, late_us) if late_us is not None and late_times is not None else None
+        if late is not None:
+            dropped_late += int(late.sum())
+        # Each key's first on-time row, in arrival order, with the number of on-time rows
+        # of the key: only first rows can be new, and every other on-time row of a key is
+        # a duplicate of it (the state only gains keys while a batch runs).
+        firsts, counts = _first_rows(batch, task.key_columns, late)
+        keys = list(
+            zip(*[column_values(batch.column(k).take(firsts), micros=True) for k in task.key_columns])
+        )
         expires: list[Any] = []
         if task.within_watermark and task.event_time_column is not None:
             # the late-row column is the event-time column here: one conversion serves both
-            expires = column_values(late_times)
+            expires = column_values(late_times.take(firsts))
         keep: list[int] = []
-        for i, key in enumerate(keys):
-            if late is not None and late[i]:
-                dropped_late += 1
-                continue
+        for j, (key, i, n) in enumerate(zip(keys, firsts.to_pylist(), counts)):
             if key in state:
-                dropped_dup += 1
+                dropped_dup += n
                 continue
+            dropped_dup += n - 1
             if task.within_watermark:
-                t = (expires[i] or 0) + task.delay_ms * 1000
+                t = (expires[j] or 0) + task.delay_ms * 1000
                 store.put(key, [t])
             else:
                 t = _key_micros(key[task.event_time_key]) if task.event_time_key is not None else None
