@@ -331,20 +331,11 @@ def merge_within_input_partitions(
     return merged
 
 
-def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
-    """Restore, merge and save the sessions of one state partition (runs on an executor)."""
-
-    task = with_batch_params(task, task.store.checkpoint_id)
-    t_start = time.perf_counter()
-    store = StateStore(task.store, partition, task.version - 1)
-    n_buffers = len(task.buffer_columns)
-    late_us = None if task.late_watermark_ms is None else task.late_watermark_ms * 1000
+def _arrivals(task: SessionTask, batches: list[pa.RecordBatch]) -> dict[tuple[Any, ...], list[tuple[Any, ...]]]:
+    """Each key's partial rows ``(start, 1, end, input partition, arrival, buffers)``."""
     arrivals: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
     seq = 0
-    t_update = time.perf_counter()
     for batch in batches:
-        if batch.num_rows == 0:
-            continue
         keys = zip(*[batch.column(n).to_pylist() for n in task.key_columns])
         starts = batch.column(task.start_column).cast(pa.int64()).to_pylist()
         ends = batch.column(task.end_column).cast(pa.int64()).to_pylist()
@@ -355,7 +346,127 @@ def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
         for key, start, end, source, values in zip(keys, starts, ends, inputs, buffers):
             arrivals.setdefault(key, []).append((start, 1, end, source, seq, values))
             seq += 1
-    updated = removed = dropped = 0
+    return arrivals
+
+
+_ARRAY_MERGES = frozenset({"sum", "count", "min", "max"})
+"""Buffer merges :func:`batch_sessions` does with numpy (on integer buffers)."""
+
+
+def _groups_in_arrow(t: pa.DataType) -> bool:
+    """A key type whose Arrow equality and the state's Python equality agree."""
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_date(t)
+    )
+
+
+def batch_sessions(
+    task: SessionTask, batches: list[pa.RecordBatch], late_us: int | None
+) -> tuple[dict[tuple[Any, ...], list[tuple[Any, ...]]], int] | None:
+    """The batch's partial rows merged into sessions per key with Arrow and numpy, and
+    the number of late rows dropped; None when the aggregation or the keys need the
+    row-by-row path.
+
+    Late rows (session end at or below ``late_us``) are dropped first, as Spark's restore
+    drops them; the rest are sorted by key, start and end, and a row starts a new
+    session when its start lies after the end of every earlier row of its key, the fold
+    :func:`merge_sessions` does. Merging the batch's sessions with the stored ones after
+    that gives the same sessions, and the same buffers for merges that are associative
+    and commutative on integers (sum, count, min, max), which is when this path runs;
+    one row per session then goes through Python instead of one per input row.
+    """
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if task.merge_in_input_partition or not batches:
+        return None
+    if len(task.merges) != len(task.buffer_columns) or not set(task.merges) <= _ARRAY_MERGES:
+        return None
+    schema = batches[0].schema
+    if not all(_groups_in_arrow(schema.field(k).type) for k in task.key_columns):
+        return None
+    if not all(pa.types.is_integer(schema.field(b).type) for b in task.buffer_columns):
+        return None
+    table = pa.Table.from_batches(batches).combine_chunks()
+    if any(table.column(b).null_count for b in task.buffer_columns):
+        return None
+    starts = table.column(task.start_column).cast(pa.int64()).to_numpy()
+    ends = table.column(task.end_column).cast(pa.int64()).to_numpy()
+    dropped = 0
+    if late_us is not None:
+        on_time = ends > late_us
+        dropped = int(len(ends) - on_time.sum())
+        if dropped:
+            table, starts, ends = table.filter(pa.array(on_time)), starts[on_time], ends[on_time]
+    n = table.num_rows
+    if n == 0:
+        return {}, dropped
+    order = pc.sort_indices(  # a stable sort: arrival order among equal rows
+        table,
+        sort_keys=[(k, "ascending") for k in task.key_columns]
+        + [(task.start_column, "ascending"), (task.end_column, "ascending")],
+    )
+    table, starts, ends = table.take(order), starts[order.to_numpy()], ends[order.to_numpy()]
+    new_key = np.zeros(n, dtype=bool)
+    new_key[0] = True
+    for name in task.key_columns:
+        column = table.column(name).combine_chunks()
+        before, after = column.slice(0, n - 1), column.slice(1)
+        same = pc.or_(
+            pc.fill_null(pc.equal(before, after), False),
+            pc.and_(pc.is_null(before), pc.is_null(after)),
+        )
+        new_key[1:] |= ~same.to_numpy(zero_copy_only=False)
+    # The running maximum of the end within each key: the keys' ranges are stacked one
+    # above the other so one cumulative maximum serves them all.
+    group = np.cumsum(new_key) - 1
+    base = int(ends.min())
+    span = int(ends.max()) - base + 1
+    if span * (int(group[-1]) + 1) >= 2**62:
+        return None
+    lift = group * span
+    running_end = np.maximum.accumulate(ends - base + lift) - lift + base
+    new_session = new_key.copy()
+    new_session[1:] |= starts[1:] > running_end[:-1]
+    bounds = np.flatnonzero(new_session)
+    session_ends = np.maximum.reduceat(ends, bounds).tolist()
+    merged = []
+    for name, kind in zip(task.buffer_columns, task.merges):
+        values = table.column(name).to_numpy()
+        ufunc = np.minimum if kind == "min" else np.maximum if kind == "max" else np.add
+        merged.append(ufunc.reduceat(values, bounds).tolist())
+    firsts = pa.array(bounds)
+    keys = zip(*[table.column(k).take(firsts).to_pylist() for k in task.key_columns])
+    arrivals: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    for i, (key, start, end, values) in enumerate(
+        zip(keys, starts[bounds].tolist(), session_ends, zip(*merged))
+    ):
+        arrivals.setdefault(key, []).append((start, 1, end, 0, i, values))
+    return arrivals, dropped
+
+
+def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
+    """Restore, merge and save the sessions of one state partition (runs on an executor)."""
+
+    task = with_batch_params(task, task.store.checkpoint_id)
+    t_start = time.perf_counter()
+    store = StateStore(task.store, partition, task.version - 1)
+    n_buffers = len(task.buffer_columns)
+    late_us = None if task.late_watermark_ms is None else task.late_watermark_ms * 1000
+    batches = [batch for batch in batches if batch.num_rows]
+    t_update = time.perf_counter()
+    merged = batch_sessions(task, batches, late_us)
+    if merged is not None:
+        arrivals, dropped = merged
+        late_us = None  # the late rows are gone already
+    else:
+        arrivals, dropped = _arrivals(task, batches), 0
+    updated = removed = 0
     for key, rows in arrivals.items():
         if task.merge_in_input_partition:
             rows = merge_within_input_partitions(task.merges, rows)
