@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from lockgate.checkpoint.run_lock import CheckpointRunLock
 from lockgate.errors import StreamingQueryException, error_class_of
 from lockgate.interrupt import interruptible_by
+from lockgate.plan.state_udf import query_running
 from lockgate.state.provider import (
     PROVIDER_CONF,
     check_state_written_by_lockgate,
@@ -101,6 +102,7 @@ class StreamExecution:
         self.wake_event = threading.Event()
         self._await_progress = threading.Condition()
         self._no_new_data = False
+        self._registered = False
         self.stream_death_cause: StreamingQueryException | None = None
         self._status: dict[str, Any] = {
             "message": "Initializing StreamExecution",
@@ -195,6 +197,8 @@ class StreamExecution:
         try:
             sc.setJobGroup(self.run_id, self.batch_description("init"), interruptOnCancel=True)
             sc.setLocalProperty("sql.streaming.queryId", self.id)
+            self._registered = True
+            query_running(self.id, True)
             self.manager.query_started(self)
             self._start_latch.set()
             self.update_status("Initializing sources")
@@ -208,6 +212,8 @@ class StreamExecution:
             else:
                 self._record_failure(exc)
         finally:
+            if self._registered:
+                query_running(self.id, False)
             self._start_latch.set()
             self._finish()
 

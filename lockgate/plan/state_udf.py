@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -104,8 +105,34 @@ def property_key(checkpoint_id: str) -> str:
     return _PROPERTY + checkpoint_id
 
 
+_running: dict[str, int] = {}
+"""Query id -> how many of its runs are running (a restart may overlap the run it stops)."""
+_running_lock = threading.Lock()
+
+
+def query_running(query_id: str, running: bool) -> None:
+    """Record that a query of this driver started or stopped running (its stream thread).
+
+    Every state task hears which queries run (:func:`encode_params`) and its worker drops
+    the cached state partitions of the others (:func:`~lockgate.state.store.retain_cached`),
+    as Spark unloads the state stores of a stopped query: a stopped query's state must not
+    stay in the Python workers' memory until the cache's partition count pushes it out."""
+    with _running_lock:
+        count = _running.get(query_id, 0) + (1 if running else -1)
+        if count > 0:
+            _running[query_id] = count
+        else:
+            _running.pop(query_id, None)
+
+
 def encode_params(params: dict[int, dict[str, Any]]) -> str:
-    return json.dumps({str(op): values for op, values in params.items()}, sort_keys=True)
+    encoded: dict[str, Any] = {str(op): values for op, values in params.items()}
+    with _running_lock:
+        encoded[_RUNNING_KEY] = sorted(_running)
+    return json.dumps(encoded, sort_keys=True)
+
+
+_RUNNING_KEY = "runningQueries"
 
 
 def batch_params(checkpoint_id: str, operator_id: int) -> dict[str, Any]:
@@ -114,7 +141,13 @@ def batch_params(checkpoint_id: str, operator_id: int) -> dict[str, Any]:
 
     ctx = TaskContext.get()
     raw = ctx.getLocalProperty(property_key(checkpoint_id)) if ctx is not None else None
-    values = json.loads(raw).get(str(operator_id)) if raw else None
+    decoded = json.loads(raw) if raw else {}
+    values = decoded.get(str(operator_id))
+    running = decoded.get(_RUNNING_KEY)
+    if running is not None:
+        from lockgate.state.store import retain_cached
+
+        retain_cached({checkpoint_id, *running})
     if values is None:
         raise RuntimeError(
             f"lockgate: the state step of stateful operator {operator_id} ran outside the "

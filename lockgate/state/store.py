@@ -183,6 +183,20 @@ def _cache_put(
             _cache.popitem(last=False)
 
 
+def retain_cached(checkpoint_ids: set[str]) -> None:
+    """Drop this process's cached partitions of every query not in ``checkpoint_ids`` (the
+    queries running on the driver); partitions cached without a query id stay."""
+    with _cache_lock:
+        for key in [k for k in _cache if k[0] and k[0] not in checkpoint_ids]:
+            del _cache[key]
+
+
+def cached_queries() -> set[str]:
+    """The query ids this process holds cached state partitions of."""
+    with _cache_lock:
+        return {k[0] for k in _cache}
+
+
 def clear_cache() -> None:
     """Forget every cached partition of this process (tests use it to force file replay)."""
     with _cache_lock:
