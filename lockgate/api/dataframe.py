@@ -395,6 +395,35 @@ class StreamingDataFrame:
     def crossJoin(self, other: Any) -> StreamingDataFrame:
         return self.join(other, how="cross")
 
+    def _joined_by_static(self, static: DataFrame, on: Any = None, how: str | None = None) -> StreamingDataFrame:
+        """``static.join(self, on, how)``: the static DataFrame on the left, as Spark allows
+        it (inner, cross and right outer joins; the others are refused with Spark's
+        messages). Columns come in Spark's order: the static side's first."""
+        join_type = _JOIN_TYPES.get((how or "inner").lower().replace("_", "").replace(" ", ""))
+        if join_type is None:
+            join_type = _JOIN_TYPES.get((how or "").lower())
+        if join_type is None:
+            static.join(self._template, on, how)  # Spark's own error for an unknown join type
+            raise AnalysisError(f"Unsupported join type {how!r}.")
+        if join_type == "full_outer":
+            raise AnalysisError(
+                "FullOuter joins with streaming DataFrames/Datasets on the right and a static "
+                "DataFrame/Dataset on the left is not supported"
+            )
+        if join_type == "left_anti":
+            raise AnalysisError("LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported")
+        if join_type in ("left_outer", "left_semi"):
+            name = "LeftOuter" if join_type == "left_outer" else "LeftSemi"
+            raise AnalysisError(
+                f"{name} join with a streaming DataFrame/Dataset on the right and a static "
+                "DataFrame/Dataset on the left is not supported"
+            )
+        base = self._bound(on)
+        template = static.join(base._template, on, join_type)
+        node: PlanNode = StaticJoin(base._plan, static, on, join_type, static_left=True)
+        node = push_into_stateful(node, base._template, template) or node
+        return self._derive(node, template)
+
     def withWatermark(self, eventTime: str, delayThreshold: str) -> StreamingDataFrame:
         # PySpark's argument checks and Spark's parsing of the delay (CANNOT_PARSE_INTERVAL,
         # "should not be negative"); Spark's analyzer checks the column below.

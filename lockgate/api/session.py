@@ -112,4 +112,7 @@ def session(spark: SparkSession | None = None) -> StreamingSession:
                 .config("spark.sql.shuffle.partitions", str(max(2, (os.cpu_count() or 2))))
                 .getOrCreate()
             )
+    from lockgate.api.static_side import install
+
+    install()  # static.join(stream) builds lockgate's join (lockgate.api.static_side)
     return StreamingSession.for_spark(spark)

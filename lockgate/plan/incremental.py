@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
+from lockgate.jvm import analysed_frame
 from lockgate.plan.cache import PlanCache, frame
 from lockgate.plan.nodes import (
     EventTimeWatermark,
@@ -304,6 +305,12 @@ class IncrementalExecution:
                 return left.unionByName(right, allowMissingColumns=node.allow_missing_columns)
             return left.union(right)
         if isinstance(node, StaticJoin):
+            if node.static_left:
+                # the join is made on the static side's session; its analysed plan runs on
+                # the batch's (adaptive execution off, which the state's partitioning needs)
+                batch = self._build(node.child)
+                joined = node.other.join(batch, node.on, node.how)
+                return analysed_frame(batch.sparkSession, joined._jdf.queryExecution().analyzed())
             return self._build(node.child).join(node.other, node.on, node.how)
         if isinstance(node, EventTimeWatermark):
             return self._observe_event_time(node, self._pushed_down(node, self._build(node.child)))

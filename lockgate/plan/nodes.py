@@ -134,19 +134,22 @@ class Union(PlanNode):
 
 @dataclass(frozen=True, eq=False)
 class StaticJoin(PlanNode):
-    """A join of the stream (left) with a static DataFrame (right)."""
+    """A join of the stream with a static DataFrame: the stream on the left, or on the
+    right with ``static_left`` (``static.join(stream)``, inner or right outer)."""
 
     child: PlanNode
     other: DataFrame
     on: Any
     how: str
+    static_left: bool = False
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
 
     def describe(self) -> str:
-        return f"Join {self.how}, on={_short(self.on)}, static={_short(self.other)}"
+        side = "static (left)" if self.static_left else "static"
+        return f"Join {self.how}, on={_short(self.on)}, {side}={_short(self.other)}"
 
 
 @dataclass(frozen=True, eq=False)
