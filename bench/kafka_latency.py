@@ -110,6 +110,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--keys", type=int, default=1000, help="distinct keys (the window count's groups)"
     )
+    parser.add_argument(
+        "--kafka-io",
+        default="auto",
+        choices=("auto", "jvm", "python"),
+        help="spark.lockgate.kafka.io: lockgate's Kafka reader and at-least-once writer "
+        "(auto: Spark's connector, which the benchmark's session has; python: librdkafka)",
+    )
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--shuffle-partitions", type=int, default=2)
     parser.add_argument("--driver-memory", default="2g")
@@ -552,6 +559,7 @@ def main(
     if own_spark:
         spark = make_spark(args)
         spark.sparkContext.setLogLevel("FATAL")
+    spark.conf.set("spark.lockgate.kafka.io", args.kafka_io)
     ls = lockgate.session(spark)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     results: dict[str, Any] = {
@@ -571,6 +579,7 @@ def main(
             "keys": args.keys,
             "master": spark.sparkContext.master,
             "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+            "kafka_io": args.kafka_io,
             "cpus": os.cpu_count(),
             "loadavg_start": loadavg(),
             "sinks": SINK_MODE,

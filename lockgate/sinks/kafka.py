@@ -30,7 +30,9 @@ another producer of its id, an error reported since its last use, a timeout) abo
 its transaction and writes the partition again with a new producer.
 
 ``option("exactlyOnce", "false")`` writes as Spark does: an idempotent producer (kept
-per worker), at least once across failures.
+per worker), at least once across failures. When the session has Spark's Kafka
+connector (``spark.lockgate.kafka.io``, :mod:`lockgate.sources.kafka.connector`), those
+writes are Spark's own: ``df.write.format("kafka")``, in the JVM.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from lockgate.sinks.base import (
     SinkContext,
     SinkProvider,
 )
+from lockgate.sources.kafka import connector
 from lockgate.sources.kafka.clients import (
     KEPT_TIMEOUT_S,
     ClientPool,
@@ -58,7 +61,7 @@ from lockgate.sources.kafka.clients import (
     pool_key,
     using,
 )
-from lockgate.sources.kafka.options import kafka_params
+from lockgate.sources.kafka.options import connector_params, kafka_params
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -81,6 +84,9 @@ class KafkaSinkOptions:
     exactly_once: bool
     transactional_id_prefix: str | None
     marker_topic: str | None
+    spark_options: dict[str, str]
+    """What Spark's batch Kafka writer is given when the JVM writes: the ``kafka.*``
+    options as written (Java client property names) and the topic."""
 
     @classmethod
     def parse(cls, options: Options) -> KafkaSinkOptions:
@@ -107,8 +113,13 @@ class KafkaSinkOptions:
             )
         producer.setdefault("partitioner", "murmur2_random")  # Java's default partitioner
         topic = options.get_str("topic")
+        topic = topic.strip() if topic and topic.strip() else None
+        spark_options = connector_params(options)
+        if topic is not None:
+            spark_options["topic"] = topic
         return cls(
-            topic=topic.strip() if topic and topic.strip() else None,
+            topic=topic,
+            spark_options=spark_options,
             producer=producer,
             exactly_once=options.get_bool("exactlyOnce", True),
             transactional_id_prefix=options.get_str("transactionalIdPrefix"),
@@ -451,6 +462,8 @@ class KafkaSink(Sink):
         self.options = options
         self._columns = validate_schema(context.schema, options.topic)
         self._query_id: str | None = None
+        # The exactly-once writes (transactions) are lockgate's own; Spark's writer has none.
+        self._jvm = not options.exactly_once and connector.use_jvm(context.spark)
 
     def _prefix(self) -> str:
         if self.options.transactional_id_prefix:
@@ -470,6 +483,10 @@ class KafkaSink(Sink):
         from pyspark.sql import functions as F
 
         o = self.options
+        if self._jvm:  # the columns were checked at start, and Spark checks them again
+            connector.write_batch(data, o.spark_options)
+            logger.info("Kafka sink wrote batch %d with Spark's Kafka writer", batchId)
+            return
         fields = data.schema.fields
         used = validate_schema(data.schema, o.topic)
         if sorted(used.values()) == list(range(len(fields))):

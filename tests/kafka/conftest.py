@@ -33,6 +33,18 @@ def native_kafka(spark):
     return spark
 
 
+@pytest.fixture(params=["jvm", "python"])
+def kafka_io(request, native_kafka):
+    """Each Kafka reader and at-least-once writer in turn (``spark.lockgate.kafka.io``):
+    Spark's Kafka connector in the JVM, and librdkafka in the Python workers."""
+    from differential import spark_conf
+
+    from lockgate.sources.kafka.connector import IO_CONF
+
+    with spark_conf(native_kafka, IO_CONF, request.param):
+        yield request.param
+
+
 @pytest.fixture
 def names():
     """Unique topic names for one test: ``names("in")`` -> ``"in-<random>"``."""

@@ -106,8 +106,11 @@ def main(argv: list[str]) -> int:
 
     import lockgate
 
+    builder = SparkSession.builder
+    if jobs[0].get("jars"):
+        builder = builder.config("spark.jars", jobs[0]["jars"])  # Spark's Kafka connector
     spark = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("lockgate-kafka-crash-driver")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -121,7 +124,11 @@ def main(argv: list[str]) -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     ls = lockgate.session(spark)
-    queries = [(job, _start(ls, job)) for job in jobs]
+    queries = []
+    for job in jobs:
+        # read when the query starts (its session is a clone): one reader per job
+        spark.conf.set("spark.lockgate.kafka.io", job.get("kafka_io", "auto"))
+        queries.append((job, _start(ls, job)))
     failed = False
     for job, q in queries:
         try:

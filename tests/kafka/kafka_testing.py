@@ -20,6 +20,7 @@ from bench.kafka_broker import (  # noqa: F401 - the tests' names for them
     HOST,
     KafkaBroker,
     broker_problem,
+    connector_jars,
     free_port,
     read_classpath,
 )

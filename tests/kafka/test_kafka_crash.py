@@ -12,7 +12,8 @@ exactly-once sink. The first run is killed with SIGKILL in batch 1
 
 Then two more records arrive in each partition and one driver process restarts every
 case from its checkpoint. Checked: a read-committed consumer sees every input record
-exactly once in the output.
+exactly once in the output. The driver has Spark's Kafka connector; the phases alternate
+between its reader in the JVM and librdkafka's (``spark.lockgate.kafka.io``, ``READERS``).
 """
 
 from __future__ import annotations
@@ -31,12 +32,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka_testing import connector_jars
 
 pytestmark = pytest.mark.slow
 
 DRIVER = Path(__file__).with_name("kafka_crash_driver.py")
 PHASES = ("after_wal", "during_sink", "after_sink", "after_commit")
 PROCESS_TIMEOUT_S = 600
+READERS = {"after_wal": "python", "during_sink": "jvm", "after_sink": "python", "after_commit": "jvm"}
+"""Each phase's Kafka reader (``spark.lockgate.kafka.io``): both readers are killed in
+and around the sink's writes, without running every phase twice."""
 
 
 @dataclass
@@ -58,6 +63,8 @@ class Case:
             "max_offsets": 6,
             "kill_in_sink": crash and self.phase == "during_sink",
             "marker": str(self.root / "killed-in-sink"),
+            "jars": connector_jars(),
+            "kafka_io": READERS[self.phase] if connector_jars() else "python",
             "kill_on_offset": 2,
             # batch 0 (6 records) and batch 1's partitions 0 and 1 (2 records each)
             "kill_after": 10,

@@ -42,7 +42,7 @@ def last_offsets(checkpoint: str) -> dict:
 
 
 def test_batches_match_native_with_max_offsets_headers_and_restart(
-    native_kafka, ls, kafka, names, tmp_path
+    native_kafka, ls, kafka, names, tmp_path, kafka_io
 ):
     topic = names("src")
     kafka.create_topic(topic, partitions=3)
@@ -130,7 +130,7 @@ def test_partitions_added_while_running_are_read_from_their_start(
     assert {row for _, rows in diff.batches() for row in rows if "', 2, " in row}
 
 
-def test_records_lost_to_retention(native_kafka, ls, kafka, names, tmp_path):
+def test_records_lost_to_retention(native_kafka, ls, kafka, names, tmp_path, kafka_io):
     topic = names("lost")
     kafka.create_topic(topic, partitions=2)
     kafka.produce(topic, records(16, 2))
@@ -373,3 +373,81 @@ def test_ranges_split_as_sparks_own_calculator(native_kafka):
         )
         cases += len(expected) > len([r for r in ranges if r.size > 0])
     assert cases > 50  # many cases really split
+
+
+def _reads_in_the_jvm(df) -> bool:
+    """Whether a batch is read by Spark's Kafka connector (else by lockgate's mapInArrow)."""
+    return "KafkaRelation" in df._jdf.queryExecution().analyzed().toString()
+
+
+def _rows(df) -> list[tuple]:
+    return sorted((tuple(r) for r in df.collect()), key=lambda r: (r[3], r[4]))
+
+
+def test_both_readers_give_the_same_rows_and_a_restart_keeps_the_last_reader(
+    native_kafka, kafka, names, tmp_path
+):
+    """The same offset range read by Spark's connector and by librdkafka gives the same
+    rows, metadata and headers included. The first batch after a restart is read by the
+    reader that read the last batch before it (it may be that batch, run again, which
+    must split into the same tasks for the exactly-once sink); the next by the session's."""
+    from differential import spark_conf
+
+    from lockgate.sources.kafka.connector import IO_CONF
+    from lockgate.testing import ManualClock
+
+    topic = names("readers")
+    kafka.create_topic(topic, partitions=3)
+    kafka.produce(topic, records(12, 3))
+    options = {
+        "kafka.bootstrap.servers": kafka.bootstrap,
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+        "includeHeaders": "true",
+    }
+
+    def source(io: str):
+        with spark_conf(native_kafka, IO_CONF, io):
+            return make_source(native_kafka, tmp_path, ManualClock(0), **options)
+
+    first = source("jvm")
+    start = first.initialOffset()
+    end = first.latestOffset(start, first.getDefaultReadLimit())
+    jvm_batch = first.getBatch(start, end)
+    assert _reads_in_the_jvm(jvm_batch)
+    first.stop()
+    restarted = source("python")
+    again = restarted.getBatch(start, end)
+    assert _reads_in_the_jvm(again)  # as the batch before the restart
+    python_batch = restarted.getBatch(start, end)
+    assert not _reads_in_the_jvm(python_batch)  # the session's choice from then on
+    assert _rows(jvm_batch) == _rows(python_batch)
+    assert len(_rows(python_batch)) == 12
+    assert any(row[-1] for row in _rows(python_batch))  # headers are there
+    restarted.stop()
+    # The reader of the last batch (librdkafka) was recorded: it reads the next first batch.
+    third = source("jvm")
+    assert not _reads_in_the_jvm(third.getBatch(start, end))
+    assert _reads_in_the_jvm(third.getBatch(start, end))
+    third.stop()
+
+
+def test_kafka_io_setting(native_kafka, monkeypatch):
+    from differential import spark_conf
+
+    from lockgate.errors import OptionError
+    from lockgate.sources.kafka import connector
+
+    with spark_conf(native_kafka, connector.IO_CONF, "python"):
+        assert connector.use_jvm(native_kafka) is False
+    with spark_conf(native_kafka, connector.IO_CONF, "JVM"):
+        assert connector.use_jvm(native_kafka) is True
+    assert connector.use_jvm(native_kafka) is True  # auto, the default: the tests have it
+    with spark_conf(native_kafka, connector.IO_CONF, "spark"):
+        with pytest.raises(OptionError, match=r"spark.lockgate.kafka.io.*'auto', 'jvm', 'python'"):
+            connector.use_jvm(native_kafka)
+    monkeypatch.setattr(connector, "connector_loadable", lambda spark: False)
+    assert connector.use_jvm(native_kafka) is False  # auto without the connector: librdkafka
+    with spark_conf(native_kafka, connector.IO_CONF, "jvm"):
+        with pytest.raises(OptionError, match=r"spark-sql-kafka-0-10_2.13.*spark.jars"):
+            connector.use_jvm(native_kafka)

@@ -42,6 +42,29 @@ AUTO_OFFSET_RESET_MESSAGE = (
 )
 
 
+SPARK_READER_KEYS = (
+    "kafkaconsumer.polltimeoutms",
+    "fetchoffset.numretries",
+    "fetchoffset.retryintervalms",
+    "minpartitions",
+    "maxrecordsperpartition",
+)
+"""Options besides ``kafka.*`` that Spark's batch reader takes as the source does (the
+JVM reader of :mod:`lockgate.sources.kafka.connector` passes them on as given; it sets
+``failOnDataLoss`` and ``includeHeaders`` from the parsed values)."""
+
+
+def connector_params(options: Options, keys: tuple[str, ...] = ()) -> dict[str, str]:
+    """The options Spark's Kafka connector is given, as the user wrote them: every
+    ``kafka.*`` option (Java client property names, prefix kept) and those in ``keys``
+    (lower case)."""
+    return {
+        key: options[key]
+        for key in options
+        if key.lower().startswith("kafka.") or key.lower() in keys
+    }
+
+
 def kafka_params(options: Options) -> dict[str, str]:
     """``kafka.*`` options without the prefix, as librdkafka properties."""
     out: dict[str, str] = {}
@@ -246,6 +269,8 @@ class KafkaSourceOptions:
     max_records_per_partition: int | None = None
     fetch_offset_attempts: int = DEFAULT_FETCH_OFFSET_ATTEMPTS
     fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
+    spark_options: dict[str, str] = field(default_factory=dict)
+    """What Spark's batch reader is given when the JVM reads (``connector_params``)."""
 
     @classmethod
     def parse(cls, options: Options) -> KafkaSourceOptions:
@@ -330,6 +355,7 @@ class KafkaSourceOptions:
             poll_timeout_ms=poll,
             fetch_offset_attempts=attempts,
             fetch_offset_retry_interval_ms=interval,
+            spark_options=connector_params(options, SPARK_READER_KEYS),
         )
 
 

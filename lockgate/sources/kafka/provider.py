@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from lockgate.errors import OptionError
 from lockgate.sources.base import SourceProvider
+from lockgate.sources.kafka import connector
 from lockgate.sources.kafka.continuous import KafkaContinuousStream
 from lockgate.sources.kafka.options import KafkaSourceOptions
 from lockgate.sources.kafka.source import KafkaSource, kafka_schema
@@ -38,7 +39,8 @@ class KafkaSourceProvider(SourceProvider):
         return kafka_schema(parsed.include_headers)
 
     def createSource(self, context: SourceContext) -> Source:
-        return KafkaSource(context, KafkaSourceOptions.parse(context.options))
+        options = KafkaSourceOptions.parse(context.options)
+        return KafkaSource(context, options, jvm=connector.use_jvm(context.spark))
 
     supports_continuous = True
 

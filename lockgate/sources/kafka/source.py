@@ -6,7 +6,9 @@ that never fetches records. Each batch is ``spark.range(n)`` in ``n`` partitions
 Spark task per topic-partition range (Spark's ``KafkaSourceRDD``; ``minPartitions``
 splits large ranges), turned into records by ``mapInArrow`` with a function that holds
 the ranges and consumes range ``id`` from Kafka inside the task (:class:`RangeReader`),
-with a consumer kept in the Python worker between tasks (``clients.py``).
+with a consumer kept in the Python worker between tasks (``clients.py``). When the
+session has Spark's Kafka connector (``spark.lockgate.kafka.io``), the batch is read by
+Spark's batch Kafka reader in the JVM instead (``connector.py``), over the same ranges.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from lockgate.sources.base import (
     Source,
     SourceContext,
 )
+from lockgate.sources.kafka import connector
 from lockgate.sources.kafka.clients import (
     KEPT_TIMEOUT_S,
     ClientPool,
@@ -259,7 +262,10 @@ class KafkaSource(Source):
 
     supportsTriggerAvailableNow = True
 
-    def __init__(self, context: SourceContext, options: KafkaSourceOptions) -> None:
+    def __init__(
+        self, context: SourceContext, options: KafkaSourceOptions, *, jvm: bool = False
+    ) -> None:
+        """``jvm``: read batches with Spark's Kafka connector (``connector.use_jvm``)."""
         self._spark = context.spark
         self._clock = context.clock
         self.options = options
@@ -278,6 +284,12 @@ class KafkaSource(Source):
         self._available_now_requested = False
         self._last_trigger_ms = 0
         self._ids: tuple[int, DataFrame] | None = None
+        self._fs = context.fs
+        self._metadata_path = context.metadata_path
+        self._jvm = jvm
+        self._fresh = False
+        self._readers: _ReaderLog | None = None
+        self._reader_used: str | None = None
 
     @property
     def schema(self) -> StructType:
@@ -289,6 +301,7 @@ class KafkaSource(Source):
             logged = self._log.get(0)
             if logged is None:
                 logged = to_json(self._reader.with_retries(self._resolve_starting))
+                self._fresh = True
                 try:
                     self._log.add(0, logged)
                 except ConcurrentWriteError:
@@ -503,6 +516,15 @@ class KafkaSource(Source):
         schema = self.schema
         if not ranges:
             return self._spark.createDataFrame([], schema)
+        if self._choose_reader() == JVM_READER:
+            return connector.read_ranges(
+                self._spark,
+                ranges,
+                spark_options=self.options.spark_options,
+                executor_group=self._executor_group,
+                fail_on_data_loss=self.options.fail_on_data_loss,
+                include_headers=self.options.include_headers,
+            )
         reader = RangeReader(
             config=self.executor_config(),
             include_headers=self.options.include_headers,
@@ -513,6 +535,44 @@ class KafkaSource(Source):
             ranges=tuple(ranges),
         )
         return self._task_ids(len(ranges)).mapInArrow(reader, schema)
+
+    def _choose_reader(self) -> str:
+        """Which reader reads this batch: the session's choice
+        (``spark.lockgate.kafka.io``), except for the first batch of a restarted query,
+        which may be the last batch of the previous run, run again after a failure. That
+        one is read by the reader that read the previous run's last batch (recorded in
+        ``sources/<i>/reader/``), so that it splits into the same tasks as when it ran
+        first: the exactly-once Kafka sink relies on a batch run again having the same
+        partitions. A change of reader is recorded before the batch is read."""
+        wanted = JVM_READER if self._jvm else PYTHON_READER
+        if self._readers is None:
+            self._readers = _ReaderLog(self._fs, self._fs.join(self._metadata_path, "reader"))
+            latest = self._readers.get_latest()
+            self._reader_used = latest[1] if latest is not None else PYTHON_READER
+            if not self._fresh and self._reader_used != wanted:
+                if self._reader_used == JVM_READER and not connector.connector_loadable(
+                    self._spark
+                ):
+                    logger.warning(
+                        "Kafka source: the last batch before this restart was read by "
+                        "Spark's Kafka connector, which this session does not have; if "
+                        "that batch runs again, it is read by librdkafka and may split "
+                        "into other partitions, so a kafka sink writing exactly once may "
+                        "write some of its records twice or not at all."
+                    )
+                else:
+                    logger.info(
+                        "Kafka source: the first batch after the restart is read as the "
+                        "last one before it (%s), the next ones by %s",
+                        self._reader_used,
+                        wanted,
+                    )
+                    return self._reader_used
+        if wanted != self._reader_used:
+            latest = self._readers.get_latest()
+            self._readers.add(0 if latest is None else latest[0] + 1, wanted)
+            self._reader_used = wanted
+        return wanted
 
     def _task_ids(self, count: int) -> DataFrame:
         """``spark.range(count)`` in ``count`` partitions, one task per offset range (the
@@ -543,6 +603,37 @@ class KafkaSource(Source):
 
     def description(self) -> str:
         return f"KafkaV2[{self.options.strategy.describe()}]"
+
+
+JVM_READER = "jvm"
+PYTHON_READER = "python"
+
+
+class _ReaderLog(MetadataLog[str]):
+    """``sources/<i>/reader/N``: from its N-th change on, which reader read the source's
+    batches (``jvm``: Spark's Kafka connector; ``python``: librdkafka). No entry: librdkafka
+    (checkpoints from before the connector reader). Spark lists only numbered files in
+    ``sources/<i>``, so it does not see this directory."""
+
+    def serialize(self, entry: str) -> str:
+        import json
+
+        return json.dumps({"reader": entry}, separators=(",", ":"))
+
+    def deserialize(self, body: str, path: str) -> str:
+        import json
+
+        try:
+            reader = json.loads(body)["reader"]
+            if reader not in (JVM_READER, PYTHON_READER):
+                raise ValueError(f"unknown reader {reader!r}")
+        except (TypeError, ValueError, KeyError) as exc:
+            raise CheckpointError(
+                f"Kafka source reader log {path} is corrupt: {body!r} ({exc}). Restore it, "
+                "or delete the directory if no batch is left to run again.",
+                path=path,
+            ) from exc
+        return str(reader)
 
 
 def _java_hash(text: str) -> int:

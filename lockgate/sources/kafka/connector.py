@@ -1,0 +1,194 @@
+"""Kafka I/O in the JVM with Spark's own Kafka connector, as Spark *batch* work.
+
+When the session's JVM has Spark's Kafka connector (``spark-sql-kafka-0-10``) on its
+classpath, a micro-batch reads its records with ``spark.read.format("kafka")`` over
+exactly the batch's offset ranges, and the at-least-once sink writes with
+``df.write.format("kafka")``: no Python stage in the batch's Spark job for them. The
+driver-side planning (latest offsets, ``maxOffsetsPerTrigger``, new partitions, data
+loss between batches) stays lockgate's (:mod:`lockgate.sources.kafka.source`); the
+exactly-once sink (Kafka transactions) and the continuous mode stay on librdkafka.
+
+``spark.lockgate.kafka.io`` chooses: ``auto`` (the default: the connector when it is
+loadable, else librdkafka), ``jvm`` (the connector, or an error naming it at start) or
+``python`` (librdkafka always). See ``docs/kafka.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from lockgate.errors import OptionError
+from lockgate.sources.kafka.offsets import OffsetRange, TopicPartition
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+logger = logging.getLogger(__name__)
+
+IO_CONF = "spark.lockgate.kafka.io"
+IO_CHOICES = ("auto", "jvm", "python")
+IO_DEFAULT = "auto"
+PROVIDER_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+V1_SOURCES_CONF = "spark.sql.sources.useV1SourceList"
+GROUP_ID_WARNING_LOGGER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+
+
+def io_setting(spark: SparkSession) -> str:
+    """``spark.lockgate.kafka.io``, checked: ``auto``, ``jvm`` or ``python``."""
+    raw = spark.conf.get(IO_CONF, None)
+    value = IO_DEFAULT if raw is None or not str(raw).strip() else str(raw).strip().lower()
+    if value not in IO_CHOICES:
+        raise OptionError(
+            f"Invalid value {raw!r} for {IO_CONF}: expected one of "
+            + ", ".join(repr(c) for c in IO_CHOICES)
+            + " ('auto': Spark's Kafka connector when the session has it, else librdkafka).",
+            option=IO_CONF,
+        )
+    return value
+
+
+def connector_loadable(spark: SparkSession) -> bool:
+    """Whether the driver's JVM can load Spark's Kafka connector (``spark.jars``,
+    ``spark.jars.packages`` or the classpath)."""
+    from py4j.protocol import Py4JError
+
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    try:
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        jvm.java.lang.Class.forName(PROVIDER_CLASS, False, loader)
+    except Py4JError:
+        return False
+    return True
+
+
+def use_jvm(spark: SparkSession) -> bool:
+    """Whether Kafka records are read (and written at least once) by Spark's connector,
+    by ``spark.lockgate.kafka.io``; ``jvm`` without the connector is an error."""
+    setting = io_setting(spark)
+    if setting == "python":
+        return False
+    if connector_loadable(spark):
+        return True
+    if setting == "jvm":
+        raise OptionError(
+            f"{IO_CONF} is 'jvm', but Spark's Kafka connector ({PROVIDER_CLASS}) is not on "
+            "this session's classpath. Add it when the session is created, e.g. "
+            '.config("spark.jars.packages", '
+            f'"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark.version}"), or list its jar '
+            "and its dependencies (kafka-clients, commons-pool2, "
+            "spark-token-provider-kafka-0-10) in spark.jars; or set "
+            f"{IO_CONF} to 'auto' or 'python' to read and write with librdkafka "
+            "(confluent-kafka).",
+            option=IO_CONF,
+        )
+    return False
+
+
+_QUIETED: set[int] = set()
+
+
+def _quiet_group_id_warning(spark: SparkSession) -> None:
+    """Spark's batch reader warns, at every read, that ``kafka.group.id`` is set; the
+    JVM reader sets it itself (see :func:`read_ranges`), so the warning says nothing to
+    the user. Raised to ERROR once per JVM, unless the user configured that logger."""
+    key = id(spark.sparkContext)
+    if key in _QUIETED:
+        return
+    _QUIETED.add(key)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    try:
+        context = jvm.org.apache.logging.log4j.LogManager.getContext(False)
+        if context.getConfiguration().getLoggers().containsKey(GROUP_ID_WARNING_LOGGER):
+            return
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            GROUP_ID_WARNING_LOGGER, jvm.org.apache.logging.log4j.Level.ERROR
+        )
+    except Exception:  # another logging backend: the warning stays
+        logger.debug("Could not quiet Spark's kafka.group.id warning", exc_info=True)
+
+
+def _partition_json(ranges: dict[TopicPartition, tuple[int, int]], index: int) -> str:
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), bounds in sorted(ranges.items()):
+        out.setdefault(topic, {})[str(partition)] = bounds[index]
+    return json.dumps(out, separators=(",", ":"))
+
+
+def read_ranges(
+    spark: SparkSession,
+    ranges: Iterable[OffsetRange],
+    *,
+    spark_options: dict[str, str],
+    executor_group: str,
+    fail_on_data_loss: bool,
+    include_headers: bool,
+) -> DataFrame:
+    """The records of ``ranges`` (non-empty, as ``KafkaSource.offset_ranges`` gives
+    them), read by Spark's batch Kafka reader: ``assign`` of their topic-partitions,
+    ``startingOffsets``/``endingOffsets`` of their bounds, the user's ``kafka.*`` and
+    reader options. Pieces of one partition (``minPartitions``,
+    ``maxRecordsPerPartition``) are given whole; Spark's reader splits them with the
+    same options.
+
+    The executors' consumers are pooled by Spark per group id, and the batch reader's
+    default is a new group per read (a new consumer per partition and batch, piling up in
+    the pool), so the reader is given the source's executor group as ``kafka.group.id``
+    (the user's, when set)."""
+    bounds: dict[TopicPartition, tuple[int, int]] = {}
+    for r in ranges:
+        tp = (r.topic, r.partition)
+        low, high = bounds.get(tp, (r.from_offset, r.until_offset))
+        bounds[tp] = (min(low, r.from_offset), max(high, r.until_offset))
+    assign: dict[str, list[int]] = {}
+    for topic, partition in sorted(bounds):
+        assign.setdefault(topic, []).append(partition)
+    options = dict(spark_options)
+    if not any(k.lower() == "kafka.group.id" for k in options):
+        options["kafka.group.id"] = executor_group
+        _quiet_group_id_warning(spark)
+    options.update(
+        {
+            "assign": json.dumps(assign, separators=(",", ":")),
+            "startingOffsets": _partition_json(bounds, 0),
+            "endingOffsets": _partition_json(bounds, 1),
+            "failOnDataLoss": "true" if fail_on_data_loss else "false",
+            "includeHeaders": "true" if include_headers else "false",
+        }
+    )
+    return spark.read.format("kafka").options(**options).load()
+
+
+def write_batch(data: DataFrame, options: dict[str, str]) -> None:
+    """Write ``data`` with Spark's batch Kafka writer (at least once, Spark's pooled
+    producers). Through Spark's DataSource V2 path: the V1 path (Spark's default for
+    ``kafka``) runs the write as a command whose inner job reports no observed metrics,
+    and lockgate's batch metrics (input rows, event time, output rows) are observations."""
+    conf = data.sparkSession.conf
+    before = conf.get(V1_SOURCES_CONF)  # without a default: Spark's when unset
+    names = [n for n in (before or "").split(",") if n.strip()]
+    without = ",".join(n for n in names if n.strip().lower() != "kafka")
+    changed = before is not None and without != before
+    if changed:
+        conf.set(V1_SOURCES_CONF, without)
+    try:
+        data.write.format("kafka").options(**options).mode("append").save()
+    finally:
+        if changed:
+            assert before is not None
+            conf.set(V1_SOURCES_CONF, before)
+
+
+__all__ = [
+    "IO_CHOICES",
+    "IO_CONF",
+    "connector_loadable",
+    "io_setting",
+    "read_ranges",
+    "use_jvm",
+    "write_batch",
+]
