@@ -451,3 +451,39 @@ def test_kafka_io_setting(native_kafka, monkeypatch):
     with spark_conf(native_kafka, connector.IO_CONF, "jvm"):
         with pytest.raises(OptionError, match=r"spark-sql-kafka-0-10_2.13.*spark.jars"):
             connector.use_jvm(native_kafka)
+
+
+def test_a_restart_without_the_connector_that_read_the_last_batch_is_refused(
+    native_kafka, kafka, names, tmp_path, monkeypatch
+):
+    """The last batch before a restart was read by Spark's connector, which the restarted
+    session lacks: that batch, run again by librdkafka, could split into other partitions
+    and an exactly-once sink could write records twice or lose them. Refused with the fix
+    named, unless the session asks for librdkafka explicitly."""
+    from differential import spark_conf
+
+    from lockgate.errors import CheckpointError
+    from lockgate.sources.kafka import connector
+    from lockgate.testing import ManualClock
+
+    topic = names("gone")
+    kafka.create_topic(topic, partitions=2)
+    kafka.produce(topic, records(6, 2))
+    options = {"kafka.bootstrap.servers": kafka.bootstrap, "subscribe": topic, "startingOffsets": "earliest"}
+    with spark_conf(native_kafka, connector.IO_CONF, "jvm"):
+        first = make_source(native_kafka, tmp_path, ManualClock(0), **options)
+        start = first.initialOffset()
+        end = first.latestOffset(start, first.getDefaultReadLimit())
+        assert _reads_in_the_jvm(first.getBatch(start, end))
+        first.stop()
+    monkeypatch.setattr(connector, "connector_loadable", lambda spark: False)
+    restarted = make_source(native_kafka, tmp_path, ManualClock(0), **options)
+    with pytest.raises(CheckpointError, match=r"spark-sql-kafka-0-10_2.13.*'python'"):
+        restarted.getBatch(start, end)
+    restarted.stop()
+    with spark_conf(native_kafka, connector.IO_CONF, "python"):
+        anyway = make_source(native_kafka, tmp_path, ManualClock(0), **options)
+        batch = anyway.getBatch(start, end)
+        assert not _reads_in_the_jvm(batch)
+        assert len(_rows(batch)) == 6
+        anyway.stop()

@@ -553,12 +553,27 @@ class KafkaSource(Source):
                 if self._reader_used == JVM_READER and not connector.connector_loadable(
                     self._spark
                 ):
+                    if connector.io_setting(self._spark) != "python":
+                        raise CheckpointError(
+                            "The last Kafka batch before this restart was read by Spark's "
+                            "Kafka connector, which this session does not have. If that "
+                            "batch runs again, librdkafka may split it into other "
+                            "partitions, and a kafka sink writing exactly once could then "
+                            "write some of its records twice or not at all. Add the "
+                            "connector to the session (spark.jars.packages "
+                            f"org.apache.spark:spark-sql-kafka-0-10_2.13:{self._spark.version}) "
+                            f"to run that batch as it first ran; or set {connector.IO_CONF} "
+                            "to 'python' to read it with librdkafka anyway (safe when the "
+                            "sink is not an exactly-once kafka sink).",
+                            path=self._fs.join(self._metadata_path, "reader"),
+                        )
                     logger.warning(
                         "Kafka source: the last batch before this restart was read by "
-                        "Spark's Kafka connector, which this session does not have; if "
-                        "that batch runs again, it is read by librdkafka and may split "
-                        "into other partitions, so a kafka sink writing exactly once may "
-                        "write some of its records twice or not at all."
+                        "Spark's Kafka connector, which this session does not have; %s is "
+                        "'python', so if that batch runs again it is read by librdkafka and "
+                        "may split into other partitions (an exactly-once kafka sink may "
+                        "write some of its records twice or not at all).",
+                        connector.IO_CONF,
                     )
                 else:
                     logger.info(
