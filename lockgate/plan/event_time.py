@@ -423,25 +423,32 @@ def _reference_parts(node: Any) -> list[str] | None:
 def _reference_event_time(node: Any, below: dict[str, int], plan: PlanNode | None) -> tuple[str, int | None] | None:
     """What a column reference (an unresolved JVM attribute) is, as Spark's analyzer
     resolves it: ``(name, delay)`` for a column (delay None when it carries no event
-    time); None when ``node`` is no reference or lockgate cannot tell: a multi-part
-    name without ``plan`` to resolve it in, or a struct field. A field carries the
-    metadata of its ``StructField`` in Spark, which holds a watermark delay when the
-    struct was made of an event-time column (``struct(ts.alias("f"))``), so selecting
-    ``s.f`` can carry event time; Spark's optimizer decides that
-    (:func:`with_event_time`). As a ``window`` time argument a field carries none
-    (``TimeWindowing`` takes metadata from an attribute only)."""
+    time), ``("", None)`` for a field of an event-time column (``window.end``: a
+    window's fields have no metadata); None when ``node`` is no reference or lockgate
+    cannot tell: a multi-part name it cannot resolve, or a field of another struct. Such
+    a field carries the metadata of its ``StructField`` in Spark, which holds a
+    watermark delay when the struct was made of an event-time column
+    (``struct(ts.alias("f"))``), so selecting ``s.f`` can carry event time; Spark's
+    optimizer decides that (:func:`with_event_time`). As a ``window`` time argument a
+    field carries none (``TimeWindowing`` takes metadata from an attribute only)."""
     parts = _name_parts(node)
     if parts is None:
         return None
     if len(parts) == 1:
         return (parts[0], below.get(parts[0]))
     columns = qualified_outputs(plan) if plan is not None else None
-    found = resolve_reference(columns, parts) if columns is not None else None
-    if columns is None or found is None:
+    if columns is None:
+        # without the qualifiers: a field of an event-time column (window.end) carries
+        # none (a window's fields have no metadata); anything else cannot be told
+        return ("", None) if parts[0] in below else None
+    found = resolve_reference(columns, parts)
+    if found is None:
         return None
     index, fields = found
     if fields:
-        return None  # a struct field: its StructField's metadata, which lockgate does not follow
+        # a field of an event-time column (a window) carries none; of another struct,
+        # its StructField's metadata, which lockgate does not follow
+        return ("", None) if columns[index].delay_ms is not None else None
     return (columns[index].name, columns[index].delay_ms)
 
 
@@ -591,9 +598,9 @@ def _select_outputs(
             if found is None:
                 return None
             index, fields = found
-            if fields:
+            if fields and below[index].delay_ms is None:
                 return None  # a struct field: see _reference_event_time
-            out.append(below[index])
+            out.append(OutputColumn((), fields[-1], None, (id(node), position)) if fields else below[index])
             continue
         made = column_event_time(column, lineage, node.child)
         if made is None:

@@ -1,22 +1,26 @@
 """Event time after a stream-stream join, reached through qualified names, and join sides
-that carry two event-time columns (a timestamp and a window over it).
+that carry two event-time columns.
 
 Differential tests against native Spark Structured Streaming (the bench of
 test_stateful.py), in Append mode:
 
-* after ``left.alias("l").join(right.alias("r"), ...)``, a window, a projection or a
-  grouping key naming ``l.ts`` / ``r.ts`` (``F.col``, SQL text, ``l["ts"]``,
-  ``withColumn``, ``withWatermark`` after the join) carries the event time of the side
-  column it resolves to, as Spark's analyzer resolves qualified names; a struct field
-  ``l.s.f`` carries none;
-* a side with ``ts`` and ``w = window(ts, ...)`` (both watermarked in Spark) joins on
-  ``["k", "w"]`` as Spark runs it, and is refused where Spark refuses it
-  (``MULTIPLE_EVENT_TIME_COLUMNS``).
+* after ``left.alias("l").join(right.alias("r"), ...)`` (inner, left/right/full outer), a
+  window, a projection, SQL text or a grouping key naming ``l.ts`` / ``r.ts``
+  (``F.col``, ``selectExpr``, ``withColumn``, ``withWatermark`` after the join, columns
+  of the aliased sides ``l["k"]``) carries the event time of the side column it
+  resolves to, as Spark's analyzer resolves qualified names; a window over a struct
+  field ``l.s.f`` carries none;
+* a USING join on a window keeps one ``w`` (a full outer one ``coalesce`` of both, with
+  no event time), a join on ``x.w = y.w`` keeps two; a side with ``ts`` and
+  ``w = window(ts, ...)`` has two event-time columns, which Spark refuses
+  (``MULTIPLE_EVENT_TIME_COLUMNS``) whether the join is by USING or by a condition.
 
-Every pair reads two source directories; each step writes one file into one of them, so
+The bench reads two source directories; each step writes one file into one of them, so
 no trigger can split a step into two batches, and the watermark moves so that late rows
 are dropped and state is evicted. After every step both engines agree on each batch's
-rows, the batch ids, input rows, watermark and the state operators' metrics.
+rows, the batch ids, input rows, watermark and the state operators' metrics. The
+refusals are compared on their messages (native fails at start or in the first batch,
+lockgate when the query is defined or started).
 """
 
 from __future__ import annotations
