@@ -18,7 +18,13 @@ from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.jvm import quoted
 from lockgate.options import watermark_delay_ms
 from lockgate.plan.dedup import make_deduplicate
-from lockgate.plan.event_time import check_event_time_column, event_time_columns, with_event_time
+from lockgate.plan.event_time import (
+    KEEPS_EVENT_TIME,
+    check_event_time_column,
+    event_time_columns,
+    name_parts,
+    with_event_time,
+)
 from lockgate.plan.explain import explain_definition
 from lockgate.plan.join import make_stream_join
 from lockgate.plan.limit import StreamingLimit
@@ -157,9 +163,30 @@ class StreamingDataFrame:
 
     def _column(self, name: str) -> Column:
         """A column that refers to this DataFrame's ``name`` even after a join, like
-        PySpark's ``df.a``: qualified by a hidden alias applied when it is used."""
+        PySpark's ``df.a``: qualified by the DataFrame's own ``alias`` when it has one
+        (``l["ts"]`` is ``l.ts``, which a join's output keeps), else by a hidden alias
+        applied when it is used. A multi-part name (``joined["l.ts"]``, ``df["s.f"]``)
+        is resolved as Spark resolves it, by its qualifier or as a struct field."""
         self._template[name]  # raises Spark's error for a missing column
+        if len(name_parts(name)) > 1:
+            return F.col(name)
+        qualifier = self._user_alias()
+        if qualifier is not None:
+            return F.col(f"`{qualifier}`.`{name}`")
         return F.col(f"`{self._alias_name}`.`{name}`")
+
+    def _user_alias(self) -> str | None:
+        """The alias given by ``alias(name)`` that qualifies every column of this
+        DataFrame (through row-by-row steps after it), else None."""
+        node = self._plan
+        while isinstance(node, Transform) and node.method in KEEPS_EVENT_TIME:
+            if node.method == "alias":
+                name = node.args[0] if len(node.args) == 1 else None
+                if isinstance(name, str) and not name.startswith("__lg_"):
+                    return name
+                return None
+            node = node.child
+        return None
 
     def _bound(self, *values: Any) -> StreamingDataFrame:
         """This DataFrame, aliased by its hidden name if ``values`` use its bound columns."""

@@ -310,7 +310,7 @@ def aggregate_node(
     specs = tuple(decompose(spark, c) for c in aggregates)
     key_names = tuple(template.columns[:key_count])
     watermarked = event_time_columns(child)
-    event_time_key = grouping_event_time_key(template.schema, key_count, grouping, watermarked)
+    event_time_key = grouping_event_time_key(template.schema, key_count, grouping, watermarked, child)
     session_key = session_key_index(template.schema, key_count)
     input_plan = analysed_plan(input_template)
     node: Aggregate
@@ -464,7 +464,9 @@ def grouping_sets_plan(
         for i, (kept, mask) in enumerate(zip(expansion.kept, expansion.masks))
     ]
     others = [F.col(quoted(c)) for c in input_columns if c not in {*names, *internal}]
-    event_time_key = grouping_event_time_key(plain.schema, n, tuple(keys), event_time_columns(input_plan))
+    event_time_key = grouping_event_time_key(
+        plain.schema, n, tuple(keys), event_time_columns(input_plan), input_plan
+    )
     return GroupingSetsPlan(
         keyed=("*", *[k.alias(f"__lockgate_set_key_{j}") for j, k in enumerate(keys)]),
         exploded=(*others, F.explode(F.array(*structs)).alias("__lockgate_set")),

@@ -31,7 +31,7 @@ from lockgate.errors import AnalysisError
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
 from lockgate.plan.state_udf import map_with_state, with_batch_params
-from lockgate.plan.stateful import StatefulContext, StatefulOperator, micros
+from lockgate.plan.stateful import OutputColumn, StatefulContext, StatefulOperator, micros
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import OperatorStateSchema
 from lockgate.state.store import StateStore, StateStoreConf, column_values, micros_array
@@ -63,6 +63,13 @@ class Deduplicate(StatefulOperator):
     @override
     def operator_name(self) -> str:
         return "dedupeWithinWatermark" if self.within_watermark else "dedupe"
+
+    @override
+    def qualified_outputs(
+        self, outputs: Callable[[PlanNode], list[OutputColumn] | None]
+    ) -> list[OutputColumn] | None:
+        """Rows pass through as they are, qualifiers and event time too."""
+        return outputs(self.child)
 
     @property
     def evicts_by_watermark(self) -> bool:

@@ -16,11 +16,22 @@ Spark's answer when it is defined, :func:`with_event_time`).
 * :func:`with_event_time` / :func:`event_time_by_optimizer`: Spark's optimizer's answer
   for a projection the rules cannot follow.
 * :func:`check_event_time_column`: Spark's check of a ``withWatermark`` column.
+* :func:`qualified_outputs` / :func:`resolve_reference`: a plan's output columns with
+  their qualifiers, and what a multi-part name (``l.ts``, ``s.f``) refers to among them,
+  as Spark's analyzer resolves it.
+
+Names are resolved as Spark's analyzer resolves them: a one-part name is the column of
+that name; a multi-part one is first a qualifier (a DataFrame ``alias``, kept by a
+join's output for each side) followed by a column name, and only when no column has
+that qualifier a column followed by struct fields (``s.f``, which carries no event
+time). Every place below that looks a column up (projections, window arguments,
+grouping keys, ``withWatermark``) goes through the same resolution.
 """
 
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +42,10 @@ from pyspark.sql.types import TimestampNTZType, TimestampType
 from lockgate.errors import AnalysisError
 from lockgate.jvm import scala_list
 from lockgate.jvm import seq as _seq
-from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
+from lockgate.plan.nodes import EventTimeWatermark, PlanNode, StreamingRelation, Transform
 from lockgate.plan.pushdown import all_nodes as _nodes
 from lockgate.plan.pushdown import with_marker
-from lockgate.plan.stateful import StatefulOperator
+from lockgate.plan.stateful import OutputColumn, StatefulOperator
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -55,8 +66,9 @@ def check_event_time_column(frame: DataFrame, name: str) -> None:
     (``EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE``, with the type's SQL name)."""
     field = next((f for f in frame.schema.fields if f.name == name), None)
     if field is None:
-        frame.select(name)  # Spark's UNRESOLVED_COLUMN error
-        return
+        # Spark's UNRESOLVED_COLUMN error, or the column a qualified name (l.ts) is
+        frame = frame.select(name)
+        field, name = frame.schema.fields[0], frame.columns[0]
     if not isinstance(field.dataType, (TimestampType, TimestampNTZType)):
         sql_type = frame._jdf.schema().apply(name).dataType().sql()
         raise AnalysisError(
@@ -76,7 +88,8 @@ def event_time_outputs(node: PlanNode) -> dict[str, int] | None:
     or a window over one).
     """
     if isinstance(node, EventTimeWatermark):
-        return {node.column: node.delay_ms}
+        name = watermark_column_name(node)
+        return None if name is None else {name: node.delay_ms}
     if isinstance(node, StatefulOperator):  # each operator states what its output carries
         return node.event_time_outputs(event_time_outputs)
     if not isinstance(node, Transform):
@@ -104,7 +117,7 @@ def event_time_outputs(node: PlanNode) -> dict[str, int] | None:
     if node.method == "withColumns" and len(node.args) == 1 and isinstance(node.args[0], dict):
         replaced = dict(below)
         for name, column in node.args[0].items():
-            made = column_event_time(column, below)
+            made = column_event_time(column, below, node.child)
             if made is None:
                 return None
             replaced.pop(name, None)
@@ -115,7 +128,7 @@ def event_time_outputs(node: PlanNode) -> dict[str, int] | None:
         return {n: d for n, d in below.items() if n not in node.args}
     if node.method == "withColumn" and isinstance(node.args[0], str) and len(node.args) == 2:
         name = node.args[0]
-        made = column_event_time(node.args[1], below)
+        made = column_event_time(node.args[1], below, node.child)
         if made is None:
             return None
         if made[1] is not None:  # e.g. withColumn("window", window("ts", ...)): Spark's
@@ -135,7 +148,7 @@ def event_time_outputs(node: PlanNode) -> dict[str, int] | None:
             if text.strip() == "*":
                 exprs.update(below)
                 continue
-            made = column_event_time(F.expr(text), below)
+            made = column_event_time(F.expr(text), below, node.child)
             if made is None:
                 return None
             if made[1] is not None:
@@ -148,12 +161,10 @@ def event_time_outputs(node: PlanNode) -> dict[str, int] | None:
             if isinstance(arg, str) and arg == "*":
                 out.update(below)
                 continue
-            if isinstance(arg, str):
-                if not arg.isidentifier():
-                    return None
+            if isinstance(arg, str) and arg.isidentifier():
                 made = (arg, below.get(arg))
-            else:
-                made = column_event_time(arg, below)
+            else:  # a Column, or a name PySpark makes one (select("l.ts") is col("l.ts"))
+                made = column_event_time(F.col(arg) if isinstance(arg, str) else arg, below, node.child)
             if made is None:
                 return None
             if made[1] is not None:
@@ -165,7 +176,9 @@ def event_time_outputs(node: PlanNode) -> dict[str, int] | None:
 _WATERMARK_KEY = "spark.watermarkDelayMs"
 
 
-def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str, int]) -> dict[str, int] | None:
+def event_time_by_optimizer(
+    before: DataFrame, after: DataFrame, below: dict[str, int], columns: list[OutputColumn] | None = None
+) -> dict[str, int] | None:
     """The columns of ``after`` (one step over ``before``) that carry event time, with
     their delays, as Spark decides it; None when this cannot tell.
 
@@ -179,12 +192,18 @@ def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str
     is a new attribute without it. The templates hold no ``EventTimeWatermark`` (Spark
     drops it from batch plans), so ``before`` is put under a marker the optimizer does
     not look through (:func:`~lockgate.plan.pushdown.with_marker`), where Spark's would
-    be, and ``after``'s plan over it is optimized with Spark's optimizer."""
+    be, and ``after``'s plan over it is optimized with Spark's optimizer. ``columns``
+    (``before``'s :func:`qualified_outputs`, when known) tells columns of one name apart
+    (``l.ts`` and ``r.ts`` of a join)."""
     target = before._jdf.queryExecution().analyzed()
-    names = [a.name() for a in _seq(target.output())]
-    if any(names.count(n) != 1 for n in below):
+    attributes = _seq(target.output())
+    names = [a.name() for a in attributes]
+    if columns is not None and [c.name for c in columns] == names:
+        delays = {int(a.exprId().id()): c.delay_ms for a, c in zip(attributes, columns) if c.delay_ms is not None}
+    elif any(names.count(n) != 1 for n in below):
         return None
-    delays = {int(a.exprId().id()): below[a.name()] for a in _seq(target.output()) if a.name() in below}
+    else:
+        delays = {int(a.exprId().id()): below[a.name()] for a in attributes if a.name() in below}
     spark = after.sparkSession
     jvm = spark.sparkContext._jvm
     found = []
@@ -230,7 +249,9 @@ def event_time_by_optimizer(before: DataFrame, after: DataFrame, below: dict[str
     return carried
 
 
-def column_event_time(column: Any, below: dict[str, int]) -> tuple[str, int | None] | None:
+def column_event_time(
+    column: Any, below: dict[str, int], plan: PlanNode | None = None
+) -> tuple[str, int | None] | None:
     """What a Column in a projection outputs, as Spark propagates event time (watermark
     metadata): ``(name, delay)`` for a reference to an event-time column, a ``window()``
     over one or a ``window_time()`` of one, aliased or not; ``(name, None)`` for a column
@@ -245,15 +266,21 @@ def column_event_time(column: Any, below: dict[str, int]) -> tuple[str, int | No
     ``session_window`` in a projection is the struct ``[t, t + gap]`` of each row
     (Spark's ``SessionWindowing`` of a ``Project``) and carries ``t``'s delay, as
     ``window`` does; the join evicts by its ``end`` as by a window's.
+
+    ``plan`` is the plan the column is evaluated over: a multi-part name in the column
+    (``l.ts``, ``s.f``) is resolved among its output columns
+    (:func:`resolve_reference`); without it such a name cannot be told (None).
     """
     try:
         node = column._jc.node()
     except Exception:  # noqa: BLE001 - py4j: a Column without a Catalyst node
         return None
-    return _expression_event_time(node, below)
+    return _expression_event_time(node, below, plan)
 
 
-def _expression_event_time(node: Any, below: dict[str, int]) -> tuple[str, int | None] | None:
+def _expression_event_time(
+    node: Any, below: dict[str, int], plan: PlanNode | None = None
+) -> tuple[str, int | None] | None:
     alias = None
     if node.getClass().getSimpleName() == "Alias":
         if node.name().size() != 1:
@@ -264,15 +291,13 @@ def _expression_event_time(node: Any, below: dict[str, int]) -> tuple[str, int |
     if "Star" in kind or "Regex" in kind:
         return None  # several columns
     if kind == "SqlExpression":  # F.expr / selectExpr text
-        return _sql_event_time(str(node.expression()), below, alias)
+        return _sql_event_time(str(node.expression()), below, alias, plan)
     if kind == "ExpressionColumnNode":  # a parsed Catalyst expression (ls.sql)
-        return _catalyst_event_time(node.expression(), below, alias)
+        return _catalyst_event_time(node.expression(), below, alias, plan)
     if kind == "UnresolvedAttribute":
-        if node.nameParts().size() != 1:
-            return (alias or "", None)  # a struct field: no metadata in Spark
-        name = str(node.nameParts().apply(0))
-        return (alias or name, below.get(name))
-    if kind == "UnresolvedExtractValue" and _plain_column(node.child()) is not None:
+        made = _reference_event_time(node, below, plan)
+        return None if made is None else (alias or made[0], made[1])
+    if kind == "UnresolvedExtractValue" and _reference_event_time(node.child(), below, plan) is not None:
         # a field of a column (window.start): no metadata in Spark, and its optimizer
         # never makes a field of an attribute an attribute again
         return (alias or "", None)
@@ -280,19 +305,21 @@ def _expression_event_time(node: Any, below: dict[str, int]) -> tuple[str, int |
         function = str(node.functionName()).lower()
         args = node.arguments()
         if function in ("window", "session_window") and args.size() >= 2:
-            return (alias or function, _time_argument_delay(args.apply(0), below))
+            return (alias or function, _time_argument_delay(args.apply(0), below, plan))
         if function == "window_time" and args.size() == 1:
-            window = _plain_column(args.apply(0))
-            if window is None:
+            window = _reference_event_time(args.apply(0), below, plan)
+            if window is None or not window[0]:
                 return (alias or "", None)
-            return (alias or f"window_time({window})", below.get(window))
+            return (alias or f"window_time({window[0]})", window[1])
     # Other expressions carry no metadata in Spark's analysis, but its optimizer can make
     # one mentioning an event-time column a plain reference again (a cast to the same
     # type), which then carries it: lockgate refuses those rather than guess.
     return None if _mentions(node, below) else (alias or "", None)
 
 
-def _sql_event_time(text: str, below: dict[str, int], alias: str | None = None) -> tuple[str, int | None] | None:
+def _sql_event_time(
+    text: str, below: dict[str, int], alias: str | None = None, plan: PlanNode | None = None
+) -> tuple[str, int | None] | None:
     """:func:`_expression_event_time` for SQL text, parsed by Spark's parser into
     Catalyst's unresolved expressions (the same rules; names follow Spark's defaults
     for a column reference, ``window``/``session_window``/``window_time`` or an alias,
@@ -307,28 +334,30 @@ def _sql_event_time(text: str, below: dict[str, int], alias: str | None = None) 
         expr = spark._jsparkSession.sessionState().sqlParser().parseExpression(text)
     except Exception:  # noqa: BLE001 - py4j: not an expression Spark parses
         return None
-    return _catalyst_event_time(expr, below, alias)
+    return _catalyst_event_time(expr, below, alias, plan)
 
 
-def _catalyst_event_time(expr: Any, below: dict[str, int], alias: str | None = None) -> tuple[str, int | None] | None:
+def _catalyst_event_time(
+    expr: Any, below: dict[str, int], alias: str | None = None, plan: PlanNode | None = None
+) -> tuple[str, int | None] | None:
     """:func:`_sql_event_time` of an unresolved Catalyst expression."""
     if expr.getClass().getSimpleName() == "Alias":
         alias = alias or str(expr.name())
         expr = expr.child()
     kind = expr.getClass().getSimpleName()
-    if kind == "UnresolvedAttribute" and expr.nameParts().size() == 1:
-        name = str(expr.nameParts().apply(0))
-        return (alias or name, below.get(name))
+    if kind == "UnresolvedAttribute":
+        made = _reference_event_time(expr, below, plan)
+        return None if made is None else (alias or made[0], made[1])
     if kind == "UnresolvedFunction" and expr.nameParts().size() == 1 and not expr.isDistinct():
         function = str(expr.nameParts().apply(0)).lower()
         args = [expr.arguments().apply(i) for i in range(expr.arguments().size())]
         if function in ("window", "session_window") and len(args) >= 2:
-            return (alias or function, _time_argument_delay(args[0], below))
+            return (alias or function, _time_argument_delay(args[0], below, plan))
         if function == "window_time" and len(args) == 1:
-            window = _plain_column(args[0])
-            if window is None:
+            window = _reference_event_time(args[0], below, plan)
+            if window is None or not window[0]:
                 return (alias or "", None)
-            return (alias or f"window_time({window})", below.get(window))
+            return (alias or f"window_time({window[0]})", window[1])
     if kind in ("UnresolvedStar", "UnresolvedRegex"):
         return None  # several columns
     return None if _mentions(expr, below) else (alias or "", None)
@@ -340,20 +369,20 @@ def _mentions(expression: Any, columns: dict[str, int]) -> bool:
     return any(re.search(rf"\b{re.escape(name)}\b", text) for name in columns)
 
 
-def _time_argument_delay(node: Any, below: dict[str, int]) -> int | None:
+def _time_argument_delay(node: Any, below: dict[str, int], plan: PlanNode | None = None) -> int | None:
     """The watermark delay a ``window``/``session_window`` takes from its time argument
     (an unresolved JVM expression), as Spark's analysis gives it: the argument's when it
     is an event-time column, or ``window_time`` of one (Spark's ``ResolveWindowTime``
     makes that an attribute carrying the window's metadata, so a window over an upstream
     window's time is event time); None for other expressions (Spark's ``TimeWindowing``
     takes metadata only from an attribute)."""
-    time = _plain_column(node)
+    time = _reference_event_time(node, below, plan)
     if time is not None:
-        return below.get(time)
+        return time[1]
     kind = node.getClass().getSimpleName()
     if kind == "UnresolvedFunction" and node.arguments().size() == 1 and _function_name(node) == "window_time":
-        window = _plain_column(node.arguments().apply(0))
-        return below.get(window) if window is not None else None
+        window = _reference_event_time(node.arguments().apply(0), below, plan)
+        return window[1] if window is not None else None
     return None
 
 
@@ -367,11 +396,217 @@ def _function_name(node: Any) -> str:
         return str(node.functionName()).lower()
 
 
-def _plain_column(node: Any) -> str | None:
-    """The name of an unqualified column reference, else None."""
-    if node.getClass().getSimpleName() == "UnresolvedAttribute" and node.nameParts().size() == 1:
-        return str(node.nameParts().apply(0))
+def _name_parts(node: Any) -> list[str] | None:
+    """The name parts of a column reference (an unresolved JVM attribute), else None."""
+    if node.getClass().getSimpleName() != "UnresolvedAttribute":
+        return None
+    parts = node.nameParts()
+    return [str(parts.apply(i)) for i in range(parts.size())]
+
+
+def _reference_parts(node: Any) -> list[str] | None:
+    """The name parts of a Column's node when it is a plain column reference, also as
+    SQL text (``F.expr("r.ts")``, parsed by Spark's parser); else None."""
+    if node.getClass().getSimpleName() == "SqlExpression":
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            return None
+        try:
+            node = spark._jsparkSession.sessionState().sqlParser().parseExpression(str(node.expression()))
+        except Exception:  # noqa: BLE001 - py4j: not an expression Spark parses
+            return None
+    return _name_parts(node)
+
+
+def _reference_event_time(node: Any, below: dict[str, int], plan: PlanNode | None) -> tuple[str, int | None] | None:
+    """What a column reference (an unresolved JVM attribute) is, as Spark's analyzer
+    resolves it: ``(name, delay)`` for a column (delay None when it carries no event
+    time), ``("", None)`` for a field of an event-time column (``window.end``: a
+    window's fields have no metadata); None when ``node`` is no reference or lockgate
+    cannot tell: a multi-part name it cannot resolve, or a field of another struct. Such
+    a field carries the metadata of its ``StructField`` in Spark, which holds a
+    watermark delay when the struct was made of an event-time column
+    (``struct(ts.alias("f"))``), so selecting ``s.f`` can carry event time; Spark's
+    optimizer decides that (:func:`with_event_time`). As a ``window`` time argument a
+    field carries none (``TimeWindowing`` takes metadata from an attribute only)."""
+    parts = _name_parts(node)
+    if parts is None:
+        return None
+    if len(parts) == 1:
+        return (parts[0], below.get(parts[0]))
+    columns = qualified_outputs(plan) if plan is not None else None
+    if columns is None:
+        # without the qualifiers: a field of an event-time column (window.end) carries
+        # none (a window's fields have no metadata); anything else cannot be told
+        return ("", None) if parts[0] in below else None
+    found = resolve_reference(columns, parts)
+    if found is None:
+        return None
+    index, fields = found
+    if fields:
+        # a field of an event-time column (a window) carries none; of another struct,
+        # its StructField's metadata, which lockgate does not follow
+        return ("", None) if columns[index].delay_ms is not None else None
+    return (columns[index].name, columns[index].delay_ms)
+
+
+def name_parts(name: str) -> list[str]:
+    """The parts of a column name as Spark parses ``col(name)`` (``l.ts``, ```a.b```)."""
+    if "." not in name and "`" not in name:
+        return [name]
+    parts = _name_parts(F.col(name)._jc.node())
+    return parts if parts is not None else [name]
+
+
+def resolve_reference(columns: list[OutputColumn], parts: list[str]) -> tuple[int, tuple[str, ...]] | None:
+    """The column a name refers to among ``columns``, and the struct fields after it, as
+    Spark's analyzer resolves it (``AttributeSeq.resolve``, case-insensitive): first as
+    a qualifier (its last parts) followed by a column name, and only when no column
+    matches so, as a column followed by fields. None when nothing or more than one
+    column matches (Spark's analysis fails then)."""
+    low = [p.lower() for p in parts]
+    matches: list[tuple[int, tuple[str, ...]]] = []
+    for i, column in enumerate(columns):
+        qualifier = [q.lower() for q in column.qualifier]
+        for k in range(len(qualifier), 0, -1):
+            if len(low) > k and low[:k] == qualifier[-k:] and low[k] == column.name.lower():
+                matches.append((i, tuple(parts[k + 1 :])))
+                break
+    if not matches:
+        matches = [(i, tuple(parts[1:])) for i, c in enumerate(columns) if c.name.lower() == low[0]]
+    return matches[0] if len(matches) == 1 else None
+
+
+def watermark_column_name(node: EventTimeWatermark) -> str | None:
+    """The name of the column ``withWatermark`` marks: its argument, or the column a
+    qualified argument (``l.ts`` after a join) resolves to; None when that cannot be
+    told."""
+    parts = name_parts(node.column)
+    if len(parts) == 1:
+        return parts[0]
+    columns = qualified_outputs(node.child)
+    found = resolve_reference(columns, parts) if columns is not None else None
+    if columns is None or found is None or found[1]:
+        return None
+    return columns[found[0]].name
+
+
+_QUALIFIED: weakref.WeakKeyDictionary[PlanNode, list[OutputColumn] | None] = weakref.WeakKeyDictionary()
+""":func:`qualified_outputs` of each plan node asked about (nodes are immutable)."""
+
+
+def qualified_outputs(node: PlanNode) -> list[OutputColumn] | None:
+    """The output columns of ``node`` in order, each with the qualifier Spark's analyzer
+    gives it and the delay of the event time it carries; None when lockgate cannot tell.
+
+    A source's columns have no qualifier; ``alias(q)`` qualifies every column by ``q``;
+    row-by-row methods keep them as they are; a projection keeps the qualifier of a
+    column it selects as is and gives none to what it computes or aliases (a rename
+    too); ``withWatermark`` marks its column and strips the event time of the others;
+    a stateful operator states its own (:meth:`StatefulOperator.qualified_outputs`: a
+    join keeps each side's).
+    """
+    if node not in _QUALIFIED:
+        _QUALIFIED[node] = _qualified_outputs(node)
+    found = _QUALIFIED[node]
+    return None if found is None else list(found)
+
+
+def _qualified_outputs(node: PlanNode) -> list[OutputColumn] | None:
+    if isinstance(node, StreamingRelation):
+        return [OutputColumn((), f.name, origin=(id(node), i)) for i, f in enumerate(node.schema.fields)]
+    if isinstance(node, EventTimeWatermark):
+        return _watermarked_outputs(node)
+    if isinstance(node, StatefulOperator):
+        return node.qualified_outputs(qualified_outputs)
+    if not isinstance(node, Transform):
+        return None
+    below = qualified_outputs(node.child)
+    if below is None:
+        return None
+    if node.method == "alias" and len(node.args) == 1 and isinstance(node.args[0], str):
+        return [replace(c, qualifier=(node.args[0],)) for c in below]
+    if node.method in KEEPS_EVENT_TIME:
+        return below
+    lineage = event_time_outputs(node.child)
+    if node.event_time is not None or lineage is None:
+        return None  # Spark's optimizer decided: lockgate does not know the qualifiers
+    if node.method == "drop" and all(isinstance(a, str) for a in node.args):
+        dropped = {a.lower() for a in node.args}
+        return [c for c in below if c.name.lower() not in dropped]
+    if node.method == "withColumnRenamed" and len(node.args) == 2:
+        old, new = (str(a) for a in node.args)
+        return [
+            OutputColumn((), new, c.delay_ms, (id(node), i)) if c.name.lower() == old.lower() else c
+            for i, c in enumerate(below)
+        ]
+    if node.method == "withColumn" and len(node.args) == 2 and isinstance(node.args[0], str):
+        return _with_column_outputs(node, below, lineage)
+    if node.method == "select" and not node.kwargs:
+        args = node.args[0] if len(node.args) == 1 and isinstance(node.args[0], list) else node.args
+        return _select_outputs(node, below, args, lineage)
+    if node.method == "selectExpr" and not node.kwargs and all(isinstance(a, str) for a in node.args):
+        exprs = ["*" if text.strip() == "*" else F.expr(text) for text in node.args]
+        return _select_outputs(node, below, exprs, lineage)
     return None
+
+
+def _watermarked_outputs(node: EventTimeWatermark) -> list[OutputColumn] | None:
+    """``withWatermark``'s output: its column marked with its delay, the event time of
+    every other column removed (Spark's ``EventTimeWatermark.output``)."""
+    below = qualified_outputs(node.child)
+    found = resolve_reference(below, name_parts(node.column)) if below is not None else None
+    if below is None or found is None or found[1]:
+        return None
+    return [replace(c, delay_ms=node.delay_ms if i == found[0] else None) for i, c in enumerate(below)]
+
+
+def _with_column_outputs(
+    node: Transform, below: list[OutputColumn], lineage: dict[str, int]
+) -> list[OutputColumn] | None:
+    """``withColumn(name, column)``: a column of that name replaced in place (without
+    its qualifier), else one added at the end."""
+    name, column = node.args
+    made = column_event_time(column, lineage, node.child)
+    if made is None:
+        return None
+    added = OutputColumn((), name, made[1], (id(node), 0))
+    if any(c.name.lower() == name.lower() for c in below):
+        return [added if c.name.lower() == name.lower() else c for c in below]
+    return [*below, added]
+
+
+def _select_outputs(
+    node: Transform, below: list[OutputColumn], args: Any, lineage: dict[str, int]
+) -> list[OutputColumn] | None:
+    """``select(*args)``: a column selected by reference keeps its qualifier, what is
+    computed or aliased has none."""
+    out: list[OutputColumn] = []
+    for position, arg in enumerate(args):
+        if isinstance(arg, str) and arg == "*":
+            out.extend(below)
+            continue
+        column = F.col(arg) if isinstance(arg, str) else arg
+        try:
+            parts = _reference_parts(column._jc.node())
+        except Exception:  # noqa: BLE001 - py4j: a Column without a Catalyst node
+            return None
+        if parts is not None:
+            found = resolve_reference(below, parts)
+            if found is None:
+                return None
+            index, fields = found
+            if fields and below[index].delay_ms is None:
+                return None  # a struct field: see _reference_event_time
+            out.append(OutputColumn((), fields[-1], None, (id(node), position)) if fields else below[index])
+            continue
+        made = column_event_time(column, lineage, node.child)
+        if made is None:
+            return None
+        out.append(OutputColumn((), made[0], made[1], (id(node), position)))
+    return out
 
 
 def event_time_columns(plan: PlanNode) -> dict[str, int]:
@@ -396,7 +631,8 @@ def event_time_columns(plan: PlanNode) -> dict[str, int]:
 
 def _event_time_columns_below(plan: PlanNode) -> dict[str, int]:
     if isinstance(plan, EventTimeWatermark):
-        return {**_event_time_columns_below(plan.child), plan.column: plan.delay_ms}
+        name = watermark_column_name(plan) or name_parts(plan.column)[-1]
+        return {**_event_time_columns_below(plan.child), name: plan.delay_ms}
     if isinstance(plan, StatefulOperator):
         return plan.event_time_outputs(_event_time_columns_below) or {}
     found: dict[str, int] = {}
@@ -406,26 +642,50 @@ def _event_time_columns_below(plan: PlanNode) -> dict[str, int]:
 
 
 def grouping_event_time_key(
-    schema: StructType, key_count: int, grouping: tuple[Any, ...], watermarked: dict[str, int]
+    schema: StructType,
+    key_count: int,
+    grouping: tuple[Any, ...],
+    watermarked: dict[str, int],
+    plan: PlanNode | None = None,
 ) -> int | None:
     """The index of an aggregation's event-time grouping key: the first of the
     ``key_count`` grouping columns of the aggregation's output ``schema`` that is an
     event-time column of its input (``watermarked``, from :func:`event_time_columns`) or a
-    ``window()`` over one; ``grouping`` holds the groupBy items as given."""
+    ``window()`` over one; ``grouping`` holds the groupBy items as given, ``plan`` is the
+    aggregation's input, among whose columns a qualified item (``l.ts``,
+    ``window("l.ts", ...)``) is resolved."""
     if not watermarked:
         return None
     for i, field in enumerate(schema.fields[:key_count]):
+        item = grouping[i] if i < len(grouping) else None
+        reference = _qualified_reference(item)
+        made = _reference_event_time(reference, watermarked, plan) if reference is not None else None
+        if made is not None:  # groupBy("l.ts"): the column it resolves to decides
+            if made[1] is not None:
+                return i
+            continue
         if field.name in watermarked:
             return i
-        if field.metadata.get("spark.timeWindow") and i < len(grouping):
+        if field.metadata.get("spark.timeWindow") and isinstance(item, Column):
             # a window() over an event-time column (or over window_time of an upstream
             # window), as Spark's TimeWindowing propagates the metadata; a window over
             # any other column (an upstream window's end) is no event time
-            item = grouping[i]
-            made = column_event_time(item, watermarked) if isinstance(item, Column) else None
+            made = column_event_time(item, watermarked, plan)
             if made is not None and made[1] is not None:
                 return i
     return None
+
+
+def _qualified_reference(item: Any) -> Any:
+    """The JVM node of a grouping item that is a multi-part column reference, else None."""
+    if not isinstance(item, (str, Column)):
+        return None
+    try:
+        node = (F.col(item) if isinstance(item, str) else item)._jc.node()
+    except Exception:  # noqa: BLE001 - py4j: a Column without a Catalyst node
+        return None
+    parts = _name_parts(node)
+    return node if parts is not None and len(parts) > 1 else None
 
 
 def with_event_time(node: Transform, before: DataFrame, after: DataFrame) -> Transform:
@@ -436,7 +696,7 @@ def with_event_time(node: Transform, before: DataFrame, after: DataFrame) -> Tra
     below = event_time_outputs(node.child)
     if not below or event_time_outputs(node) is not None:
         return node
-    found = event_time_by_optimizer(before, after, below)
+    found = event_time_by_optimizer(before, after, below, qualified_outputs(node.child))
     if found is None:
         return node
     return replace(node, event_time=tuple(sorted(found.items())))

@@ -8,6 +8,7 @@ Update mode.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from functools import partial as bind
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,12 @@ from pyspark.sql.types import LongType, StructField, StructType
 from lockgate.compat import override
 from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.nodes import PlanNode, Transform
-from lockgate.plan.stateful import StatefulContext, StatefulOperator, stateful_operators
+from lockgate.plan.stateful import (
+    OutputColumn,
+    StatefulContext,
+    StatefulOperator,
+    stateful_operators,
+)
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import OperatorStateSchema
 from lockgate.state.store import StateStore, StateStoreConf
@@ -39,6 +45,13 @@ class StreamingLimit(StatefulOperator):
     @override
     def operator_name(self) -> str:
         return "globalLimit"
+
+    @override
+    def qualified_outputs(
+        self, outputs: Callable[[PlanNode], list[OutputColumn] | None]
+    ) -> list[OutputColumn] | None:
+        """Rows pass through as they are, qualifiers and event time too."""
+        return outputs(self.child)
 
     @override
     def build_state(

@@ -33,6 +33,20 @@ STATE_STORE_CUSTOM_METRICS = ("loadedFromCache", "loadedFromFiles", "stateFilesR
 ``stateStoreCustomMetrics``, the provider's), after the operator's own."""
 
 
+@dataclass(frozen=True)
+class OutputColumn:
+    """One output column of a plan as Spark's analyzer sees it: the qualifier a
+    multi-part reference can name it by (a DataFrame ``alias``, a join side's alias),
+    its name, and the watermark delay of the event time it carries (None: none)."""
+
+    qualifier: tuple[str, ...]
+    name: str
+    delay_ms: int | None = None
+    origin: tuple[int, int] = (0, 0)
+    """What makes the column (Spark's ``exprId``): the plan node that computes it and its
+    position there; a column selected twice is one column."""
+
+
 class StatefulOperator(PlanNode, ABC):
     """A plan node that keeps state across micro-batches: Spark's ``StateStoreWriter``.
 
@@ -188,6 +202,15 @@ class StatefulOperator(PlanNode, ABC):
                 return None
             found.update(below)
         return found
+
+    def qualified_outputs(
+        self, outputs: Callable[[PlanNode], list[OutputColumn] | None]
+    ) -> list[OutputColumn] | None:
+        """Each output column in order, with its qualifier and event time, given
+        ``outputs`` (the same answer for a child plan), for resolving multi-part
+        references (``l.ts``) as Spark's analyzer does; None when it cannot be told
+        (the default)."""
+        return None
 
     def filter_inputs(self, plan: Any) -> list[Any] | None:
         """When ``plan`` (a Catalyst plan node) is this operator's analysed input plan:

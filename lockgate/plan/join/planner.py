@@ -26,7 +26,7 @@ from lockgate.compat import override
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.jvm import analysed_frame, jvm_name, scala_list, unresolved_column
 from lockgate.plan.cache import frame
-from lockgate.plan.event_time import event_time_outputs
+from lockgate.plan.event_time import event_time_outputs, qualified_outputs
 from lockgate.plan.join.condition import (
     LEFT,
     RIGHT,
@@ -45,6 +45,7 @@ from lockgate.plan.nodes import PlanNode
 from lockgate.plan.pushdown import all_of, push_inferred_into_join
 from lockgate.plan.state_udf import map_with_state
 from lockgate.plan.stateful import (
+    OutputColumn,
     StatefulContext,
     StatefulOperator,
     UniqueNames,
@@ -222,13 +223,38 @@ class StreamJoin(StatefulOperator):
         self, lineage: Callable[[PlanNode], dict[str, int] | None]
     ) -> dict[str, int] | None:
         """Both sides' event-time columns among the join's output (a left semi join
-        outputs the left side's only); the left's where the names meet."""
+        outputs the left side's only); the left's where the names meet. A full outer
+        join's USING key is ``coalesce`` of both sides' keys, which carries no event time
+        in Spark."""
         left = lineage(self.left)
         right = {} if self.join_type == "left_semi" else lineage(self.right)
         if left is None or right is None:
             return None
         merged = {**right, **left}
-        return {n: merged[n] for n in self.output_names if n in merged}
+        coalesced = {k.lower() for k in self.using_keys or ()} if self.join_type == "full_outer" else set()
+        return {n: merged[n] for n in self.output_names if n in merged and n.lower() not in coalesced}
+
+    @override
+    def qualified_outputs(
+        self, outputs: Callable[[PlanNode], list[OutputColumn] | None]
+    ) -> list[OutputColumn] | None:
+        """The join's output columns with the qualifiers Spark's analysed join gives them
+        (a side's alias), each carrying the event time of the side column it is; a full
+        outer join's ``coalesce`` of a USING key carries none, as in Spark."""
+        sides = [outputs(self.left), [] if self.join_type == "left_semi" else outputs(self.right)]
+        if sides[LEFT] is None or sides[RIGHT] is None:
+            return None
+        if len(sides[LEFT]) != len(self.left_schema.fields) or (
+            self.join_type != "left_semi" and len(sides[RIGHT]) != len(self.right_schema.fields)
+        ):
+            return None
+        found = []
+        for i, (name, qualifier, source) in enumerate(zip(self.output_names, self.output_qualifiers, output_sources(self))):
+            if source is None:  # coalesce(l.k, r.k): a new column, without event time
+                found.append(OutputColumn(qualifier, name, None, (id(self), i)))
+            else:
+                found.append(replace(sides[source[0]][source[1]], qualifier=qualifier, name=name))
+        return found
 
     @property
     @override
@@ -252,10 +278,13 @@ class StreamJoin(StatefulOperator):
         return f"StreamingSymmetricHashJoin {_SPARK_JOIN_NAMES.get(self.join_type, self.join_type)}"
 
 
-def _side_watermark_column(plan: PlanNode, template: DataFrame) -> tuple[int | None, dict[str, int]]:
+def _side_watermark_column(plan: PlanNode, template: DataFrame) -> tuple[int | None, list[tuple[str, int]]]:
     """Index of the side's event-time column (the one carrying Spark's watermark metadata),
     and all of the side's event-time columns with their delays (more than one is Spark's
-    MULTIPLE_EVENT_TIME_COLUMNS, raised when the query starts)."""
+    MULTIPLE_EVENT_TIME_COLUMNS, raised when the query starts). Columns are told apart
+    as Spark tells its attributes apart (:func:`~lockgate.plan.event_time.qualified_outputs`):
+    two columns of one name (``l.w`` and ``r.w`` of a join) are two, one column selected
+    twice is one."""
     found = event_time_outputs(plan)
     if found is None:
         raise NotSupportedYetError(
@@ -264,10 +293,14 @@ def _side_watermark_column(plan: PlanNode, template: DataFrame) -> tuple[int | N
             "Apply withWatermark() as the last step before the join, on a column kept as is.",
         )
     cols = template.columns
-    present = {n: d for n, d in found.items() if n in cols}
+    present = [(n, d) for n, d in found.items() if n in cols]
+    columns = qualified_outputs(plan)
+    if columns is not None and [c.name for c in columns] == cols:
+        distinct = {c.origin: (c.name, c.delay_ms) for c in columns if c.delay_ms is not None}
+        present = [(n, d) for n, d in distinct.values() if d is not None]
     if len(present) != 1:
         return None, present
-    return cols.index(next(iter(present))), present
+    return cols.index(present[0][0]), present
 
 
 def _normalize_how(how: str | None) -> str:
@@ -533,7 +566,7 @@ def make_stream_join(
         output_names=tuple(template.columns),
         output_qualifiers=_qualifiers(plan.output()),
         output_types=tuple(f.dataType for f in template.schema.fields),
-        several_event_times=tuple(several.items()) if several else (),
+        several_event_times=tuple(several) if several else (),
         join_plan=join,
         pushdown=(tuple(pushdown[LEFT]), tuple(pushdown[RIGHT])),
     )
@@ -655,30 +688,44 @@ def _qualified(df: DataFrame, qualifiers: tuple[tuple[str, ...], ...]) -> DataFr
     return analysed_frame(df.sparkSession, project(scala_list(jvm, qualified), plan.child()))
 
 
+def _using_key_indexes(node: StreamJoin) -> list[tuple[int, int]]:
+    """Per USING key, its (left, right) column index."""
+    lnames = [f.name.lower() for f in node.left_schema.fields]
+    rnames = [f.name.lower() for f in node.right_schema.fields]
+    return [(lnames.index(k.lower()), rnames.index(k.lower())) for k in node.using_keys or ()]
+
+
+def output_sources(node: StreamJoin) -> list[tuple[int, int] | None]:
+    """Per output column of the join, the (side, column index) it is, or None for a
+    full outer join's ``coalesce`` of a USING key. Spark's order: a USING join's keys
+    first (the left's, the right's for a right outer join), then the other columns of
+    the left and (but for a left semi join) the right side."""
+    nleft, nright = len(node.left_schema.fields), len(node.right_schema.fields)
+    if node.using_keys is None:
+        right = [] if node.join_type == "left_semi" else [(RIGHT, i) for i in range(nright)]
+        return [(LEFT, i) for i in range(nleft)] + right
+    keys = _using_key_indexes(node)
+    found: list[tuple[int, int] | None] = []
+    for li, ri in keys:
+        if node.join_type == "full_outer":
+            found.append(None)
+        else:
+            found.append((RIGHT, ri) if node.join_type == "right_outer" else (LEFT, li))
+    found += [(LEFT, i) for i in range(nleft) if i not in {li for li, _ in keys}]
+    if node.join_type != "left_semi":
+        found += [(RIGHT, i) for i in range(nright) if i not in {ri for _, ri in keys}]
+    return found
+
+
 def _output_columns(node: StreamJoin) -> list[Column]:
-    lcols = [F.col(f"__l{i}") for i in range(len(node.left_schema.fields))]
-    if node.join_type == "left_semi":
-        cols = lcols
-    elif node.using_keys is not None:
-        lnames = [f.name for f in node.left_schema.fields]
-        rnames = [f.name for f in node.right_schema.fields]
-        cols = []
-        lk, rk = set(), set()
-        for name in node.using_keys:
-            li = next(i for i, n in enumerate(lnames) if n.lower() == name.lower())
-            ri = next(i for i, n in enumerate(rnames) if n.lower() == name.lower())
-            lk.add(li)
-            rk.add(ri)
-            if node.join_type == "right_outer":
-                cols.append(F.col(f"__r{ri}"))
-            elif node.join_type == "full_outer":
-                cols.append(F.coalesce(F.col(f"__l{li}"), F.col(f"__r{ri}")))
-            else:
-                cols.append(F.col(f"__l{li}"))
-        cols += [c for i, c in enumerate(lcols) if i not in lk]
-        cols += [F.col(f"__r{i}") for i in range(len(rnames)) if i not in rk]
-    else:
-        cols = lcols + [F.col(f"__r{i}") for i in range(len(node.right_schema.fields))]
+    coalesced = iter(_using_key_indexes(node))
+    cols = []
+    for source in output_sources(node):
+        if source is None:
+            li, ri = next(coalesced)
+            cols.append(F.coalesce(F.col(f"__l{li}"), F.col(f"__r{ri}")))
+        else:
+            cols.append(F.col(f"__{'lr'[source[0]]}{source[1]}"))
     return [c.alias(n) for c, n in zip(cols, node.output_names)]
 
 
