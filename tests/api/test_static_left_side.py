@@ -71,7 +71,7 @@ def test_joins_spark_refuses_with_the_static_side_on_the_left(spark, ls, tmp_pat
     assert message in str(ours.value)
 
 
-@pytest.mark.parametrize("method", ["union", "unionAll", "unionByName", "subtract", "exceptAll", "intersect", "intersectAll"])
+@pytest.mark.parametrize("method", ["union", "subtract", "intersect"])
 def test_set_operations_with_a_static_left_side_are_refused_like_spark(spark, ls, tmp_path, method):
     inp = tmp_path / "in"
     inp.mkdir()
@@ -83,6 +83,9 @@ def test_set_operations_with_a_static_left_side_are_refused_like_spark(spark, ls
         getattr(static, method)(ls.readStream.schema(SCHEMA).json(str(inp)))
     expected = str(native_error.value).split(";")[0]
     assert expected.split("] ")[-1] in str(ours.value)
+    for twin in {"union": ("unionAll", "unionByName"), "subtract": ("exceptAll",), "intersect": ("intersectAll",)}[method]:
+        with pytest.raises(AnalysisException, match=expected.split("] ")[-1]):
+            getattr(static, twin)(ls.readStream.schema(SCHEMA).json(str(inp)))
 
 
 def test_static_frames_keep_pysparks_own_methods(spark, ls):

@@ -28,7 +28,7 @@ def _cached_queries_of_workers(spark: Any) -> dict[int, set[str]]:
         yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "ids": [json.dumps(sorted(cached_queries()))]})
 
     seen: dict[int, set[str]] = {}
-    for _ in range(3):
+    for _ in range(2):
         rows = spark.range(0, 4, 1, 4).mapInArrow(probe, "pid long, ids string").collect()
         for row in rows:
             seen[row.pid] = set(json.loads(row.ids))
