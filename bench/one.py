@@ -17,23 +17,16 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 PHASES = ("latestOffset", "walCommit", "getBatch", "queryPlanning", "addBatch", "commitOffsets", "triggerExecution")
-STATE_TIMES = ("allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs", "numRowsTotal")
+STATE_TIMES = ("allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs", "numRowsTotal", "numRowsUpdated")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload", help="e.g. 1a, 2, 5")
-    parser.add_argument("engine", choices=("lockgate", "native"))
-    parser.add_argument("batches", type=int, nargs="?", default=15)
-    args = parser.parse_args()
+def local_spark() -> Any:
+    """The SparkSession these quick checks run on: ``local[2]``, 4 shuffle partitions."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
     from pyspark.sql import SparkSession
-
-    import lockgate
-    from bench.workloads import FULL, WORKLOADS, Context
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -44,28 +37,54 @@ def main() -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("FATAL")
-    workload = WORKLOADS[args.workload]
-    ctx = Context(sizes=FULL, rows_per_batch=workload.rows_per_batch(FULL))
-    ls = lockgate.session(spark)
-    readers = (lambda: spark.readStream) if args.engine == "native" else (lambda: ls.readStream)
+    return spark
+
+
+def run_batches(df: Any, output_mode: str, batches: int, warmup: int = 3) -> list[Any]:
+    """Run ``df`` into the noop sink until ``batches`` batches with input ran after
+    ``warmup`` ones; their progress."""
     query = (
-        workload.build(readers, ctx)
-        .writeStream.format("noop")
-        .outputMode(workload.output_mode)
+        df.writeStream.format("noop")
+        .outputMode(output_mode)
         .option("checkpointLocation", tempfile.mkdtemp(prefix="lockgate-bench-one-"))
         .start()
     )
-    while len([p for p in query.recentProgress if p["numInputRows"] > 0]) < args.batches + 3:
+    while len([p for p in query.recentProgress if p["numInputRows"] > 0]) < batches + warmup:
         time.sleep(0.2)
         if query.exception() is not None:
             raise SystemExit(str(query.exception()))
     query.stop()
-    ran = [p for p in query.recentProgress if p["numInputRows"] > 0][3:]
+    return [p for p in query.recentProgress if p["numInputRows"] > 0][warmup:]
+
+
+def print_medians(label: str, ran: list[Any], operators: int | None = 1) -> None:
+    """The median of each ``durationMs`` phase of ``ran``, and of the state operators'
+    times (the first ``operators`` of them; None: all)."""
     phases = {k: statistics.median(p["durationMs"].get(k, 0) for p in ran) for k in PHASES}
-    print(args.engine, args.workload, f"{len(ran)} batches, median ms:", phases)
-    if ran[-1].get("stateOperators"):
-        op = {k: statistics.median(p["stateOperators"][0][k] for p in ran) for k in STATE_TIMES}
-        print("first state operator, median:", op)
+    print(label, f"{len(ran)} batches, median ms:", phases)
+    ops = ran[-1].get("stateOperators") or []
+    for i, op in enumerate(ops if operators is None else ops[:operators]):
+        times = {k: statistics.median(p["stateOperators"][i][k] for p in ran) for k in STATE_TIMES}
+        print(f"state operator {i} ({op['operatorName']}), median:", times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload", help="e.g. 1a, 2, 5")
+    parser.add_argument("engine", choices=("lockgate", "native"))
+    parser.add_argument("batches", type=int, nargs="?", default=15)
+    args = parser.parse_args()
+
+    import lockgate
+    from bench.workloads import FULL, WORKLOADS, Context
+
+    spark = local_spark()
+    workload = WORKLOADS[args.workload]
+    ctx = Context(sizes=FULL, rows_per_batch=workload.rows_per_batch(FULL))
+    ls = lockgate.session(spark)
+    readers = (lambda: spark.readStream) if args.engine == "native" else (lambda: ls.readStream)
+    ran = run_batches(workload.build(readers, ctx), workload.output_mode, args.batches)
+    print_medians(f"{args.engine} {args.workload}", ran)
     spark.stop()
 
 

@@ -34,7 +34,13 @@ from lockgate.plan.state_udf import map_with_state, with_batch_params
 from lockgate.plan.stateful import OutputColumn, StatefulContext, StatefulOperator, micros
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import OperatorStateSchema
-from lockgate.state.store import StateStore, StateStoreConf, column_values, micros_array
+from lockgate.state.store import (
+    StateStore,
+    StateStoreConf,
+    column_values,
+    groups_like_state_keys,
+    micros_array,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -177,21 +183,6 @@ def _event_micros_array(column: Any) -> Any:
     return micros_array(column) if pa.types.is_timestamp(column.type) else column.cast(pa.int64())
 
 
-def _groups_in_arrow(t: pa.DataType) -> bool:
-    """Whether Arrow's hash grouping of a key column agrees with the state's Python keys:
-    integers, strings, booleans, times. Not floating point (the state takes -0.0 as 0.0
-    and every NaN as one key) nor nested or decimal values."""
-    return (
-        pa.types.is_integer(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_timestamp(t)
-        or pa.types.is_date(t)
-    )
-
 
 def _first_rows(batch: pa.RecordBatch, key_columns: tuple[str, ...], late: Any) -> tuple[pa.Array, list[int]]:
     """The index of each key's first row that is not late, in arrival order, and how
@@ -202,7 +193,7 @@ def _first_rows(batch: pa.RecordBatch, key_columns: tuple[str, ...], late: Any) 
 
     n = batch.num_rows
     rows = np.arange(n, dtype=np.int64) if late is None else np.flatnonzero(~late).astype(np.int64)
-    if all(_groups_in_arrow(batch.schema.field(k).type) for k in key_columns):
+    if all(groups_like_state_keys(batch.schema.field(k).type) for k in key_columns):
         if late is None:
             columns = [batch.column(k) for k in key_columns]
         else:

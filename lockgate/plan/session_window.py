@@ -77,7 +77,7 @@ from lockgate.plan.state_udf import map_with_state, with_batch_params
 from lockgate.plan.stateful import StatefulContext, UniqueNames, micros, report_store_metrics
 from lockgate.state.arrow_types import schema_to_arrow, spark_type_to_arrow
 from lockgate.state.schema import SESSION_WINDOW_NAME, OperatorStateSchema
-from lockgate.state.store import StateStore, StateStoreConf, arrow_values
+from lockgate.state.store import StateStore, StateStoreConf, arrow_values, groups_like_state_keys
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -353,17 +353,6 @@ _ARRAY_MERGES = frozenset({"sum", "count", "min", "max"})
 """Buffer merges :func:`batch_sessions` does with numpy (on integer buffers)."""
 
 
-def _groups_in_arrow(t: pa.DataType) -> bool:
-    """A key type whose Arrow equality and the state's Python equality agree."""
-    return (
-        pa.types.is_integer(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_timestamp(t)
-        or pa.types.is_date(t)
-    )
-
 
 def batch_sessions(
     task: SessionTask, batches: list[pa.RecordBatch], late_us: int | None
@@ -388,7 +377,7 @@ def batch_sessions(
     if len(task.merges) != len(task.buffer_columns) or not set(task.merges) <= _ARRAY_MERGES:
         return None
     schema = batches[0].schema
-    if not all(_groups_in_arrow(schema.field(k).type) for k in task.key_columns):
+    if not all(groups_like_state_keys(schema.field(k).type) for k in task.key_columns):
         return None
     if not all(pa.types.is_integer(schema.field(b).type) for b in task.buffer_columns):
         return None
@@ -411,7 +400,8 @@ def batch_sessions(
         sort_keys=[(k, "ascending") for k in task.key_columns]
         + [(task.start_column, "ascending"), (task.end_column, "ascending")],
     )
-    table, starts, ends = table.take(order), starts[order.to_numpy()], ends[order.to_numpy()]
+    positions = order.to_numpy()
+    table, starts, ends = table.take(order), starts[positions], ends[positions]
     new_key = np.zeros(n, dtype=bool)
     new_key[0] = True
     for name in task.key_columns:

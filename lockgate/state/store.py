@@ -359,6 +359,23 @@ NaN objects would never meet in a dict (Python compares by identity first); Spar
 groups and joins NaN keys together (its float normalization)."""
 
 
+def groups_like_state_keys(t: pa.DataType) -> bool:
+    """Whether Arrow's grouping and equality of a key column of type ``t`` agree with the
+    state's Python keys (:func:`column_values`): integers, booleans, strings, binary,
+    timestamps and dates. Not floating point (the state takes -0.0 as 0.0 and every NaN
+    as one key), nested or decimal values."""
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_date(t)
+    )
+
+
 def column_values(column: pa.ChunkedArray | pa.Array, micros: bool = False) -> list[Any]:
     """Python values of a column; numbers without nulls go through numpy (much faster).
 

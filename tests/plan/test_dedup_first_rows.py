@@ -50,7 +50,7 @@ def test_first_rows_by_arrow_equal_row_by_row(seed, monkeypatch):
         firsts, counts = _first_rows(batch, keys, late)
         assert (firsts.to_pylist(), counts) == expected
         with monkeypatch.context() as m:
-            m.setattr(dedup, "_groups_in_arrow", lambda t: False)
+            m.setattr(dedup, "groups_like_state_keys", lambda t: False)
             firsts, counts = _first_rows(batch, keys, late)
         assert (firsts.to_pylist(), counts) == expected
 
