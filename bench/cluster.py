@@ -216,11 +216,14 @@ def _start_cluster(root: Path, log: Callable[[str], None]) -> Any:
 def make_spark(args: argparse.Namespace, master: str) -> Any:
     from pyspark.sql import SparkSession
 
+    import lockgate
+
     return (
         SparkSession.builder.master(master)
         .appName("lockgate-bench-cluster")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
+        .config(map=lockgate.spark_conf())
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", args.driver_memory)

@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         SparkSession.builder.master(args.master)
         .appName("lockgate-continuous-bench")
         .config("spark.ui.enabled", "false")
+        .config(map=lockgate.spark_conf())
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .getOrCreate()

@@ -518,12 +518,15 @@ def make_spark(args: argparse.Namespace) -> Any:
             "Spark's Kafka connector is missing (build/kafka/spark-connector.classpath): "
             "run tools/fetch_kafka.sh"
         )
+    import lockgate
+
     return (
         SparkSession.builder.master(args.master)
         .appName("lockgate-bench-kafka-latency")
         .config("spark.jars", jars)
         .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
         .config("spark.ui.enabled", "false")
+        .config(map=lockgate.spark_conf())
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", args.driver_memory)

@@ -27,6 +27,12 @@ def identity(batches: Iterator[Any]) -> Iterator[Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=25)
+    parser.add_argument(
+        "--unix-socket",
+        choices=("true", "false"),
+        default="false",
+        help="spark.python.unix.domain.socket.enabled: how the JVM talks to Python workers",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -36,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.unix.domain.socket.enabled", args.unix_socket)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -102,11 +102,14 @@ def make_spark(args: argparse.Namespace) -> Any:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    import lockgate
+
     spark = (
         SparkSession.builder.master(args.master)
         .appName("lockgate-bench")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
+        .config(map=lockgate.spark_conf())
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", args.driver_memory)

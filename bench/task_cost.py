@@ -33,10 +33,13 @@ def main() -> None:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
+    import lockgate
+
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
+        .config(map=lockgate.spark_conf())
         .config("spark.sql.adaptive.enabled", "false")
         .getOrCreate()
     )

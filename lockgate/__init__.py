@@ -17,7 +17,7 @@ from lockgate.api.listener import (
 from lockgate.api.manager import StreamingQueryManager
 from lockgate.api.query import StreamingQuery
 from lockgate.api.reader import DataStreamReader
-from lockgate.api.session import StreamingSession, session
+from lockgate.api.session import StreamingSession, session, spark_conf
 from lockgate.api.writer import DataStreamWriter
 from lockgate.clock import SystemClock
 from lockgate.errors import (
@@ -63,4 +63,5 @@ __all__ = [
     "register_sink",
     "register_source",
     "session",
+    "spark_conf",
 ]

@@ -311,10 +311,13 @@ def _local_spark() -> Any:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from lockgate.api.session import spark_conf
+
     spark = (
         SparkSession.builder.master("local[1]")
         .appName("lockgate-cli")
         .config("spark.ui.enabled", "false")
+        .config(map=spark_conf())
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()

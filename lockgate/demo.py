@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         .appName("lockgate-demo")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
+        .config(map=lockgate.spark_conf())
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

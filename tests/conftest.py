@@ -17,6 +17,8 @@ POLLING_DELAY = os.environ.get("LOCKGATE_TEST_POLLING_DELAY", "100ms")
 def spark():
     from pyspark.sql import SparkSession
 
+    import lockgate
+
     builder = SparkSession.builder
     # Spark's Kafka connector for the oracle, when tools/fetch_kafka.sh has fetched it;
     # other tests do not depend on it.
@@ -31,6 +33,7 @@ def spark():
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.ui.enabled", "false")
+        .config(map=lockgate.spark_conf())
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")

@@ -129,6 +129,7 @@ def main(argv: list[str]) -> int:
         SparkSession.builder.master(config["master"])
         .appName("lockgate-cluster-driver")
         .config("spark.ui.enabled", "false")
+        .config(map=lockgate.spark_conf())
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.default.parallelism", "4")

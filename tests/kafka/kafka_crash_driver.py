@@ -113,6 +113,7 @@ def main(argv: list[str]) -> int:
         builder.master("local[2]")
         .appName("lockgate-kafka-crash-driver")
         .config("spark.ui.enabled", "false")
+        .config(map=lockgate.spark_conf())
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")

@@ -144,6 +144,7 @@ def main(argv: list[str]) -> int:
         SparkSession.builder.master(config.get("master", "local[2]"))
         .appName("lockgate-stateful-driver")
         .config("spark.ui.enabled", "false")
+        .config(map=lockgate.spark_conf())
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")

@@ -98,6 +98,7 @@ def main(argv: list[str]) -> int:
         SparkSession.builder.master("local[2]")
         .appName("lockgate-redis-crash-driver")
         .config("spark.ui.enabled", "false")
+        .config(map=lockgate.spark_conf())
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
