@@ -25,9 +25,11 @@ sources and for shuffles by key).
 
 Producers (and the marker's consumer) are kept in the Python worker between batches, as
 Spark keeps its producers (``lockgate.sources.kafka.clients``): a kept transactional
-producer skips ``init_transactions``, and anything that goes wrong with it (fenced by
-another producer of its id, an error reported since its last use, a timeout) aborts
-its transaction and writes the partition again with a new producer.
+producer skips ``init_transactions``, and the marker read when it committed an earlier
+batch of the partition last (another producer of the id would have fenced it), and
+anything that goes wrong with it (fenced by another producer of its id, an error
+reported since its last use, a timeout) aborts its transaction and writes the partition
+again with a new producer.
 
 ``option("exactlyOnce", "false")`` writes as Spark does: an idempotent producer (kept
 per worker), at least once across failures. When the session has Spark's Kafka
@@ -342,15 +344,22 @@ class PartitionWriter:
         from confluent_kafka import TopicPartition as KTP
 
         producer = client.producer
-        marker = client.consumer.committed([KTP(self.marker_topic, 0)], timeout=timeout)[0]
-        committed = marker.offset
-        if committed is not None and committed > self.batch_id:
-            logger.info(
-                "Kafka sink: partition %d of batch %d was written before; skipped",
-                partition,
-                self.batch_id,
-            )
-            return False
+        if client.last_batch is None or client.last_batch >= self.batch_id:
+            marker = client.consumer.committed([KTP(self.marker_topic, 0)], timeout=timeout)[0]
+            committed = marker.offset
+            if committed is not None and committed > self.batch_id:
+                logger.info(
+                    "Kafka sink: partition %d of batch %d was written before; skipped",
+                    partition,
+                    self.batch_id,
+                )
+                return False
+        # Else this producer committed an earlier batch of the partition last, and the
+        # marker is not read (a round trip, and up to ~100 ms more while the broker still
+        # completes that commit): had another producer of the id been initialised since
+        # (the only way a later batch could have been written), this one is fenced, its
+        # transaction below fails, and the partition is written again by a new producer,
+        # which reads the marker.
         producer.begin_transaction()
         client.in_transaction = True
         errors = self._produce_all(producer, rows)
@@ -368,6 +377,7 @@ class PartitionWriter:
         )
         producer.commit_transaction(timeout)
         client.in_transaction = False
+        client.last_batch = self.batch_id
         return True
 
 
@@ -407,6 +417,8 @@ class _Transactional(KeptClient):
 
         super().__init__()
         self.in_transaction = False
+        self.last_batch: int | None = None
+        """The batch this producer last committed a transaction for (None: none yet)."""
         self.producer: Any = Producer(
             {
                 **config,

@@ -112,6 +112,35 @@ def test_a_fenced_kept_producer_hands_the_batch_to_a_new_one(kafka: Any, names: 
     assert sorted(read_committed_values(kafka, topic, 5)) == ["a", "b", "c", "d", "e"]
 
 
+def test_a_kept_producer_that_skips_the_marker_never_writes_a_batch_twice(
+    kafka: Any, names: Any
+) -> None:
+    """A kept producer that committed batch 0 writes batch 1 without reading the marker.
+    If another worker's producer of the id wrote batch 1 meanwhile (and so fenced it),
+    its attempt fails, and the new producer that takes over reads the marker and writes
+    nothing: batch 1's rows are in the topic once."""
+    topic, prefix = names("out"), f"lockgate-test-{uuid.uuid4()}"
+    kafka.create_topic(topic)
+    config = {"bootstrap.servers": kafka.bootstrap, "partitioner": "murmur2_random"}
+    key = pool_key(config, f"{prefix}-0")
+    assert _write(kafka, topic, prefix, 0, ["a", "b"])
+    first = sink_module._TRANSACTIONAL.take(key)  # held by "this worker"
+    assert first is not None and first.last_batch == 0
+    # "Another worker" has no kept producer: a new one (fencing `first`) writes batch 1.
+    assert _write(kafka, topic, prefix, 1, ["c"])
+    other = sink_module._TRANSACTIONAL.take(key)
+    assert other is not None and other is not first and other.last_batch == 1
+    try:
+        # Batch 1 again, in "this worker", whose kept producer last wrote batch 0.
+        sink_module._TRANSACTIONAL.give_back(key, first)
+        assert not _write(kafka, topic, prefix, 1, ["c"])
+        assert _kept_producer(kafka, prefix) not in (None, first)
+        assert _write(kafka, topic, prefix, 2, ["d"])  # the new kept producer, no marker read
+    finally:
+        sink_module.discard(other)
+    assert sorted(read_committed_values(kafka, topic, 4)) == ["a", "b", "c", "d"]
+
+
 def test_a_kept_consumer_reads_a_topic_created_again(kafka: Any, names: Any) -> None:
     """The reader's consumer is kept for the next task; a topic deleted and created again
     (fewer records than before) under it: the kept consumer finds the planned offsets gone
