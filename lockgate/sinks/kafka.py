@@ -23,8 +23,11 @@ see every row once; ``read_uncommitted`` consumers may also see rows of aborted
 attempts. A re-run must split the batch into the same partitions (true for lockgate's
 sources and for shuffles by key).
 
-Producers (and the marker's consumer) are kept in the Python worker between batches, as
-Spark keeps its producers (``lockgate.sources.kafka.clients``): a kept transactional
+Producers (and the marker's consumer) are kept between batches, as Spark keeps its
+producers (``lockgate.sources.kafka.clients``). Transactional producers are kept by one
+process per executor, the producer host (:mod:`lockgate.sinks.kafka_host`), which the
+tasks send their rows to: kept in each Python worker, they fenced each other whenever a
+partition's task ran in another worker than the batch before. A kept transactional
 producer skips ``init_transactions``, and the marker read when it committed an earlier
 batch of the partition last (another producer of the id would have fenced it), and
 anything that goes wrong with it (fenced by another producer of its id, an error
@@ -47,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from lockgate.compat import override
 from lockgate.errors import AnalysisError, OptionError, SinkError
+from lockgate.sinks import kafka_host
 from lockgate.sinks.base import (
     ContinuousDataWriter,
     ContinuousSink,
@@ -204,23 +208,49 @@ class PartitionWriter:
 
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
-        rows = [row for batch in batches for row in self._rows(batch)]
-        if not rows:
+        received = [batch for batch in batches if batch.num_rows]
+        count = sum(batch.num_rows for batch in received)
+        if not count:
             # A re-run gives this partition no rows either: no producer, no transaction
             # (a shuffle's many empty partitions cost nothing).
             written = False
+        elif self.exactly_once and context is not None and kafka_host.available():
+            # In a Spark task: the executor's producer host writes, with the one producer
+            # of the partition's transactional id it keeps for all workers.
+            written = self._write_through_host(partition, received)
         elif self.exactly_once:
-            written = self._write_exactly_once(partition, rows)
+            written = self.write_exactly_once(partition, self._all_rows(received))
         else:
-            written = self._write_at_least_once(rows)
+            written = self._write_at_least_once(self._all_rows(received))
         yield pa.RecordBatch.from_pydict(
-            {"partition": [partition], "rows": [len(rows)], "written": [written]},
+            {"partition": [partition], "rows": [count], "written": [written]},
             schema=pa.schema(
                 [("partition", pa.int32()), ("rows", pa.int64()), ("written", pa.bool_())]
             ),
         )
 
-    def _rows(self, batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    def _write_through_host(self, partition: int, batches: list[pa.RecordBatch]) -> bool:
+        import pyarrow as pa
+
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batches[0].schema) as stream:
+            for batch in batches:
+                stream.write_batch(batch)
+        try:
+            # The host's own calls time out after TIMEOUT_S each; this bounds a stuck host.
+            return bool(
+                kafka_host.request(
+                    ("write", self, partition, sink.getvalue().to_pybytes()), 4 * TIMEOUT_S
+                )
+            )
+        except RuntimeError as exc:
+            message = str(exc).removeprefix("SinkError: ")
+            raise SinkError(message) from None
+
+    def _all_rows(self, batches: list[pa.RecordBatch]) -> list[dict[str, Any]]:
+        return [row for batch in batches for row in self.rows_of(batch)]
+
+    def rows_of(self, batch: pa.RecordBatch) -> list[dict[str, Any]]:
         if self.columns is None:
             return batch.to_pylist()
         values = {name: batch.column(i).to_pylist() for name, i in self.columns.items()}
@@ -294,7 +324,7 @@ class PartitionWriter:
                 f"record(s): {errors[:1] or 'timed out'}"
             )
 
-    def _write_exactly_once(self, partition: int, rows: list[dict[str, Any]]) -> bool:
+    def write_exactly_once(self, partition: int, rows: list[dict[str, Any]]) -> bool:
         """Partition ``partition`` of the batch in one transaction, with a kept producer
         when this worker has one for the transactional id, else a new one.
 
@@ -410,12 +440,14 @@ class _Idempotent(KeptClient):
 
 class _Transactional(KeptClient):
     """A transactional producer and the consumer that reads and commits its marker,
-    kept in the worker between batches (see ``PartitionWriter._write_exactly_once``)."""
+    kept in the worker between batches (see ``PartitionWriter.write_exactly_once``)."""
 
     def __init__(self, config: dict[str, str], transactional_id: str, timeout: float) -> None:
         from confluent_kafka import Consumer, Producer
 
+        global _transactional_made
         super().__init__()
+        _transactional_made += 1
         self.in_transaction = False
         self.last_batch: int | None = None
         """The batch this producer last committed a transaction for (None: none yet)."""
@@ -465,6 +497,14 @@ class _Transactional(KeptClient):
 
 
 _TRANSACTIONAL: ClientPool[_Transactional] = ClientPool("transactional producer")
+_transactional_made = 0
+
+
+def transactional_producers_made() -> int:
+    """How many transactional producers this process has made (each one an
+    ``init_transactions``): what the producer host's tests count."""
+    return _transactional_made
+
 _IDEMPOTENT: ClientPool[_Idempotent] = ClientPool("producer")
 
 
