@@ -445,9 +445,8 @@ class _Transactional(KeptClient):
     def __init__(self, config: dict[str, str], transactional_id: str, timeout: float) -> None:
         from confluent_kafka import Consumer, Producer
 
-        global _transactional_made
         super().__init__()
-        _transactional_made += 1
+        kafka_host.producer_made()
         self.in_transaction = False
         self.last_batch: int | None = None
         """The batch this producer last committed a transaction for (None: none yet)."""
@@ -497,13 +496,6 @@ class _Transactional(KeptClient):
 
 
 _TRANSACTIONAL: ClientPool[_Transactional] = ClientPool("transactional producer")
-_transactional_made = 0
-
-
-def transactional_producers_made() -> int:
-    """How many transactional producers this process has made (each one an
-    ``init_transactions``): what the producer host's tests count."""
-    return _transactional_made
 
 _IDEMPOTENT: ClientPool[_Idempotent] = ClientPool("producer")
 
