@@ -255,4 +255,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as lockgate.sinks.kafka_host, not as __main__: the sink imports this module by
+    # that name, and its counters must be the ones the host reports.
+    import importlib
+
+    importlib.import_module("lockgate.sinks.kafka_host").main()
