@@ -60,9 +60,17 @@ def producer_made() -> None:
 
 
 def _directory() -> Path:
-    uid = os.getuid() if hasattr(os, "getuid") else 0
+    uid = os.getuid()
     path = Path(tempfile.gettempdir()) / f"lockgate-kafka-{uid}"
     path.mkdir(mode=0o700, exist_ok=True)
+    status = path.lstat()
+    if status.st_uid != uid or status.st_mode & 0o077 or path.is_symlink():
+        # Another user made it (to read the key, or to stand in for the host): refuse.
+        raise RuntimeError(
+            f"{path} is not a directory only this user (uid {uid}) can use; the Kafka "
+            "sink keeps its producer host's socket and key there. Remove it, or set TMPDIR "
+            "to a private directory."
+        )
     return path
 
 

@@ -117,3 +117,16 @@ def test_the_host_refuses_a_wrong_key_and_exits_with_its_executor(tmp_path):
     finally:
         executor.kill()
         host.kill()
+
+
+def test_the_host_refuses_a_directory_others_can_use(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    shared = tmp_path / f"lockgate-kafka-{os.getuid()}"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    with pytest.raises(RuntimeError, match="not a directory only this user"):
+        kafka_host._directory()
+    shared.chmod(0o700)
+    assert kafka_host._directory() == shared
