@@ -187,11 +187,12 @@ class _Host:
         self._active = 0
         self._lock = threading.Lock()
 
-    def serve(self, socket_path: str, key: bytes) -> None:
+    def serve(self, socket_path: Path, key_path: Path) -> None:
         from multiprocessing import AuthenticationError
         from multiprocessing.connection import Listener
 
-        listener = Listener(socket_path, family="AF_UNIX", authkey=key)
+        self._socket_path, self._key_path = socket_path, key_path
+        listener = Listener(str(socket_path), family="AF_UNIX", authkey=key_path.read_bytes())
         threading.Thread(target=self._watchdog, daemon=True).start()
         while True:
             try:
@@ -208,13 +209,27 @@ class _Host:
             try:
                 os.kill(self._watch, 0)
             except ProcessLookupError:
-                os._exit(0)  # the executor's workers are gone
+                # The executor's workers are gone, and no one will use these names again.
+                lock, log = self._socket_path.with_suffix(".lock"), self._socket_path.with_suffix(".log")
+                with contextlib.suppress(OSError):
+                    if log.stat().st_size == 0:  # else kept: what went wrong
+                        log.unlink()
+                self._exit(self._socket_path, self._key_path, lock)
             except PermissionError:
                 pass
             with self._lock:
                 idle = self._active == 0 and time.monotonic() - self._last > IDLE_EXIT_S
             if idle:
-                os._exit(0)
+                # A worker that comes later finds no socket and starts a new host (with a
+                # new key, under the lock file, which stays).
+                self._exit(self._socket_path)
+
+    @staticmethod
+    def _exit(*paths: Path) -> None:
+        for path in paths:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        os._exit(0)
 
     def _serve_one(self, conn: Any) -> None:
         with conn:
@@ -259,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--watch", type=int, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _Host(args.watch).serve(args.socket, Path(args.key).read_bytes())
+    _Host(args.watch).serve(Path(args.socket), Path(args.key))
 
 
 if __name__ == "__main__":

@@ -114,6 +114,7 @@ def test_the_host_refuses_a_wrong_key_and_exits_with_its_executor(tmp_path):
         executor.kill()
         executor.wait()
         host.wait(timeout=15)  # its watch sees the executor gone
+        assert not socket_path.exists() and not (tmp_path / "h.key").exists()  # cleaned up
     finally:
         executor.kill()
         host.kill()
