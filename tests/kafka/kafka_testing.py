@@ -46,6 +46,16 @@ def require_kafka() -> str:
     return classpath
 
 
+def require_connector_jars() -> str:
+    """Spark's Kafka connector as a ``spark.jars`` value for a driver subprocess; skip
+    (fail under CI) when ``tools/fetch_kafka.sh`` has not fetched it."""
+    jars = connector_jars()
+    if jars is None:
+        _skip_or_fail(f"{CONNECTOR_CLASSPATH} is missing: run tools/fetch_kafka.sh")
+    assert jars is not None
+    return jars
+
+
 def require_connector(spark: Any) -> None:
     """Skip (fail under CI) when the oracle session has no Kafka connector."""
     jars = spark.sparkContext.getConf().get("spark.jars", "") or ""
