@@ -8,8 +8,8 @@ ordering, ...). The state task merges a batch's buffers into the state's per key
 (:func:`merge_buffers`, Spark's own merge expressions with the state on the left), and
 Spark SQL turns the merged buffers into the result (:func:`final_column`, Spark's
 evaluate expressions). Functions whose state is the values themselves
-(approx_count_distinct, median, percentile) get their result from Spark's own function
-over them after the state task (:func:`finish_after_state`).
+(approx_count_distinct, collect_set, median, percentile) get their result from Spark's
+own function over them after the state task (:func:`finish_after_state`).
 """
 
 from __future__ import annotations
@@ -93,9 +93,12 @@ _MOMENTS = {
 _MOMENT_MERGES = {2: "moments", 3: "moments3", 4: "moments4"}
 _MOMENT_WIDTHS = {"moments": 3, "moments3": 4, "moments4": 5, "covariance": 4, "corr": 6}
 """How many buffers each merge of moments takes together."""
-_FINISHED_AFTER_STATE = {"approx_count_distinct", "median", "percentile"}
+_FINISHED_AFTER_STATE = {"approx_count_distinct", "median", "percentile", "collect_set"}
 """Functions whose state is the values themselves, and whose result Spark's own
-function computes over them after the state task (:func:`finish_after_state`)."""
+function computes over them after the state task (:func:`finish_after_state`).
+collect_set is among them for its order: Spark's buffer is a Scala ``mutable.HashSet``,
+whose array comes out in hash order, not in the order values were first seen; Spark's
+own collect_set over the group's distinct values gives that order."""
 
 
 @dataclass(frozen=True)
@@ -323,6 +326,8 @@ def _finish(spec: AggSpec, values: Column) -> Column:
         return F.approx_count_distinct(values, spec.relative_sd)
     if spec.kind == "median":
         return F.median(values)
+    if spec.kind == "collect_set":
+        return F.collect_set(values)
     if spec.weighted:
         value, frequency = values.getField("value"), values.getField("frequency")
         return F.call_function("percentile", value, spec.finish_args[0], frequency)
@@ -332,8 +337,9 @@ def _finish(spec: AggSpec, values: Column) -> Column:
 def finish_after_state(
     df: DataFrame, key_columns: list[str], buffer_columns: list[str], specs: tuple[AggSpec, ...]
 ) -> DataFrame:
-    """Replace each buffer of values (approx_count_distinct's distinct values, median's
-    and percentile's values) in the state task's output by Spark's own function over it.
+    """Replace each buffer of values (approx_count_distinct's and collect_set's distinct
+    values, median's and percentile's values) in the state task's output by Spark's own
+    function over it.
 
     One row per group comes out of the state task. The buffers are zipped into one array
     (``arrays_zip`` pads the shorter ones with nulls, which every one of these functions
