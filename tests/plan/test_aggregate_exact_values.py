@@ -6,6 +6,10 @@ tolerance, which would not see these).
 - collect_set: Spark's buffer is a Scala ``mutable.HashSet``, so its array comes out in
   hash order, not in the order values were first seen; a group seen over several batches
   must come out in the order Spark's set gives the union.
+- avg of a decimal: Spark sums decimals and divides once to the result's scale, so a
+  value with more digits than a double holds keeps them.
+- bit_and, bit_or, bit_xor, product, regr_count and array_agg (collect_list under
+  another name).
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ def test_collect_set_comes_out_in_sparks_hash_order(spark, ls, tmp_path, mode):
             F.collect_set("dec").alias("decimals"),
             F.size(F.collect_set("s")).alias("n"),
             F.collect_list("i").alias("list"),
+            F.expr("array_agg(s)").alias("array_agg"),
         )
 
     _run(spark, ls, tmp_path, build, mode)
@@ -95,3 +100,49 @@ def test_collect_set_without_keys_in_sparks_hash_order(spark, ls, tmp_path):
         lambda df: df.groupBy().agg(F.collect_set("s").alias("all")),
         "complete",
     )
+
+
+@pytest.mark.parametrize("mode", ["update", "complete"])
+def test_avg_of_decimals_matches_native(spark, ls, tmp_path, mode):
+    def build(df: Any) -> Any:
+        return df.groupBy("k").agg(
+            F.avg("big").alias("avg_big"),  # decimal(38,22): more digits than a double
+            F.avg("dec").alias("avg_dec"),  # decimal(24,7)
+            F.sum("big").alias("sum_big"),
+            F.avg("i").alias("avg_long"),  # a double, as before
+            F.avg(F.col("dec") * 2).alias("avg_expr"),
+            F.mean("big").alias("mean"),
+            (F.avg("dec") + 1).alias("avg_plus_one"),
+        )
+
+    _run(spark, ls, tmp_path, build, mode)
+
+
+@pytest.mark.parametrize("session", [False, True], ids=["window", "session_window"])
+def test_avg_of_decimals_in_windows_and_sessions_matches_native(spark, ls, tmp_path, session):
+    def build(df: Any) -> Any:
+        timed = df.withColumn("ts", F.timestamp_seconds(F.col("i") + 500))
+        window = F.session_window("ts", "50 seconds") if session else F.window("ts", "100 seconds")
+        return (
+            timed.withWatermark("ts", "5 seconds")
+            .groupBy(window, "k")
+            .agg(F.avg("big").alias("a"), F.collect_set("s").alias("set"))
+        )
+
+    _run(spark, ls, tmp_path, build, "append")
+
+
+@pytest.mark.parametrize("mode", ["update", "complete"])
+def test_bit_aggregates_product_and_regr_count_match_native(spark, ls, tmp_path, mode):
+    def build(df: Any) -> Any:
+        return df.groupBy("k").agg(
+            F.bit_and("i").alias("bit_and"),
+            F.bit_or("i").alias("bit_or"),
+            F.bit_xor("i").alias("bit_xor"),
+            F.bit_xor(F.col("i").cast("int")).alias("bit_xor_int"),
+            F.product(F.col("i") / 100).alias("product"),
+            F.regr_count("d", "i").alias("regr_count"),
+            (F.bit_or("i") + F.count("*")).alias("bit_or_plus_count"),
+        )
+
+    _run(spark, ls, tmp_path, build, mode)
