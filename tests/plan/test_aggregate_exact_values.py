@@ -146,3 +146,37 @@ def test_bit_aggregates_product_and_regr_count_match_native(spark, ls, tmp_path,
         )
 
     _run(spark, ls, tmp_path, build, mode)
+
+
+@pytest.mark.parametrize("mode", ["update", "complete"])
+def test_a_null_struct_key_and_a_struct_of_nulls_are_two_groups(spark, ls, tmp_path, mode):
+    """Spark groups by a struct's validity and fields: a null struct key and a struct
+    whose fields are all null are two groups, and the first comes out as null."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+    steps = [
+        [
+            {"st": {"x": 1, "y": "p"}, "v": 1},
+            {"st": None, "v": 2},
+            {"st": {"x": None, "y": None}, "v": 3},
+        ],
+        [{"st": None, "v": 4}, {"st": {"x": None, "y": None}, "v": 5}, {"v": 6}],
+        [{"st": {"x": 1, "y": "p"}, "v": 7}, {"st": {"x": None, "y": "q"}, "v": 8}],
+    ]
+
+    def build(r: Any) -> Any:
+        df = r.schema("st STRUCT<x: INT, y: STRING>, v LONG").json(str(inp))
+        counts = df.groupBy("st", (F.col("v") % 2).alias("odd")).agg(
+            F.count("*").alias("n"), F.collect_list("v").alias("vs")
+        )
+        return _Mode(counts, mode)
+
+    d = Differential(spark, ls, tmp_path, build, sink="foreachBatch")
+    try:
+        for rows in steps:
+            write_json(inp, rows)
+            d.run()
+        nulls = [row for _, rows in d.native.batches for row in rows if row["st"] is None]
+        assert nulls and all(row["n"] for row in nulls)
+    finally:
+        d.stop()
