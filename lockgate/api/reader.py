@@ -155,8 +155,9 @@ class DataStreamReader:
         return self._file("orc", path, options.pop("schema", None), options)
 
     def text(self, path: str, wholetext: bool = False, lineSep: str | None = None, **options: Any) -> StreamingDataFrame:
-        if wholetext:
-            options["wholetext"] = True
+        # PySpark's text() sets wholetext always (False by default), overriding an
+        # earlier option("wholetext", "true"), as native streaming then reads lines.
+        options["wholetext"] = wholetext
         if lineSep is not None:
             options["lineSep"] = lineSep
         return self._file("text", path, None, options)

@@ -364,7 +364,13 @@ def flatten_columns(
     selected: list[Column] = []
     for key_field in schema.fields[:key_count]:
         src = F.col(f"`{key_field.name}`")
-        if isinstance(key_field.dataType, StructType):
+        # A struct key is kept in its fields (a window: its end is the event time) only
+        # when it cannot be null: flattened, a null struct and a struct of nulls would be
+        # one group, where Spark has two. A nullable struct stays one column, which the
+        # state store groups by its fields and its validity.
+        if isinstance(key_field.dataType, StructType) and (
+            not key_field.nullable or "spark.timeWindow" in (key_field.metadata or {})
+        ):
             parts = tuple(f.name for f in key_field.dataType.fields)
             flat = tuple(names.take(f"{key_field.name}_{p}") for p in parts)
             selected += [src.getField(n).alias(fl) for n, fl in zip(parts, flat)]

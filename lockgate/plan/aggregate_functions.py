@@ -8,13 +8,14 @@ ordering, ...). The state task merges a batch's buffers into the state's per key
 (:func:`merge_buffers`, Spark's own merge expressions with the state on the left), and
 Spark SQL turns the merged buffers into the result (:func:`final_column`, Spark's
 evaluate expressions). Functions whose state is the values themselves
-(approx_count_distinct, median, percentile) get their result from Spark's own function
-over them after the state task (:func:`finish_after_state`).
+(approx_count_distinct, collect_set, median, percentile) get their result from Spark's
+own function over them after the state task (:func:`finish_after_state`).
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ _ALIASES = {
     "some": "bool_or",
     "any": "bool_or",
     "approx_percentile": "percentile_approx",
+    "array_agg": "collect_list",  # registered by Spark as CollectList under a second name
 }
 _SUPPORTED = {
     "approx_count_distinct",
@@ -53,6 +55,11 @@ _SUPPORTED = {
     "last",
     "bool_and",
     "bool_or",
+    "bit_and",
+    "bit_or",
+    "bit_xor",
+    "product",
+    "regr_count",
     "max_by",
     "min_by",
     "collect_list",
@@ -71,7 +78,9 @@ _SUPPORTED = {
 }
 _SELF_MERGING = {
     # The function computes its own buffer over a batch; merging is the same operation
-    # (count_if is Spark's Count(NullIf(cond, false)); bool_and/bool_or are Min/Max).
+    # (count_if is Spark's Count(NullIf(cond, false)); bool_and/bool_or are Min/Max;
+    # bit_and/bit_or/bit_xor are BitAggregates, their buffer the function's value;
+    # product's buffer is its double product, null until a value comes).
     "count": "count",
     "count_if": "count",
     "min": "min",
@@ -80,6 +89,11 @@ _SELF_MERGING = {
     "bool_or": "max",
     "collect_list": "concat",
     "collect_set": "union",
+    "bit_and": "bit_and",
+    "bit_or": "bit_or",
+    "bit_xor": "bit_xor",
+    "product": "product",
+    "regr_count": "count",  # Spark's RegrCount is Count(y, x)
 }
 _MOMENTS = {
     "stddev_samp": 2,
@@ -93,9 +107,12 @@ _MOMENTS = {
 _MOMENT_MERGES = {2: "moments", 3: "moments3", 4: "moments4"}
 _MOMENT_WIDTHS = {"moments": 3, "moments3": 4, "moments4": 5, "covariance": 4, "corr": 6}
 """How many buffers each merge of moments takes together."""
-_FINISHED_AFTER_STATE = {"approx_count_distinct", "median", "percentile"}
+_FINISHED_AFTER_STATE = {"approx_count_distinct", "median", "percentile", "collect_set"}
 """Functions whose state is the values themselves, and whose result Spark's own
-function computes over them after the state task (:func:`finish_after_state`)."""
+function computes over them after the state task (:func:`finish_after_state`).
+collect_set is among them for its order: Spark's buffer is a Scala ``mutable.HashSet``,
+whose array comes out in hash order, not in the order values were first seen; Spark's
+own collect_set over the group's distinct values gives that order."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +138,11 @@ class AggSpec:
     """percentile's percentage, passed to Spark's function after the state task."""
     weighted: bool = False
     """percentile with a frequency column: the buffer holds (value, frequency) pairs."""
+    decimal_result: tuple[int, int] | None = None
+    """avg of a decimal: the (precision, scale) of Spark's result; its sum is kept as a
+    decimal and divided as Spark's Average divides it (:func:`final_column`)."""
+    null_on_overflow: bool = False
+    """avg of a decimal outside ANSI mode: null where the result overflows its type."""
 
 
 def function_parts(spark: SparkSession, col: Column) -> tuple[str, list[Any], bool]:
@@ -163,7 +185,9 @@ def _null_on_divide_by_zero(spark: SparkSession) -> bool:
     return str(legacy).strip().lower() != "true"
 
 
-def decompose(spark: SparkSession, col: Column) -> AggSpec:
+def decompose(spark: SparkSession, col: Column, input_frame: DataFrame | None = None) -> AggSpec:
+    """``col``, one aggregate function call, as buffers; ``input_frame`` (a DataFrame of
+    the aggregation's input) gives the argument types some functions depend on."""
     name, args, distinct = function_parts(spark, col)
     if distinct:
         raise AnalysisError(
@@ -194,6 +218,9 @@ def decompose(spark: SparkSession, col: Column) -> AggSpec:
     if name == "sum":
         return AggSpec(name, (F.sum(arg),), ("sum",))
     if name == "avg":
+        decimal = _decimal_type(arg, input_frame)
+        if decimal is not None:
+            return _decimal_avg(spark, arg, decimal)
         return AggSpec(name, (F.sum(arg.cast("double")), F.count(arg)), ("sum", "count"))
     if name in ("first", "last"):
         ignore = False
@@ -216,6 +243,64 @@ def decompose(spark: SparkSession, col: Column) -> AggSpec:
     if name in ("covar_pop", "covar_samp", "corr"):
         return _co_moments(name, arg, as_column(spark, args[1]), nulls)
     return _central_moments(name, arg, nulls)
+
+
+def _decimal_type(arg: Column, input_frame: DataFrame | None) -> tuple[int, int] | None:
+    """(precision, scale) of ``arg`` over ``input_frame`` when it is a decimal."""
+    if input_frame is None:
+        return None
+    from pyspark.errors import AnalysisException
+    from pyspark.sql.types import DecimalType
+
+    try:
+        data_type = input_frame.select(arg).schema.fields[0].dataType
+    except AnalysisException:  # not an expression of the input alone
+        return None
+    if isinstance(data_type, DecimalType):
+        return data_type.precision, data_type.scale
+    return None
+
+
+def _decimal_avg(spark: SparkSession, arg: Column, decimal: tuple[int, int]) -> AggSpec:
+    """Spark's Average of a decimal(p, s): its sum is a decimal(p + 10, s) (bounded by 38
+    digits) and its result a decimal(p + 4, s + 4), the sum divided by the count exactly
+    (DecimalDivideWithOverflowCheck). Summed as doubles, a decimal of more digits than a
+    double holds would lose them."""
+    p, s = decimal
+    bounded = _bounded_decimal(p + 4, s + 4)
+    ansi = str(spark.conf.get("spark.sql.ansi.enabled", "true")).strip().lower() == "true"
+    # F.sum of a decimal(p, s) is a decimal(p + 10, s), Average's own sum type
+    return AggSpec(
+        "avg",
+        (F.sum(arg), F.count(arg)),
+        ("sum", "count"),
+        decimal_result=bounded,
+        null_on_overflow=not ansi,
+    )
+
+
+def _bounded_decimal(precision: int, scale: int) -> tuple[int, int]:
+    """Spark's ``DecimalType.bounded``: at most 38 digits and a scale of at most 38."""
+    return min(precision, 38), min(scale, 38)
+
+
+def _decimal_divide(spark: SparkSession, total: Column, count: Column, spec: AggSpec) -> Column:
+    """Spark's own ``DecimalDivideWithOverflowCheck(sum, count as decimal(20, 0))`` of
+    the result type, as Average evaluates a decimal: the quotient rounded once (half up)
+    to the result's scale. Spark SQL's ``/`` would round it to the division's own type
+    first (as few as 6 decimals for wide sums) and give other digits."""
+    assert spec.decimal_result is not None
+    jvm = spark.sparkContext._jvm
+    js = spark._jsparkSession
+    result_type = jvm.org.apache.spark.sql.types.DecimalType(*spec.decimal_result)
+    divide = jvm.org.apache.spark.sql.catalyst.expressions.DecimalDivideWithOverflowCheck(
+        js.expression(total._jc),
+        js.expression(count.cast("decimal(20,0)")._jc),
+        result_type,
+        None,
+        spec.null_on_overflow,
+    )
+    return as_column(spark, divide)
 
 
 def _central_moments(name: str, arg: Column, null_on_divide_by_zero: bool) -> AggSpec:
@@ -323,6 +408,8 @@ def _finish(spec: AggSpec, values: Column) -> Column:
         return F.approx_count_distinct(values, spec.relative_sd)
     if spec.kind == "median":
         return F.median(values)
+    if spec.kind == "collect_set":
+        return F.collect_set(values)
     if spec.weighted:
         value, frequency = values.getField("value"), values.getField("frequency")
         return F.call_function("percentile", value, spec.finish_args[0], frequency)
@@ -332,8 +419,9 @@ def _finish(spec: AggSpec, values: Column) -> Column:
 def finish_after_state(
     df: DataFrame, key_columns: list[str], buffer_columns: list[str], specs: tuple[AggSpec, ...]
 ) -> DataFrame:
-    """Replace each buffer of values (approx_count_distinct's distinct values, median's
-    and percentile's values) in the state task's output by Spark's own function over it.
+    """Replace each buffer of values (approx_count_distinct's and collect_set's distinct
+    values, median's and percentile's values) in the state task's output by Spark's own
+    function over it.
 
     One row per group comes out of the state task. The buffers are zipped into one array
     (``arrays_zip`` pads the shorter ones with nulls, which every one of these functions
@@ -380,6 +468,12 @@ def final_column(spec: AggSpec, buffers: list[Column]) -> Column:
         return buffers[0]
     if kind == "avg":
         s, c = buffers
+        if spec.decimal_result is not None:
+            from pyspark.sql import SparkSession
+
+            # the session's JVM builds Spark's expression (the stream thread has no
+            # active session; the default one shares the JVM)
+            return F.when(c == 0, F.lit(None)).otherwise(_decimal_divide(SparkSession.active(), s, c, spec))
         return F.when(c == 0, F.lit(None)).otherwise(s / c)
     null = F.lit(None).cast("double")
     # divideByZeroEvalResult: null, or NaN under spark.sql.legacy.statisticalAggregate
@@ -489,6 +583,18 @@ def _merge_moments(
     return merged, width
 
 
+_OPERATOR_MERGES = {
+    "bit_and": operator.and_,
+    "bit_or": operator.or_,
+    "bit_xor": operator.xor,
+    "product": operator.mul,
+}
+"""bit_and, bit_or, bit_xor, product: the operator merging two buffers where neither is
+null (Python's bitwise operators on ints are two's complement ones, so a merge of two
+longs stays a long; product's buffers are doubles, multiplied state first as Spark's
+merge ``coalesce(coalesce(left, 1) * right, left)`` does)."""
+
+
 def merge_buffers(merges: tuple[str, ...], state: list[Any], batch: list[Any]) -> list[Any]:
     """One key's buffers after merging a batch's (``batch``) into the state's (``state``),
     as Spark's merge expressions do with the state's buffer on the left."""
@@ -503,6 +609,9 @@ def merge_buffers(merges: tuple[str, ...], state: list[Any], batch: list[Any]) -
             out[i] = b if a is None else (a if b is None or not _greater(a, b) else b)
         elif kind == "max":
             out[i] = b if a is None else (a if b is None or not _greater(b, a) else b)
+        elif kind in _OPERATOR_MERGES:
+            # BitAggregate's and Product's merge: a null side gives way to the other
+            out[i] = b if a is None else (a if b is None else _OPERATOR_MERGES[kind](a, b))
         elif kind == "concat":
             out[i] = list(a or []) + list(b or [])
         elif kind == "union":
@@ -558,6 +667,11 @@ _BUFFER_ROLES = {
     "max": ("max",),
     "bool_and": ("value",),
     "bool_or": ("value",),
+    "bit_and": ("value",),
+    "bit_or": ("value",),
+    "bit_xor": ("value",),
+    "product": ("product",),
+    "regr_count": ("count",),
     "first": ("value", "isSet"),
     "last": ("value", "isSet"),
     "max_by": ("value", "ordering"),
@@ -585,6 +699,10 @@ _SPARK_BUFFER_NAMES = {
     "count_if": ("count",),  # Spark rewrites it to count(nullif(...))
     "bool_and": ("min",),  # ... and these to min and max
     "bool_or": ("max",),
+    "bit_and": ("bit_and",),  # BitAggregate's buffer is named after the function
+    "bit_or": ("bit_or",),
+    "bit_xor": ("bit_xor",),
+    "regr_count": ("count",),  # Spark replaces it by Count
     "first": ("first", "valueSet"),
     "last": ("last", "valueSet"),
     "max_by": ("valueWithExtremumOrdering", "extremumOrdering"),
@@ -615,6 +733,8 @@ def is_aggregate_call(spark: SparkSession, expr: Any) -> bool:
         return True
     parts = expr.nameParts()
     name = str(parts.apply(parts.size() - 1)).lower()
+    if parts.size() == 1 and _ALIASES.get(name, name) in _SUPPORTED:
+        return True  # product is not in Spark's catalog group of aggregate functions
     groups: dict[str, str] = spark.__dict__.setdefault("_lockgate_function_groups", {})
     if name not in groups:
         from py4j.protocol import Py4JJavaError

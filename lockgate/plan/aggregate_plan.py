@@ -307,7 +307,7 @@ def aggregate_node(
     key_count = len(template.columns) - len(columns)
     split = result_expressions(spark, grouping, columns, template, template_grouped, key_count)
     aggregates = columns if split is None else split[0]
-    specs = tuple(decompose(spark, c) for c in aggregates)
+    specs = tuple(decompose(spark, c, input_template) for c in aggregates)
     key_names = tuple(template.columns[:key_count])
     watermarked = event_time_columns(child)
     event_time_key = grouping_event_time_key(template.schema, key_count, grouping, watermarked, child)

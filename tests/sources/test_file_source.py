@@ -880,3 +880,28 @@ def test_layout_changing_under_a_running_query_fails_it(
     assert native_says in errors[0]
     expected = "partition directories" if native_says == "Invalid batch" else native_says
     assert expected in errors[1], errors[1]
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        # PySpark's text() sets wholetext itself (False by default), overriding the option
+        lambda r, p: r.option("wholetext", "true").text(p),
+        lambda r, p: r.text(p, wholetext=True),
+        lambda r, p: r.option("wholetext", "true").format("text").load(p),
+        lambda r, p: r.text(p, lineSep=" "),
+    ],
+    ids=["option_then_text", "text_wholetext", "load_wholetext", "line_sep"],
+)
+def test_text_reader_options_as_pyspark_sets_them(spark, ls, tmp_path, read):
+    from differential import Differential, write_text
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    write_text(inp, ["hello world", "", "second line"])
+    write_text(inp, ["third"])
+    d = Differential(spark, ls, tmp_path, lambda r: read(r, str(inp)), trigger={"availableNow": True})
+    try:
+        assert d.run()
+    finally:
+        d.stop()
