@@ -5,7 +5,10 @@ Messages are Spark's, so users can search them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.jvm import jvm_name, seq
 from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.flat_map_groups import (
     check_apply_in_pandas_with_state,
@@ -18,6 +21,9 @@ from lockgate.plan.nodes import EventTimeWatermark, PlanNode, Transform
 from lockgate.plan.session_window import SessionWindowAggregate
 from lockgate.plan.stateful import StatefulOperator, stateful_operators
 from lockgate.plan.transform_with_state import refuse_after_processing_time_transform_with_state
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 _SORTS = ("orderBy", "sort", "sortWithinPartitions")
 
@@ -123,6 +129,49 @@ def _check_session_windows(aggregates: list[Aggregate], output_mode: str) -> Non
         raise AnalysisError(
             "Global aggregation with session window in streaming query is not supported."
         )
+
+
+def check_window_functions(template: DataFrame) -> None:
+    """Spark refuses window functions (``OVER``) on a stream at start, the time-window
+    ``window()`` aside (it is no ``Window`` node): NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING,
+    with Spark's own message. ``template`` is the query's batch-shaped plan."""
+    spark = template.sparkSession
+    jvm = spark.sparkContext._jvm
+    plan = template._jdf.queryExecution().analyzed()
+    window = jvm_name(jvm, "org.apache.spark.sql.catalyst.trees.TreePattern").WINDOW()
+    if not plan.containsPattern(window):  # one call; the walk below only when there is one
+        return
+    found = _first_window(plan)
+    if found is None:
+        return
+    functions: list[str] = []
+    columns: list[str] = []
+    specs: list[str] = []
+    for named in seq(found.windowExpressions()):
+        for expression in _window_expressions(named):
+            functions.append(expression.windowFunction().toString())
+            columns.append(named.toAttribute().sql())
+            specs.append(expression.windowSpec().sql())
+    to_seq = jvm.PythonUtils.toSeq
+    error = jvm_name(jvm, "org.apache.spark.sql.errors.QueryExecutionErrors").nonTimeWindowNotSupportedInStreamingError(
+        to_seq(functions), to_seq(columns), to_seq(specs), found.origin()
+    )
+    raise AnalysisError(error.getMessage())
+
+
+def _first_window(plan: Any) -> Any:
+    """The lowest ``Window`` node of ``plan`` (Spark checks bottom up), or None."""
+    for child in seq(plan.children()):
+        found = _first_window(child)
+        if found is not None:
+            return found
+    return plan if plan.getClass().getSimpleName() == "Window" else None
+
+
+def _window_expressions(expression: Any) -> list[Any]:
+    if expression.getClass().getSimpleName() == "WindowExpression":
+        return [expression]
+    return [w for child in seq(expression.children()) for w in _window_expressions(child)]
 
 
 def _check_sorts(node: PlanNode, output_mode: str, under_aggregate: bool) -> None:

@@ -4,6 +4,7 @@ union/join/watermark rules, explain, and the package's public names."""
 from __future__ import annotations
 
 import inspect
+import re
 import types
 
 import pytest
@@ -224,6 +225,37 @@ def test_sample_is_refused_as_spark(spark, sdf, tmp_path):
     assert words in str(spark_says.value)
     with pytest.raises(AnalysisException, match=words):
         sdf.sample(0.5)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda df, W: df.withColumn("rn", F.row_number().over(W.partitionBy(F.col("value") % 2).orderBy("timestamp"))),
+        lambda df, W: df.select("value", F.sum("value").over(W.partitionBy(F.col("value") % 2)).alias("s")),
+        lambda df, W: df.selectExpr("value", "rank() OVER (ORDER BY value) AS r"),
+        lambda df, W: df.withWatermark("timestamp", "1 second").groupBy(F.window("timestamp", "1 second"))
+        .count().withColumn("prev", F.lag("count").over(W.orderBy("window"))),
+    ],
+    ids=["row_number", "sum_over", "sql_rank", "lag_over_aggregate"],
+)
+def test_window_functions_are_refused_at_start_as_spark(spark, ls, tmp_path, build):
+    """A window function (OVER) on a stream: Spark's NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING
+    at start(), naming the function, its column and its window; before, lockgate ran it over
+    each micro-batch alone. The time window ``window()`` is no window function."""
+    from pyspark.sql import Window
+
+    messages = []
+    for engine, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
+        query = build(reader.format("rate").load(), Window)  # defining it is allowed
+        with pytest.raises(AnalysisException) as info:
+            query.writeStream.format("noop").outputMode("update").option(
+                "checkpointLocation", str(tmp_path / engine)
+            ).start()
+        messages.append(str(info.value))
+    native, ours = (m.split("SQLSTATE")[0] for m in messages)
+    assert "[NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING]" in ours
+    strip_ids = lambda text: re.sub(r"#\d+L?", "", text.split("\n")[0])
+    assert strip_ids(ours) == strip_ids(native)
 
 
 @pytest.mark.parametrize("op", ["subtract", "exceptAll"])
