@@ -271,6 +271,13 @@ class _Translator:
         inputs = {c.lower() for c in child.columns}
         by_alias = {e.name.lower(): e.child for e in select if isinstance(e, parsed.Alias)}
         for g in node.grouping:
+            if isinstance(g, parsed.GroupingSets):
+                words = {"Rollup": "ROLLUP", "Cube": "CUBE"}.get(g.kind, "GROUPING SETS")
+                raise NotSupportedYetError(
+                    f"GROUP BY {words} in SQL over a streaming view",
+                    "Call rollup() or cube() on the streaming DataFrame the view was made "
+                    "of instead: lockgate runs those.",
+                )
             if isinstance(g, parsed.Attribute) and len(g.name_parts) == 1:
                 name = g.name_parts[0].lower()
                 if name in by_alias and name not in inputs:  # GROUP BY a select-list alias

@@ -84,6 +84,13 @@ class Literal(Expression):
     type_name: str
 
 
+@dataclass(frozen=True, eq=False)
+class GroupingSets(Expression):
+    """``ROLLUP(...)``, ``CUBE(...)`` or ``GROUPING SETS (...)`` in a ``GROUP BY``."""
+
+    kind: str
+
+
 # -- plan nodes ----------------------------------------------------------------------------
 
 
@@ -447,6 +454,8 @@ class _Reader:
         references = tuple(_references(expr))
         if kind == "UnresolvedOrdinal":
             return Ordinal(column, references, int(expr.ordinal()))
+        if kind in ("Rollup", "Cube", "GroupingSets"):
+            return GroupingSets(column, references, kind)
         if kind == "Literal":
             value = expr.value()
             shown = value if value is None or isinstance(value, _PYTHON_VALUES) else None

@@ -308,3 +308,23 @@ def test_parse_errors_as_spark(spark, ls, args):
     with pytest.raises(ParseException) as ours:
         ls.sql("SELEC 1", args)
     assert str(ours.value) == str(native.value)
+
+
+@pytest.mark.parametrize(
+    ("grouping", "words"),
+    [
+        ("ROLLUP(name)", "GROUP BY ROLLUP"),
+        ("CUBE(name, id % 2)", "GROUP BY CUBE"),
+        ("GROUPING SETS ((name), ())", "GROUP BY GROUPING SETS"),
+    ],
+)
+def test_grouping_sets_in_sql_are_refused_clearly(spark, ls, inp, grouping, words):
+    """Native Spark runs them; lockgate's SQL failed with Spark's internal "Cannot call the
+    method dataType$ of BaseGroupingSets". Now a NotSupportedYetError names them and the
+    DataFrame API's rollup()/cube() that lockgate runs."""
+    from lockgate.errors import NotSupportedYetError
+
+    view = f"ev_{uuid.uuid4().hex[:8]}"
+    ls.readStream.schema(SCHEMA).json(str(inp)).createOrReplaceTempView(view)
+    with pytest.raises(NotSupportedYetError, match=f"{words} in SQL over a streaming view .*rollup"):
+        ls.sql(f"SELECT name, count(*) AS c FROM {view} GROUP BY {grouping}")
