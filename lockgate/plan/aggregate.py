@@ -355,6 +355,17 @@ def flatten_keys(
     return df.select(*selected), layouts
 
 
+def _window_shaped(struct: StructType) -> bool:
+    """A window's struct (``start``, ``end`` timestamps), nullable where grouping sets
+    made it so (ROLLUP's total row has no window) and without its metadata after their
+    Expand: a window never has a null start or end, so its fields tell it apart."""
+    from pyspark.sql.types import TimestampNTZType, TimestampType
+
+    return [f.name for f in struct.fields] == ["start", "end"] and all(
+        isinstance(f.dataType, (TimestampType, TimestampNTZType)) for f in struct.fields
+    )
+
+
 def flatten_columns(
     schema: StructType, key_count: int, names: UniqueNames | None = None
 ) -> tuple[list[Column], list[KeyLayout]]:
@@ -369,7 +380,9 @@ def flatten_columns(
         # one group, where Spark has two. A nullable struct stays one column, which the
         # state store groups by its fields and its validity.
         if isinstance(key_field.dataType, StructType) and (
-            not key_field.nullable or "spark.timeWindow" in (key_field.metadata or {})
+            not key_field.nullable
+            or "spark.timeWindow" in (key_field.metadata or {})
+            or _window_shaped(key_field.dataType)
         ):
             parts = tuple(f.name for f in key_field.dataType.fields)
             flat = tuple(names.take(f"{key_field.name}_{p}") for p in parts)
