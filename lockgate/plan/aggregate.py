@@ -375,10 +375,11 @@ def flatten_columns(
     selected: list[Column] = []
     for key_field in schema.fields[:key_count]:
         src = F.col(f"`{key_field.name}`")
-        # A struct key is kept in its fields (a window: its end is the event time) only
-        # when it cannot be null: flattened, a null struct and a struct of nulls would be
-        # one group, where Spark has two. A nullable struct stays one column, which the
-        # state store groups by its fields and its validity.
+        # A struct key is kept in its fields when it cannot be null, or is a window (its
+        # end is the event time; it never has null fields). Any other nullable struct
+        # stays one column, which the state store groups by its fields and its validity:
+        # flattened, a null struct and a struct of nulls would be one group, where Spark
+        # has two.
         if isinstance(key_field.dataType, StructType) and (
             not key_field.nullable
             or "spark.timeWindow" in (key_field.metadata or {})

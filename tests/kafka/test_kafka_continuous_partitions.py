@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from datetime import UTC, datetime
@@ -33,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from driver_process import run_script
 from kafka_testing import require_connector_jars
 
 DRIVER = Path(__file__).with_name("kafka_continuous_driver.py")
@@ -125,27 +123,8 @@ def read_output(kafka: Any, topic: str, topic_in: str) -> list[tuple[int, int, t
 def run_driver(job: dict[str, Any], workdir: Path) -> tuple[int, str]:
     job_file = workdir / "job.json"
     job_file.write_text(json.dumps(job))
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     log_path = workdir / "driver.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), str(job_file)],
-            cwd=workdir,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            rc = proc.wait(timeout=PROCESS_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the Python workers, the JVM
-            except ProcessLookupError:
-                pass
-            proc.wait()
+    rc = run_script(DRIVER, [str(job_file)], workdir, log_path, dict(os.environ), PROCESS_TIMEOUT_S)
     text = log_path.read_text(errors="replace")
     if rc is None:
         pytest.fail(f"driver timed out after {PROCESS_TIMEOUT_S}s; log tail:\n{text[-4000:]}")

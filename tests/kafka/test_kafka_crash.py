@@ -21,8 +21,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -32,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from driver_process import run_script
 from kafka_testing import connector_jars
 
 pytestmark = pytest.mark.slow
@@ -71,12 +70,6 @@ class Case:
         }
 
 
-def _reap_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    time.sleep(1)
 
 
 def _run_driver(jobs: list[dict[str, Any]], workdir: Path, kill_at: str | None) -> tuple[int, str]:
@@ -87,25 +80,8 @@ def _run_driver(jobs: list[dict[str, Any]], workdir: Path, kill_at: str | None) 
     env.pop("LOCKGATE_TEST_KILL_AT", None)
     if kill_at is not None:
         env["LOCKGATE_TEST_KILL_AT"] = kill_at
-    env["PYSPARK_PYTHON"] = sys.executable
-    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
     log_path = workdir / "driver.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), str(jobs_file)],
-            cwd=workdir,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            rc = proc.wait(timeout=PROCESS_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            _reap_group(proc.pid)
-            proc.wait()
+    rc = run_script(DRIVER, [str(jobs_file)], workdir, log_path, env, PROCESS_TIMEOUT_S)
     text = log_path.read_text(errors="replace")
     if rc is None:
         pytest.fail(f"driver timed out after {PROCESS_TIMEOUT_S}s; log tail:\n{text[-4000:]}")

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from differential import ev, write_json
+from driver_process import run_script
 
 DRIVER = Path(__file__).with_name("stateful_driver.py")
 PROCESS_TIMEOUT_S = 420
@@ -56,41 +54,13 @@ def run_driver(
     path.write_text(json.dumps(config))
     environment = dict(os.environ)
     environment.pop("LOCKGATE_TEST_KILL_AT", None)
-    environment["PYSPARK_PYTHON"] = sys.executable
-    environment["PYSPARK_DRIVER_PYTHON"] = sys.executable
     environment.update(env or {})
     log_path = root / f"{name}.log"
-    with open(log_path, "wb") as log:
-        # its own process group: what is left of a killed driver (its JVM, Python
-        # workers) is killed too before the next run, so nothing writes after a "crash"
-        proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), str(path)],
-            env=environment,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=str(root),
-            start_new_session=True,
-        )
-        try:
-            rc = proc.wait(timeout=PROCESS_TIMEOUT_S)
-        finally:
-            _reap_group(proc.pid)
-            proc.wait()
-    return rc, log_path.read_text(errors="replace")[-9000:]
-
-
-def _reap_group(pgid: int, timeout_s: float = 30.0) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
+    rc = run_script(DRIVER, [str(path)], root, log_path, environment, PROCESS_TIMEOUT_S)
+    text = log_path.read_text(errors="replace")
+    if rc is None:
+        raise subprocess.TimeoutExpired(str(DRIVER), PROCESS_TIMEOUT_S, output=text[-9000:])
+    return rc, text[-9000:]
 
 
 def read_report(job: dict[str, Any]) -> dict[str, Any]:

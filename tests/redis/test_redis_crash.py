@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from driver_process import run_script
 
 pytestmark = pytest.mark.slow
 
@@ -93,31 +92,8 @@ def _log_ids(directory: Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
-def _live_group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
 
 
-def _reap_group(pgid: int, timeout_s: float = 30.0) -> None:
-    """SIGKILL what is left of the driver's process group (JVM, Python workers) and wait
-    until none of it runs, so nothing writes after a "crash"."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while _live_group_members(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def _run_driver(jobs: list[dict[str, Any]], workdir: Path, kill_at: str | None) -> tuple[int, str]:
@@ -128,25 +104,8 @@ def _run_driver(jobs: list[dict[str, Any]], workdir: Path, kill_at: str | None) 
     env.pop("LOCKGATE_TEST_KILL_AT", None)
     if kill_at is not None:
         env["LOCKGATE_TEST_KILL_AT"] = kill_at
-    env["PYSPARK_PYTHON"] = sys.executable
-    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
     log_path = workdir / "driver.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), str(jobs_file)],
-            cwd=workdir,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            rc = proc.wait(timeout=PROCESS_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            _reap_group(proc.pid)
-            proc.wait()
+    rc = run_script(DRIVER, [str(jobs_file)], workdir, log_path, env, PROCESS_TIMEOUT_S)
     text = log_path.read_text(errors="replace")
     if rc is None:
         pytest.fail(f"driver timed out after {PROCESS_TIMEOUT_S}s; log tail:\n{text[-4000:]}")
