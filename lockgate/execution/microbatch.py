@@ -125,6 +125,10 @@ class _SourceSlot:
     index: int
     relation_id: int
     source: Source
+    scans: int = 1
+    """How many times the plan reads the source (``df.union(df)`` twice): Spark counts
+    its rows once per scan in ``numInputRows`` (its progress sums the rows of every
+    execution-plan leaf that reads the source)."""
 
 
 class MicroBatchExecution(StreamExecution):
@@ -214,7 +218,8 @@ class MicroBatchExecution(StreamExecution):
                 clock=self.clock,
             )
             source = relation.provider.createSource(context)
-            self._slots.append(_SourceSlot(index, id(relation), source))
+            scans = sum(1 for node in self.plan.walk() if node is relation)
+            self._slots.append(_SourceSlot(index, id(relation), source, scans))
         self.available = [None] * len(self._slots)
         self.committed = [None] * len(self._slots)
 
@@ -786,7 +791,7 @@ class MicroBatchExecution(StreamExecution):
                 slot.source.description(),
                 batch["start_offsets"][slot.index],
                 self.available[slot.index],
-                int(batch["counts"].get(slot.index) or 0),
+                int(batch["counts"].get(slot.index) or 0) * slot.scans,
                 input_secs,
                 process_secs,
             )

@@ -476,3 +476,30 @@ def test_plan_spark_empties(diff, inp, op):
     write_json(inp, rows(4, 3))
     d.run()
     assert [b for b, _ in d.batches()] == [0, 1]
+
+
+# -- numInputRows of a source the plan reads more than once -------------------------------
+
+
+def test_num_input_rows_of_a_stream_unioned_with_itself(diff, inp):
+    """Spark counts a source's rows once per scan of it: ``df.union(df)`` reads it twice."""
+
+    def query(rs):
+        df = json_stream(inp)(rs)
+        return df.union(df)
+
+    d = diff(query, sink="foreachBatch")
+    write_json(inp, rows(0, 3))
+    assert len(d.run()) == 6
+    write_json(inp, rows(3, 2))
+    assert len(d.run()) == 10
+
+
+def test_num_input_rows_of_a_rate_stream_read_by_both_sides_of_a_join(diff):
+    def query(rs):
+        df = rs.format("rate-micro-batch").option("rowsPerBatch", 9).option("startTimestamp", 1_000).load()
+        return df.join(df.select(F.col("value").alias("v2")), F.col("value") == F.col("v2"))
+
+    d = diff(query, sink="foreachBatch", trigger={"availableNow": True})
+    assert len(d.run()) == 9
+    assert len(d.run()) == 18
