@@ -268,7 +268,6 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
     drop_late = late_us is not None and task.output_mode in ("append", "update")
     et = task.event_time_flat_index
     dropped = 0
-    updated_keys: list[tuple[Any, ...]] = []
     merge = buffer_merger(task.merges)
     get, put = store.map.get, store.put
     t_update = time.perf_counter()
@@ -281,15 +280,16 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
             else [()] * batch.num_rows
         )
         values = list(zip(*[batch_values(batch.column(n)) for n in value_names]))
-        for key, value in zip(keys, values):
-            if drop_late and et is not None:
-                t = key[et]
-                if t is not None and t <= late_us:  # type: ignore[operator]
-                    dropped += 1
-                    continue
+        pairs: Any = zip(keys, values)
+        if drop_late and et is not None:
+            on_time = [(k, v) for k, v in pairs if k[et] is None or k[et] > late_us]  # type: ignore[operator]
+            dropped += len(keys) - len(on_time)
+            pairs = on_time
+        for key, value in pairs:
             previous = get(key)
             put(key, list(value) if previous is None else merge(previous, value))
-            updated_keys.append(key)
+    # this batch's keys and their new buffers, before any is evicted
+    updated = dict(store.updated)
     update_ms = (time.perf_counter() - t_update) * 1000
     t_remove = time.perf_counter()
     emit: list[tuple[tuple[Any, ...], list[Any]]] = []
@@ -297,7 +297,7 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
     if task.output_mode == "complete":
         emit = list(store.items())
     elif task.output_mode == "update":
-        emit = [(k, store.get(k)) for k in dict.fromkeys(updated_keys)]  # type: ignore[misc]
+        emit = list(updated.items())
     if watermark_us is not None and et is not None and task.output_mode in ("append", "update"):
         for key, value in store.items():
             t = key[et]
@@ -313,7 +313,7 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
         task.operator_id,
         store,
         total=len(store),
-        updated=len(set(updated_keys)),
+        updated=len(updated),
         removed=removed,
         dropped=dropped,
         update_ms=update_ms,
@@ -322,14 +322,11 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
     )
     if not emit:
         return
-    cols: list[list[Any]] = [[] for _ in range(n_keys + len(value_names))]
-    for key, value in emit:
-        for i, part in enumerate(key):
-            cols[i].append(part)
-        for j, part in enumerate(value):
-            cols[n_keys + j].append(part)
+    key_columns = list(zip(*[k for k, _ in emit])) if n_keys else []
+    value_columns = list(zip(*[v for _, v in emit]))
     arrays = [
-        pa.array(arrow_values(c, f.type), type=f.type) for c, f in zip(cols, task.out_schema)
+        pa.array(arrow_values(list(c), f.type), type=f.type)
+        for c, f in zip(key_columns + value_columns, task.out_schema)
     ]
     yield pa.RecordBatch.from_arrays(arrays, schema=task.out_schema)
 
