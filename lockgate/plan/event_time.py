@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import TimestampNTZType, TimestampType
+from pyspark.sql.types import StructType, TimestampType
 
 from lockgate.errors import AnalysisError
 from lockgate.jvm import scala_list
@@ -49,7 +49,6 @@ from lockgate.plan.stateful import OutputColumn, StatefulOperator
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-    from pyspark.sql.types import StructType
 
 KEEPS_EVENT_TIME = (
     "alias", "filter", "where", "dropna", "fillna", "replace", "repartition", "repartitionByRange",
@@ -63,13 +62,19 @@ event-time timestamp or window)."""
 def check_event_time_column(frame: DataFrame, name: str) -> None:
     """Spark's analysis of ``withWatermark(name, ...)`` on ``frame``: its error for a
     missing column (``UNRESOLVED_COLUMN``) or one that is not a timestamp
-    (``EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE``, with the type's SQL name)."""
+    (``EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE``, with the type's SQL name). As Spark's
+    CheckAnalysis, a ``TIMESTAMP`` column or a struct whose ``end`` is one (a window)
+    passes; ``TIMESTAMP_NTZ`` does not."""
     field = next((f for f in frame.schema.fields if f.name == name), None)
     if field is None:
         # Spark's UNRESOLVED_COLUMN error, or the column a qualified name (l.ts) is
         frame = frame.select(name)
         field, name = frame.schema.fields[0], frame.columns[0]
-    if not isinstance(field.dataType, (TimestampType, TimestampNTZType)):
+    data_type = field.dataType
+    window_like = isinstance(data_type, StructType) and any(
+        f.name == "end" and isinstance(f.dataType, TimestampType) for f in data_type.fields
+    )
+    if not isinstance(data_type, TimestampType) and not window_like:
         sql_type = frame._jdf.schema().apply(name).dataType().sql()
         raise AnalysisError(
             f"[EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE] The event time `{name}` has the "

@@ -465,6 +465,20 @@ def test_with_watermark_on_non_timestamp_column(spark, sdf, column, tmp_path):
     assert str(info.value).split("SQLSTATE")[0] == str(native.value).split("SQLSTATE")[0]
 
 
+def test_with_watermark_on_timestamp_ntz_is_refused_and_on_a_window_accepted(spark, sdf, tmp_path):
+    """Spark's CheckAnalysis takes a TIMESTAMP column or a struct whose ``end`` is one (a
+    window), and refuses TIMESTAMP_NTZ."""
+    native_df = spark.readStream.schema(SCHEMA).json(str(tmp_path))
+    with pytest.raises(AnalysisException) as native:
+        native_df.withColumn("t2", F.col("ts").cast("timestamp_ntz")).withWatermark("t2", "10 seconds")
+    with pytest.raises(AnalysisException) as info:
+        sdf.withColumn("t2", F.col("ts").cast("timestamp_ntz")).withWatermark("t2", "10 seconds")
+    assert '"TIMESTAMP_NTZ"' in str(info.value)
+    assert str(info.value).split("SQLSTATE")[0] == str(native.value).split("SQLSTATE")[0]
+    windowed = [df.select(F.window("ts", "10 seconds").alias("w"), "a") for df in (native_df, sdf)]
+    assert [df.withWatermark("w", "10 seconds").columns for df in windowed] == [["w", "a"], ["w", "a"]]
+
+
 def test_with_watermark_negative_delay(sdf):
     with pytest.raises((PySparkIllegalArgumentException, AnalysisException)) as info:
         sdf.withWatermark("ts", "-10 seconds")
