@@ -791,7 +791,7 @@ class MicroBatchExecution(StreamExecution):
                 slot.source.description(),
                 batch["start_offsets"][slot.index],
                 self.available[slot.index],
-                int(batch["counts"].get(slot.index) or 0) * slot.scans,
+                int(batch["counts"].get(slot.index) or 0) * self._counted_scans(slot),
                 input_secs,
                 process_secs,
             )
@@ -827,6 +827,16 @@ class MicroBatchExecution(StreamExecution):
         tracker.last_trigger_start_ms = tracker.trigger_start_ms
         parsed = tracker.record(progress)
         self.manager.query_progress(self, parsed)
+
+    def _counted_scans(self, slot: _SourceSlot) -> int:
+        """How many times a batch's rows of ``slot`` count in ``numInputRows``: once per
+        scan of the source, as Spark counts them. Where Spark pushes a filter into a
+        scan of a file source (lockgate counts those rows after the filters Spark would
+        push, ``below_metrics``), the scans of one source may read different rows, which
+        one count cannot tell: it counts once then."""
+        if slot.scans > 1 and self.plan_cache.below_metrics.get(slot.relation_id):
+            return 1
+        return slot.scans
 
     def _idle_progress(self) -> dict[str, Any]:
         tracker = self.progress
