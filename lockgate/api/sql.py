@@ -31,7 +31,7 @@ from lockgate.api.dataframe import StreamingDataFrame
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.jvm import quoted
 from lockgate.plan import sql_plan as parsed
-from lockgate.plan.aggregate_plan import aggregate_items
+from lockgate.plan.aggregate_plan import aggregate_items, group_by_all
 from lockgate.plan.catalog import has_temp_view
 
 if TYPE_CHECKING:
@@ -270,7 +270,15 @@ class _Translator:
         grouping = []
         inputs = {c.lower() for c in child.columns}
         by_alias = {e.name.lower(): e.child for e in select if isinstance(e, parsed.Alias)}
-        for g in node.grouping:
+        group_all = (
+            len(node.grouping) == 1
+            and isinstance(node.grouping[0], parsed.Attribute)
+            and [p.lower() for p in node.grouping[0].name_parts] == ["all"]
+            and "all" not in inputs
+        )
+        if group_all:  # GROUP BY ALL: every select-list item without an aggregate
+            grouping = group_by_all(self.session.spark, items)
+        for g in () if group_all else node.grouping:
             if isinstance(g, parsed.GroupingSets):
                 words = {"Rollup": "ROLLUP", "Cube": "CUBE"}.get(g.kind, "GROUPING SETS")
                 raise NotSupportedYetError(

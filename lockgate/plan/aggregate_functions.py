@@ -165,6 +165,59 @@ def function_parts(spark: SparkSession, col: Column) -> tuple[str, list[Any], bo
     return _ALIASES.get(name, name), args, bool(expr.isDistinct())
 
 
+_KEEPS_NULLS = ("first", "last", "first_value", "last_value", "any_value")
+"""Aggregate functions whose result can be a null input: a FILTER clause cannot become
+null inputs for them, unless they ignore nulls."""
+
+
+def _filter_into_inputs(spark: SparkSession, col: Column) -> Column:
+    """An aggregate call with a ``FILTER (WHERE c)`` clause, or with ``IGNORE NULLS``, in
+    the form lockgate's buffers read: the same call with each input argument (any that
+    is not a literal setting, such as a percentage) null where ``c`` does not hold, which
+    gives the aggregate of the rows where it holds for every function that skips nulls
+    (``count(*)``, parsed as ``count(1)``, becomes ``count(CASE WHEN c THEN 1 END)``);
+    and ``IGNORE NULLS`` as the function's ``true`` argument. Without them, ``col``."""
+    js = spark._jsparkSession
+    expr = js.expression(col._jc)
+    alias = None
+    while expr.getClass().getSimpleName() == "Alias":
+        alias = alias or str(expr.name())
+        expr = expr.child()
+    if expr.getClass().getSimpleName() != "UnresolvedFunction":
+        return col
+    has_filter = expr.filter().isDefined()
+    flag = expr.ignoreNulls()  # an Option[Boolean] in Spark 4.x
+    ignore_nulls = flag if isinstance(flag, bool) else bool(flag.isDefined() and flag.get())
+    if not has_filter and not ignore_nulls:
+        return col
+    parts = expr.nameParts()
+    name = str(parts.apply(parts.size() - 1)).lower()
+    args_seq = expr.arguments()
+    args = [args_seq.apply(i) for i in range(args_seq.size())]
+    arguments = [F.lit(1) if a.getClass().getSimpleName() == "UnresolvedStar" else as_column(spark, a) for a in args]
+    if ignore_nulls and name in _KEEPS_NULLS and len(arguments) == 1:
+        arguments.append(F.lit(True))
+    if has_filter:
+        if name in _KEEPS_NULLS and not (
+            len(args) > 1 and str(args[1].toString()).strip().lower() == "true" or ignore_nulls
+        ):
+            raise NotSupportedYetError(
+                f"{name}(...) FILTER (WHERE ...) in a streaming aggregation",
+                f"Filter the rows before the aggregation, or write {name}(x, true) "
+                "(ignoring nulls), which lockgate runs with a FILTER clause.",
+            )
+        condition = as_column(spark, expr.filter().get())
+        # the first argument is an input even as a literal (count(*) is count(1))
+        arguments = [
+            a if i > 0 and args[i].getClass().getSimpleName() == "Literal" else F.when(condition, a)
+            for i, a in enumerate(arguments[: len(args)])
+        ] + arguments[len(args) :]
+    if expr.isDistinct():
+        return col  # refused by decompose, with Spark's message
+    call = F.call_function(".".join(str(parts.apply(i)) for i in range(parts.size())), *arguments)
+    return call.alias(alias) if alias is not None else call
+
+
 def as_column(spark: SparkSession, expr: Any) -> Column:
     from pyspark.sql.classic.column import Column as ClassicColumn
 
@@ -188,6 +241,7 @@ def _null_on_divide_by_zero(spark: SparkSession) -> bool:
 def decompose(spark: SparkSession, col: Column, input_frame: DataFrame | None = None) -> AggSpec:
     """``col``, one aggregate function call, as buffers; ``input_frame`` (a DataFrame of
     the aggregation's input) gives the argument types some functions depend on."""
+    col = _filter_into_inputs(spark, col)
     name, args, distinct = function_parts(spark, col)
     if distinct:
         raise AnalysisError(

@@ -34,6 +34,7 @@ from lockgate.plan.aggregate_functions import (
     as_column,
     decompose,
     function_parts,
+    is_aggregate_call,
     is_plain_aggregate,
     map_aggregates,
 )
@@ -180,6 +181,27 @@ def _has_aggregate(expr: Any) -> bool:
 _FIRST_LAST = ("first", "last", "first_value", "last_value")
 _ONE_CHILD = (*_FIRST_LAST, "any_value", "approx_count_distinct", "approx_percentile", "percentile_approx")
 """Functions whose arguments after the first are settings, not inputs (Spark's children)."""
+
+
+def group_by_all(spark: Any, items: list[Column]) -> list[Column]:
+    """``GROUP BY ALL``'s grouping expressions, as Spark's ``ResolveGroupByAll`` infers
+    them: the select-list items (without their aliases) that call no aggregate function."""
+
+    def aggregates(expr: Any) -> bool:
+        if is_aggregate_call(spark, expr):
+            return True
+        children = expr.children()
+        return any(aggregates(children.apply(i)) for i in range(children.size()))
+
+    grouping = []
+    for item in items:
+        expr = spark._jsparkSession.expression(item._jc)
+        if aggregates(expr):
+            continue
+        while expr.getClass().getSimpleName() == "Alias":
+            expr = expr.child()
+        grouping.append(as_column(spark, expr))
+    return grouping
 
 
 def for_rows_where(spark: Any, aggregate: Column, condition: Column) -> Column:

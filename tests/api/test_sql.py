@@ -120,6 +120,20 @@ def test_windowed_aggregation_append_with_restart(spark, ls, tmp_path, inp):
         ("WITH t AS (SELECT * FROM {ev}) SELECT name, max(score) AS m FROM t GROUP BY name", "complete"),
         # SELECT DISTINCT is an aggregation in Spark (DataFrame.distinct() deduplicates)
         ("SELECT DISTINCT name, id % 2 AS p FROM {ev}", "update"),
+        # GROUP BY ALL: the select list's items without an aggregate
+        ("SELECT name, id % 2 AS p, count(*) AS c FROM {ev} GROUP BY ALL", "update"),
+        ("SELECT count(*) AS c, max(score) AS m FROM {ev} GROUP BY ALL", "complete"),
+        # FILTER clauses, per aggregate (count, sum, avg, max_by, collect_list, percentile)
+        (
+            (
+                "SELECT name, count(*) FILTER (WHERE score > 3) AS c, sum(score) FILTER (WHERE id % 2 = 0) AS s, "
+                "avg(id) FILTER (WHERE id > 2) AS a, max_by(id, score) FILTER (WHERE id < 6) AS mb, "
+                "collect_list(id) FILTER (WHERE id % 3 = 1) AS l, percentile(score, 0.5) FILTER (WHERE id > 1) AS p "
+                "FROM {ev} GROUP BY name"
+            ),
+            "update",
+        ),
+        ("SELECT name, first(id) IGNORE NULLS AS f, last(score, true) FILTER (WHERE id > 1) AS l FROM {ev} GROUP BY name", "complete"),
     ],
 )
 def test_aggregations(spark, ls, tmp_path, inp, query, mode):
