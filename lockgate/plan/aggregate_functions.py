@@ -8,12 +8,17 @@ ordering, ...). The state task merges a batch's buffers into the state's per key
 (:func:`merge_buffers`, Spark's own merge expressions with the state on the left), and
 Spark SQL turns the merged buffers into the result (:func:`final_column`, Spark's
 evaluate expressions). Functions whose state is the values themselves
-(approx_count_distinct, collect_set, median, percentile) get their result from Spark's
-own function over them after the state task (:func:`finish_after_state`).
+(approx_count_distinct, collect_set, median, percentile, mode, listagg) get their result
+from Spark's own function over them after the state task (:func:`finish_after_state`).
+The regression functions' buffers, count_min_sketch's merge and the replay of mode and
+listagg are in :mod:`lockgate.plan.aggregate_folds`; functions whose result depends on
+the order Spark merges its buffers in (percentile_approx, histogram_numeric, the
+datasketches sketches, approx_top_k) are refused with the reason.
 """
 
 from __future__ import annotations
 
+import decimal
 import math
 import operator
 from dataclasses import dataclass
@@ -290,7 +295,8 @@ def decompose(spark: SparkSession, col: Column, input_frame: DataFrame | None = 
     if name in ("median", "percentile"):
         return _percentile(spark, name, arg, args)
     if name == "sum":
-        return AggSpec(name, (F.sum(arg),), ("sum",))
+        # decimals add in a precision that keeps every digit (Python's default is 28)
+        return AggSpec(name, (F.sum(arg),), ("decimal_sum" if _decimal_type(arg, input_frame) else "sum",))
     if name == "try_sum":
         return _try_sum(arg, input_frame)
     if name in ("regr_avgx", "regr_avgy"):
@@ -375,7 +381,7 @@ def _decimal_avg(spark: SparkSession, name: str, arg: Column, decimal: tuple[int
     return AggSpec(
         name,
         (F.sum(arg), F.count(arg)),
-        ("sum", "count"),
+        ("decimal_sum", "count"),
         decimal_result=bounded,
         null_on_overflow=not ansi,
     )
@@ -782,6 +788,9 @@ merge ``coalesce(coalesce(left, 1) * right, left)`` does)."""
 
 
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+_WIDE_DECIMALS = decimal.Context(prec=80)
+"""Decimal arithmetic exact for Spark's decimals (38 digits; Python's default context
+rounds to 28)."""
 
 
 def _merge_try_sum(kind: str, a: Any, a_set: Any, b: Any, b_set: Any) -> Any:
@@ -801,9 +810,7 @@ def _merge_try_sum(kind: str, a: Any, a_set: Any, b: Any, b_set: Any) -> Any:
     if bound == "long":
         total = a + b
         return total if _LONG_MIN <= total <= _LONG_MAX else None
-    import decimal
-
-    total = decimal.Context(prec=80).add(a, b)
+    total = _WIDE_DECIMALS.add(a, b)
     return total if abs(total) < decimal.Decimal(10) ** int(bound) else None
 
 
@@ -817,6 +824,8 @@ def merge_buffers(merges: tuple[str, ...], state: list[Any], batch: list[Any]) -
         a, b = state[i], batch[i]
         if kind in ("sum", "count"):
             out[i] = b if a is None else (a if b is None else a + b)
+        elif kind == "decimal_sum":
+            out[i] = b if a is None else (a if b is None else _WIDE_DECIMALS.add(a, b))
         elif kind == "min":
             out[i] = b if a is None else (a if b is None or not _greater(a, b) else b)
         elif kind == "max":

@@ -178,7 +178,17 @@ def _has_aggregate(expr: Any) -> bool:
 
 
 _FIRST_LAST = ("first", "last", "first_value", "last_value")
-_ONE_CHILD = (*_FIRST_LAST, "any_value", "approx_count_distinct", "approx_percentile", "percentile_approx")
+_ONE_CHILD = (
+    *_FIRST_LAST,
+    "any_value",
+    "approx_count_distinct",
+    "approx_percentile",
+    "percentile_approx",
+    "mode",  # its deterministic flag
+    "listagg",  # its delimiter
+    "string_agg",
+    "count_min_sketch",  # eps, confidence, seed
+)
 """Functions whose arguments after the first are settings, not inputs (Spark's children)."""
 
 

@@ -26,7 +26,7 @@ from lockgate.plan.aggregate_functions import decompose
 
 SCHEMA = (
     "k STRING, i LONG, big LONG, d DOUBLE, y DOUBLE, s STRING, dec DECIMAL(38,0), "
-    "sdec DECIMAL(7,2), ts TIMESTAMP"
+    "sdec DECIMAL(7,2), ts TIMESTAMP, w DECIMAL(38,4)"
 )
 LONG_MAX = 2**63 - 1
 
@@ -53,6 +53,7 @@ def _row(k: str, n: int, big: int | None = None, dec: int | None = None) -> dict
         "dec": str(dec if dec is not None else n * 10**30),
         "sdec": f"{n * 1234.57 % 10000:.2f}",
         "ts": f"2024-01-01T00:00:{n % 60:02d}Z",
+        "w": f"{n * 123456789012345678901234567 % 10**29}.{n * 37 % 10000:04d}",
     }
 
 
@@ -136,6 +137,22 @@ def test_try_sum_and_try_avg_match_native(spark, ls, tmp_path, mode, ansi):
     assert by_key[("a", "try_sum_dec")] is None and by_key[("b", "try_sum_dec")] is not None
 
 
+def test_sums_of_wide_decimals_keep_every_digit(spark, ls, tmp_path):
+    """Decimals of more than 28 digits (Python's default decimal precision) summed over
+    batches keep every digit, as Spark's do."""
+
+    def build(df: Any) -> Any:
+        return df.groupBy("k").agg(
+            F.sum("w").alias("sum"),
+            F.avg("w").alias("avg"),
+            F.try_sum("w").alias("try_sum"),
+            F.try_avg("w").alias("try_avg"),
+        )
+
+    native = _run(spark, ls, tmp_path, build, "update")
+    assert any(v is not None and len(str(v).replace("-", "").replace(".", "")) > 30 for v in _values(native, "sum"))
+
+
 @pytest.mark.parametrize("mode", ["update", "complete"])
 def test_regression_functions_match_native(spark, ls, tmp_path, mode):
     def build(df: Any) -> Any:
@@ -181,11 +198,14 @@ def test_mode_and_listagg_match_native(spark, ls, tmp_path, mode):
     assert any(v and "," in v for v in _values(native, "listagg_comma"))
 
 
-def test_new_functions_in_windows_in_append_mode(spark, ls, tmp_path):
+@pytest.mark.parametrize("session", [False, True], ids=["window", "session_window"])
+def test_new_functions_in_windows_in_append_mode(spark, ls, tmp_path, session):
+    window = F.session_window("ts", "3 seconds") if session else F.window("ts", "20 seconds")
+
     def build(df: Any) -> Any:
         return (
             df.withWatermark("ts", "5 seconds")
-            .groupBy(F.window("ts", "20 seconds"), "k")
+            .groupBy(window, "k")
             .agg(
                 F.try_sum("big").alias("try_sum"),
                 F.try_avg("dec").alias("try_avg"),
