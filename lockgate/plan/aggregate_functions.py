@@ -237,6 +237,14 @@ def function_parts(spark: SparkSession, col: Column) -> tuple[str, list[Any], bo
     return _ALIASES.get(name, name), args, bool(expr.isDistinct())
 
 
+def _has_filter(spark: SparkSession, col: Column) -> bool:
+    """Whether the aggregate call ``col`` has a ``FILTER (WHERE ...)`` clause."""
+    expr = spark._jsparkSession.expression(col._jc)
+    while expr.getClass().getSimpleName() == "Alias":
+        expr = expr.child()
+    return bool(expr.filter().isDefined())
+
+
 def as_column(spark: SparkSession, expr: Any) -> Column:
     from pyspark.sql.classic.column import Column as ClassicColumn
 
@@ -282,6 +290,14 @@ def decompose(spark: SparkSession, col: Column, input_frame: DataFrame | None = 
         raise NotSupportedYetError(
             f"Streaming aggregate function {name}()",
             f"Supported: {', '.join(sorted(_SUPPORTED))}.",
+        )
+    if name not in _SELF_MERGING and _has_filter(spark, col):
+        # the buffers are other functions of the call's arguments, which would not see
+        # the clause (only a function whose batch buffer is the call itself keeps it)
+        raise NotSupportedYetError(
+            f"Streaming {name}() with a FILTER (WHERE ...) clause",
+            "Filter the stream before the aggregation, or aggregate when(condition, x) "
+            "for a function that skips nulls.",
         )
     if name in _SELF_MERGING:
         return AggSpec(name, (col,), (_SELF_MERGING[name],))

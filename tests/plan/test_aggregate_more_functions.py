@@ -237,3 +237,13 @@ def test_new_functions_in_windows_in_append_mode(spark, ls, tmp_path, session):
 def test_order_dependent_functions_are_refused_with_the_reason(spark, call):
     with pytest.raises(lockgate.NotSupportedYetError, match="order"):
         decompose(spark, F.expr(call))
+
+
+def test_a_filter_clause_is_refused_where_the_buffers_would_not_see_it(spark):
+    """``sum(x) FILTER (WHERE ...)`` was decomposed into ``sum(x)``, the clause lost."""
+    for call in ("sum(i) FILTER (WHERE i > 0)", "avg(d) FILTER (WHERE i > 0)", "listagg(s) FILTER (WHERE i > 0)"):
+        with pytest.raises(lockgate.NotSupportedYetError, match="FILTER"):
+            decompose(spark, F.expr(call))
+    # a function whose batch buffer is the call itself keeps its clause
+    spec = decompose(spark, F.expr("count(i) FILTER (WHERE i > 0)"))
+    assert "FILTER" in str(spec.partials[0])
