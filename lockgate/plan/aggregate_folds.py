@@ -1,13 +1,15 @@
 """Spark's own buffers of some aggregate functions, computed exactly over one batch, and
 the functions lockgate replays after the state step.
 
-* **Regression folds.** Spark's regr_sxx, regr_syy, regr_sxy, regr_slope,
+* **Moment folds.** stddev, variance, skewness, kurtosis, covar_pop, covar_samp, corr
+  and Spark's regr_sxx, regr_syy, regr_sxy, regr_slope,
   regr_intercept and regr_r2 keep the buffers of CentralMomentAgg, Covariance and
   PearsonCorrelation (n, means, sums of squared deviations), updated row by row. A
   buffer recovered from another function's result (``var_pop(x) * count(x)``) can be
   an ulp off Spark's, and the ulp shows in the result; so each batch's buffer here is
   Spark's own update expressions folded over the batch's pairs in their order
-  (:func:`regression_partials`), the same double operations Spark performs. A group's
+  (:func:`moment_partials`, :func:`co_moment_partials`, :func:`regression_partials`),
+  the same double operations Spark performs. A group's
   rows that a batch reads from several input partitions are folded as one sequence,
   where Spark folds each partition and merges the partial buffers.
 * **count_min_sketch.** Merging two of Spark's count-min sketches adds their counters,
@@ -32,14 +34,25 @@ if TYPE_CHECKING:
 _ZERO = 0.0
 
 
-def _moments_step(acc: Column, v: Column, prefix: str = "") -> dict[str, Column]:
-    """CentralMomentAgg's update (order 2) of (n, avg, m2) by ``v``, as Spark writes it:
-    delta = v - avg, deltaN = delta / (n + 1), avg + deltaN, m2 + delta * (delta - deltaN)."""
+def _moments_step(acc: Column, v: Column, prefix: str = "", order: int = 2) -> dict[str, Column]:
+    """CentralMomentAgg's update of (n, avg, m2[, m3[, m4]]) by ``v``, as Spark writes it:
+    delta = v - avg, deltaN = delta / (n + 1), avg + deltaN, m2 + delta * (delta - deltaN),
+    and m3, m4 from the new m2 (and m3). Only the grouping of the operations matters for
+    the bits (IEEE sums and products commute)."""
     n, avg, m2 = acc[f"{prefix}n"], acc[f"{prefix}avg"], acc[f"{prefix}m2"]
     n1 = n + F.lit(1.0)
     delta = v - avg
     delta_n = delta / n1
-    return {f"{prefix}n": n1, f"{prefix}avg": avg + delta_n, f"{prefix}m2": m2 + delta * (delta - delta_n)}
+    new_m2 = m2 + delta * (delta - delta_n)
+    out = {f"{prefix}n": n1, f"{prefix}avg": avg + delta_n, f"{prefix}m2": new_m2}
+    if order >= 3:
+        new_m3 = (acc["m3"] - (F.lit(3.0) * delta_n) * new_m2) + delta * (delta * delta - delta_n * delta_n)
+        out["m3"] = new_m3
+    if order >= 4:
+        out["m4"] = (
+            (acc["m4"] - (F.lit(4.0) * delta_n) * new_m3) - (F.lit(6.0) * (delta_n * delta_n)) * new_m2
+        ) + delta * (delta * (delta * delta) - delta_n * (delta_n * delta_n))
+    return out
 
 
 def _covariance_step(acc: Column, a: Column, b: Column, pearson: bool) -> dict[str, Column]:
@@ -108,6 +121,38 @@ def regression_partials(kind: str, y: Column, x: Column) -> tuple[tuple[Column, 
     init = F.struct(*[F.lit(_ZERO).alias(f) for f in fields])
     folded = F.aggregate(pairs, init, step)
     return tuple(folded[f] for f in fields), merges
+
+
+def moment_partials(x: Column, order: int) -> tuple[Column, ...]:
+    """CentralMomentAgg's buffers (n, avg, m2[, m3[, m4]]) of ``x`` over one batch, as
+    Spark updates them row by row (stddev, variance, skewness, kurtosis)."""
+    fields = ("n", "avg", "m2", "m3", "m4")[: order + 1]
+    values = F.collect_list(x.cast("double"))  # nulls skipped, as Spark skips them
+    init = F.struct(*[F.lit(_ZERO).alias(f) for f in fields])
+
+    def step(acc: Column, v: Column) -> Column:
+        new = _moments_step(acc, v, order=order)
+        return F.struct(*[new[f].alias(f) for f in fields])
+
+    folded = F.aggregate(values, init, step)
+    return tuple(folded[f] for f in fields)
+
+
+def co_moment_partials(x: Column, y: Column, pearson: bool) -> tuple[Column, ...]:
+    """Covariance's buffers (n, xAvg, yAvg, ck) of ``(x, y)`` over one batch, and
+    PearsonCorrelation's (and xMk, yMk), as Spark updates them row by row (covar_pop,
+    covar_samp, corr): rows where either is null skipped."""
+    fields = ("n", "xAvg", "yAvg", "ck") + (("xMk", "yMk") if pearson else ())
+    xd, yd = x.cast("double"), y.cast("double")
+    pairs = F.collect_list(F.when(xd.isNotNull() & yd.isNotNull(), F.struct(xd.alias("x"), yd.alias("y"))))
+    init = F.struct(*[F.lit(_ZERO).alias(f) for f in fields])
+
+    def step(acc: Column, pair: Column) -> Column:
+        new = _covariance_step(acc, pair["x"], pair["y"], pearson)
+        return F.struct(*[new[f].alias(f) for f in fields])
+
+    folded = F.aggregate(pairs, init, step)
+    return tuple(folded[f] for f in fields)
 
 
 def regression_result(kind: str, buffers: list[Column]) -> Column:

@@ -30,7 +30,9 @@ from pyspark.sql import functions as F
 from lockgate.errors import AnalysisError, NotSupportedYetError
 from lockgate.plan.aggregate_folds import (
     REGRESSION_ROLES,
+    co_moment_partials,
     merge_count_min_sketches,
+    moment_partials,
     regression_partials,
     regression_result,
     replay_inputs,
@@ -489,27 +491,16 @@ def _decimal_divide(spark: SparkSession, total: Column, count: Column, spec: Agg
 
 def _central_moments(name: str, arg: Column, null_on_divide_by_zero: bool) -> AggSpec:
     """Spark's CentralMomentAgg buffer over one batch: n, avg, m2 (, m3 (, m4)), the
-    sums of powers of deviations from the mean, recovered from Spark's own
-    var_pop/skewness/kurtosis of the batch (a one-pass, numerically stable route)."""
+    sums of powers of deviations from the mean, folded over the batch's values with
+    Spark's own update expressions (:func:`~lockgate.plan.aggregate_folds.moment_partials`):
+    recovered from another function's result (``var_pop(x) * count(x)``) they can be an
+    ulp off, and the ulp shows in the result."""
     order = _MOMENTS[name]
-    x = arg.cast("double")
-    count = F.count(x)
-    n = count.cast("double")
-    mean = F.coalesce(F.avg(x), F.lit(0.0))
-    m2 = F.coalesce(F.var_pop(x) * count, F.lit(0.0))
-    partials = [n, mean, m2]
-    if order >= 3:
-        # skewness = sqrt(n) m3 / m2^1.5; all values equal (m2 = 0) means m3 = 0
-        m3 = F.skewness(x) * F.sqrt(m2 * m2 * m2) / F.sqrt(n)
-        partials.append(F.when(m2 == 0.0, F.lit(0.0)).otherwise(m3))
-    if order >= 4:
-        # kurtosis = n m4 / m2^2 - 3
-        m4 = (F.kurtosis(x) + F.lit(3.0)) * (m2 * m2) / n
-        partials.append(F.when(m2 == 0.0, F.lit(0.0)).otherwise(m4))
+    partials = moment_partials(arg, order)
     merge = _MOMENT_MERGES[order]
     return AggSpec(
         name,
-        tuple(partials),
+        partials,
         (merge,) * len(partials),
         null_on_divide_by_zero=null_on_divide_by_zero,
     )
@@ -517,26 +508,13 @@ def _central_moments(name: str, arg: Column, null_on_divide_by_zero: bool) -> Ag
 
 def _co_moments(name: str, x_arg: Column, y_arg: Column, null_on_divide_by_zero: bool) -> AggSpec:
     """Spark's Covariance buffer (n, xAvg, yAvg, ck) or PearsonCorrelation's (and xMk,
-    yMk) over one batch: only rows where both values are set count."""
-    x = F.when(y_arg.isNotNull(), x_arg.cast("double"))
-    y = F.when(x_arg.isNotNull(), y_arg.cast("double"))
-    count = F.count(x)
-    partials = [
-        count.cast("double"),
-        F.coalesce(F.avg(x), F.lit(0.0)),
-        F.coalesce(F.avg(y), F.lit(0.0)),
-        F.coalesce(F.covar_pop(x, y) * count, F.lit(0.0)),
-    ]
-    merge = "covariance"
-    if name == "corr":
-        partials += [
-            F.coalesce(F.var_pop(x) * count, F.lit(0.0)),
-            F.coalesce(F.var_pop(y) * count, F.lit(0.0)),
-        ]
-        merge = "corr"
+    yMk) over one batch, folded with Spark's update expressions: only rows where both
+    values are set count."""
+    partials = co_moment_partials(x_arg, y_arg, pearson=name == "corr")
+    merge = "corr" if name == "corr" else "covariance"
     return AggSpec(
         name,
-        tuple(partials),
+        partials,
         (merge,) * len(partials),
         null_on_divide_by_zero=null_on_divide_by_zero,
     )
