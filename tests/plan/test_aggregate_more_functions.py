@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from differential import Differential, spark_conf, write_json
+from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
 import lockgate
@@ -218,6 +219,30 @@ def test_mode_and_listagg_match_native(spark, ls, tmp_path, mode):
 
     native = _run(spark, ls, tmp_path, build, mode)
     assert any(v and "," in v for v in _values(native, "listagg_comma"))
+
+
+def test_mode_and_try_sum_in_a_pivot_match_native(spark, ls, tmp_path):
+    """In a pivot, mode's deterministic flag stays a setting; the inputs are nulled
+    outside each pivot value (Spark's ResolvePivot). Spark's rule nulls listagg's
+    delimiter too (given or not), which both engines then refuse as not foldable."""
+
+    def build(df: Any) -> Any:
+        return (
+            df.groupBy("k")
+            .pivot("s", ["t", "s1"])
+            .agg(
+                # a string result: Spark plans the pivot as one aggregation (If per value)
+                F.mode(F.col("i").cast("string"), True).alias("m"),
+                F.try_sum("big").alias("ts"),
+            )
+        )
+
+    native = _run(spark, ls, tmp_path, build, "complete")
+    assert any(v is not None for v in _values(native, "t_m"))
+    for listagg in (F.listagg("s", ","), F.listagg("s")):
+        for reader in (spark.readStream, ls.readStream):
+            with pytest.raises(AnalysisException, match="NON_FOLDABLE_INPUT"):
+                reader.schema(SCHEMA).json(str(tmp_path / "in")).groupBy("k").pivot("s", ["t"]).agg(listagg)
 
 
 @pytest.mark.parametrize("session", [False, True], ids=["window", "session_window"])
