@@ -8,12 +8,17 @@ ordering, ...). The state task merges a batch's buffers into the state's per key
 (:func:`merge_buffers`, Spark's own merge expressions with the state on the left), and
 Spark SQL turns the merged buffers into the result (:func:`final_column`, Spark's
 evaluate expressions). Functions whose state is the values themselves
-(approx_count_distinct, collect_set, median, percentile) get their result from Spark's
-own function over them after the state task (:func:`finish_after_state`).
+(approx_count_distinct, collect_set, median, percentile, mode, listagg) get their result
+from Spark's own function over them after the state task (:func:`finish_after_state`).
+The regression functions' buffers, count_min_sketch's merge and the replay of mode and
+listagg are in :mod:`lockgate.plan.aggregate_folds`; functions whose result depends on
+the order Spark merges its buffers in (percentile_approx, histogram_numeric, the
+datasketches sketches, approx_top_k) are refused with the reason.
 """
 
 from __future__ import annotations
 
+import decimal
 import math
 import operator
 from dataclasses import dataclass
@@ -23,6 +28,16 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.plan.aggregate_folds import (
+    REGRESSION_ROLES,
+    co_moment_partials,
+    merge_count_min_sketches,
+    moment_partials,
+    regression_partials,
+    regression_result,
+    replay_inputs,
+    replayed_call,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -42,6 +57,7 @@ _ALIASES = {
     "any": "bool_or",
     "approx_percentile": "percentile_approx",
     "array_agg": "collect_list",  # registered by Spark as CollectList under a second name
+    "string_agg": "listagg",  # Spark's ListAgg under a second name
 }
 _SUPPORTED = {
     "approx_count_distinct",
@@ -75,7 +91,59 @@ _SUPPORTED = {
     "corr",
     "median",
     "percentile",
+    "try_sum",
+    "try_avg",
+    "regr_avgx",
+    "regr_avgy",
+    "regr_sxx",
+    "regr_syy",
+    "regr_sxy",
+    "regr_slope",
+    "regr_intercept",
+    "regr_r2",
+    "mode",
+    "listagg",
+    "count_min_sketch",
 }
+_AVERAGES = {"avg", "try_avg", "regr_avgx", "regr_avgy"}
+"""Spark's Average (try_avg: in TRY mode; regr_avgx/regr_avgy: of x or y where both
+are set), buffers sum and count."""
+_REGRESSIONS = set(REGRESSION_ROLES)
+_ORDER_DEPENDENT = {
+    "histogram_numeric": (
+        "Spark's NumericHistogram merges its bins approximately, so its answer depends on "
+        "the order in which each batch's histogram is merged into the state's, which "
+        "lockgate cannot reproduce. Use percentile(x, array(...)) for exact quantiles, or "
+        "count rows per bucket (groupBy(floor(x / width)))."
+    ),
+    "hll_": (
+        "The sketch's bytes depend on the order in which Spark merges each batch's sketch "
+        "into the state's, which lockgate cannot reproduce. approx_count_distinct gives "
+        "native Spark's estimate of the distinct count."
+    ),
+    "kll_": (
+        "KLL sketches compact their items approximately, so the sketch depends on the "
+        "order in which Spark merges each batch's sketch into the state's, which lockgate "
+        "cannot reproduce. Use percentile(x, p) or median(x) for exact quantiles."
+    ),
+    "theta_": (
+        "The sketch depends on the order in which Spark merges each batch's sketch into "
+        "the state's, which lockgate cannot reproduce. approx_count_distinct gives native "
+        "Spark's estimate of the distinct count."
+    ),
+    "tuple_": (
+        "The sketch depends on the order in which Spark merges each batch's sketch into "
+        "the state's, which lockgate cannot reproduce. Aggregate the summary values per "
+        "key with sum() or avg() instead."
+    ),
+    "approx_top_k": (
+        "The sketch depends on the order in which Spark merges each batch's sketch into "
+        "the state's, which lockgate cannot reproduce. Count per value in a streaming "
+        "aggregation and rank the counts in a complete-mode query."
+    ),
+}
+"""Aggregate functions whose result depends on the order Spark merges its buffers in:
+refused, with the reason and what to use instead (the key is the name's prefix)."""
 _SELF_MERGING = {
     # The function computes its own buffer over a batch; merging is the same operation
     # (count_if is Spark's Count(NullIf(cond, false)); bool_and/bool_or are Min/Max;
@@ -107,7 +175,7 @@ _MOMENTS = {
 _MOMENT_MERGES = {2: "moments", 3: "moments3", 4: "moments4"}
 _MOMENT_WIDTHS = {"moments": 3, "moments3": 4, "moments4": 5, "covariance": 4, "corr": 6}
 """How many buffers each merge of moments takes together."""
-_FINISHED_AFTER_STATE = {"approx_count_distinct", "median", "percentile", "collect_set"}
+_FINISHED_AFTER_STATE = {"approx_count_distinct", "median", "percentile", "collect_set", "mode", "listagg"}
 """Functions whose state is the values themselves, and whose result Spark's own
 function computes over them after the state task (:func:`finish_after_state`).
 collect_set is among them for its order: Spark's buffer is a Scala ``mutable.HashSet``,
@@ -143,6 +211,12 @@ class AggSpec:
     decimal and divided as Spark's Average divides it (:func:`final_column`)."""
     null_on_overflow: bool = False
     """avg of a decimal outside ANSI mode: null where the result overflows its type."""
+    unscaled_scale: int | None = None
+    """avg of a decimal of at most 11 digits: Spark's optimizer (DecimalAggregates)
+    averages its unscaled values as doubles, divides by 10^scale and casts."""
+    call: Column | None = None
+    """mode, listagg: the call itself, run again after the state step over the inputs
+    the state keeps (:func:`~lockgate.plan.aggregate_folds.replayed_call`)."""
 
 
 def function_parts(spark: SparkSession, col: Column) -> tuple[str, list[Any], bool]:
@@ -214,6 +288,11 @@ def _filter_into_inputs(spark: SparkSession, col: Column) -> Column:
         ] + arguments[len(args) :]
     if expr.isDistinct():
         return col  # refused by decompose, with Spark's message
+    if expr.orderingWithinGroup().size():
+        raise NotSupportedYetError(
+            f"{name}(...) WITHIN GROUP (ORDER BY ...) with FILTER or IGNORE NULLS in a streaming aggregation",
+            "Filter the rows before the aggregation instead.",
+        )
     call = F.call_function(".".join(str(parts.apply(i)) for i in range(parts.size())), *arguments)
     return call.alias(alias) if alias is not None else call
 
@@ -257,6 +336,9 @@ def decompose(spark: SparkSession, col: Column, input_frame: DataFrame | None = 
             "median(x), exact percentiles that lockgate computes as Spark does (the state "
             "keeps a group's values).",
         )
+    reason = next((r for prefix, r in _ORDER_DEPENDENT.items() if name.startswith(prefix)), None)
+    if reason is not None:
+        raise NotSupportedYetError(f"Streaming aggregate function {name}()", reason)
     if name not in _SUPPORTED:
         raise NotSupportedYetError(
             f"Streaming aggregate function {name}()",
@@ -264,17 +346,31 @@ def decompose(spark: SparkSession, col: Column, input_frame: DataFrame | None = 
         )
     if name in _SELF_MERGING:
         return AggSpec(name, (col,), (_SELF_MERGING[name],))
+    if name in ("mode", "listagg"):
+        return _replayed(spark, name, col)
+    if name == "count_min_sketch":
+        return AggSpec(name, (col,), ("count_min_sketch",))
     arg = as_column(spark, args[0])
     if name == "approx_count_distinct":
         return _approx_count_distinct(arg, args)
     if name in ("median", "percentile"):
         return _percentile(spark, name, arg, args)
     if name == "sum":
-        return AggSpec(name, (F.sum(arg),), ("sum",))
-    if name == "avg":
+        # decimals add in a precision that keeps every digit (Python's default is 28)
+        return AggSpec(name, (F.sum(arg),), ("decimal_sum" if _decimal_type(arg, input_frame) else "sum",))
+    if name == "try_sum":
+        return _try_sum(arg, input_frame)
+    if name in ("regr_avgx", "regr_avgy"):
+        y, x = arg, as_column(spark, args[1])
+        arg = F.when(y.isNotNull() & x.isNotNull(), x if name == "regr_avgx" else y)
+    if name in _REGRESSIONS:
+        partials, merges = regression_partials(name, arg, as_column(spark, args[1]))
+        return AggSpec(name, partials, merges)
+    if name in _AVERAGES:
+        _refuse_intervals(name, arg, input_frame)
         decimal = _decimal_type(arg, input_frame)
         if decimal is not None:
-            return _decimal_avg(spark, arg, decimal)
+            return _decimal_avg(spark, name, arg, decimal)
         return AggSpec(name, (F.sum(arg.cast("double")), F.count(arg)), ("sum", "count"))
     if name in ("first", "last"):
         ignore = False
@@ -315,22 +411,101 @@ def _decimal_type(arg: Column, input_frame: DataFrame | None) -> tuple[int, int]
     return None
 
 
-def _decimal_avg(spark: SparkSession, arg: Column, decimal: tuple[int, int]) -> AggSpec:
+def _decimal_avg(spark: SparkSession, name: str, arg: Column, decimal: tuple[int, int]) -> AggSpec:
     """Spark's Average of a decimal(p, s): its sum is a decimal(p + 10, s) (bounded by 38
     digits) and its result a decimal(p + 4, s + 4), the sum divided by the count exactly
     (DecimalDivideWithOverflowCheck). Summed as doubles, a decimal of more digits than a
-    double holds would lose them."""
+    double holds would lose them.
+
+    Where p + 4 <= 15, Spark's optimizer (DecimalAggregates) averages the unscaled values
+    as doubles instead, divides by 10^s and casts the double to the result type, for
+    avg and try_avg alike. try_avg's sum is null once it overflows its type (a merge
+    ``try_avg``), its result then null; so is avg's outside ANSI mode."""
     p, s = decimal
     bounded = _bounded_decimal(p + 4, s + 4)
+    if p + 4 <= 15:
+        unscaled = (arg * F.lit(10**s)).cast("long").cast("double")
+        return AggSpec(
+            name, (F.sum(unscaled), F.count(arg)), ("sum", "count"), decimal_result=bounded, unscaled_scale=s
+        )
     ansi = str(spark.conf.get("spark.sql.ansi.enabled", "true")).strip().lower() == "true"
+    if name == "try_avg":
+        sum_type = _bounded_decimal(p + 10, s)
+        return AggSpec(
+            name,
+            (F.try_sum(arg), F.count(arg)),
+            (f"try_avg:{sum_type[0] - sum_type[1]}", "count"),
+            decimal_result=bounded,
+            null_on_overflow=True,
+        )
     # F.sum of a decimal(p, s) is a decimal(p + 10, s), Average's own sum type
     return AggSpec(
-        "avg",
+        name,
         (F.sum(arg), F.count(arg)),
-        ("sum", "count"),
+        ("decimal_sum", "count"),
         decimal_result=bounded,
         null_on_overflow=not ansi,
     )
+
+
+def _input_type(arg: Column, input_frame: DataFrame | None) -> Any:
+    if input_frame is None:
+        return None
+    from pyspark.errors import AnalysisException
+
+    try:
+        return input_frame.select(arg).schema.fields[0].dataType
+    except AnalysisException:  # not an expression of the input alone
+        return None
+
+
+def _refuse_intervals(name: str, arg: Column, input_frame: DataFrame | None) -> None:
+    from pyspark.sql.types import DayTimeIntervalType, YearMonthIntervalType
+
+    if name.startswith("try_") and isinstance(
+        _input_type(arg, input_frame), (DayTimeIntervalType, YearMonthIntervalType)
+    ):
+        raise NotSupportedYetError(
+            f"Streaming {name}() of an interval",
+            f"Use {name[4:]}() (it fails on overflow where {name}() gives null).",
+        )
+
+
+def _try_sum(arg: Column, input_frame: DataFrame | None) -> AggSpec:
+    """Spark's Sum in TRY mode. Of doubles, a plain sum. Of integers (a long sum) and
+    decimals (a decimal(p + 10, s)), Spark's buffer is the sum and ``isEmpty``; the sum
+    becomes null when it overflows, and stays null through every later update and
+    merge, so the result is null from then on (not an error, ANSI mode or not). Over a
+    batch, Spark's own try_sum gives that buffer's sum (null where it overflowed, or no
+    value came) and a count of zero its ``isEmpty``."""
+    from pyspark.sql.types import DecimalType, FractionalType
+
+    _refuse_intervals("try_sum", arg, input_frame)
+    data_type = _input_type(arg, input_frame)
+    if isinstance(data_type, FractionalType) and not isinstance(data_type, DecimalType):
+        return AggSpec("try_sum", (F.try_sum(arg),), ("sum",))
+    if isinstance(data_type, DecimalType):
+        precision, scale = _bounded_decimal(data_type.precision + 10, data_type.scale)
+        bound = f"try_sum:{precision - scale}"
+    else:
+        bound = "try_sum:long"
+    return AggSpec("try_sum", (F.try_sum(arg), F.count(arg) == 0), (bound, "isEmpty"))
+
+
+def _replayed(spark: SparkSession, name: str, call: Column) -> AggSpec:
+    """mode, listagg/string_agg: the state keeps the rows' inputs (those whose first
+    input is set; both functions skip the others) in the order Spark's buffer sees them,
+    merged by concatenation as collect_list's, and Spark's own function runs over them
+    after the state step. listagg's buffer is such a list; mode's a hash map of counts,
+    whose result is its value of the highest count, ties broken by the value (with
+    ``deterministic`` or WITHIN GROUP) or by the map's order. The state grows with the
+    values."""
+    inputs = replay_inputs(spark, call)
+    if not inputs:
+        raise NotSupportedYetError(f"Streaming {name}() without an input column")
+    columns = [as_column(spark, e) for e in inputs]
+    row = F.when(columns[0].isNotNull(), F.struct(*[c.alias(f"a{j}") for j, c in enumerate(columns)]))
+    return AggSpec(name, (F.collect_list(row),), ("concat",), call=call)
 
 
 def _bounded_decimal(precision: int, scale: int) -> tuple[int, int]:
@@ -359,27 +534,16 @@ def _decimal_divide(spark: SparkSession, total: Column, count: Column, spec: Agg
 
 def _central_moments(name: str, arg: Column, null_on_divide_by_zero: bool) -> AggSpec:
     """Spark's CentralMomentAgg buffer over one batch: n, avg, m2 (, m3 (, m4)), the
-    sums of powers of deviations from the mean, recovered from Spark's own
-    var_pop/skewness/kurtosis of the batch (a one-pass, numerically stable route)."""
+    sums of powers of deviations from the mean, folded over the batch's values with
+    Spark's own update expressions (:func:`~lockgate.plan.aggregate_folds.moment_partials`):
+    recovered from another function's result (``var_pop(x) * count(x)``) they can be an
+    ulp off, and the ulp shows in the result."""
     order = _MOMENTS[name]
-    x = arg.cast("double")
-    count = F.count(x)
-    n = count.cast("double")
-    mean = F.coalesce(F.avg(x), F.lit(0.0))
-    m2 = F.coalesce(F.var_pop(x) * count, F.lit(0.0))
-    partials = [n, mean, m2]
-    if order >= 3:
-        # skewness = sqrt(n) m3 / m2^1.5; all values equal (m2 = 0) means m3 = 0
-        m3 = F.skewness(x) * F.sqrt(m2 * m2 * m2) / F.sqrt(n)
-        partials.append(F.when(m2 == 0.0, F.lit(0.0)).otherwise(m3))
-    if order >= 4:
-        # kurtosis = n m4 / m2^2 - 3
-        m4 = (F.kurtosis(x) + F.lit(3.0)) * (m2 * m2) / n
-        partials.append(F.when(m2 == 0.0, F.lit(0.0)).otherwise(m4))
+    partials = moment_partials(arg, order)
     merge = _MOMENT_MERGES[order]
     return AggSpec(
         name,
-        tuple(partials),
+        partials,
         (merge,) * len(partials),
         null_on_divide_by_zero=null_on_divide_by_zero,
     )
@@ -387,26 +551,13 @@ def _central_moments(name: str, arg: Column, null_on_divide_by_zero: bool) -> Ag
 
 def _co_moments(name: str, x_arg: Column, y_arg: Column, null_on_divide_by_zero: bool) -> AggSpec:
     """Spark's Covariance buffer (n, xAvg, yAvg, ck) or PearsonCorrelation's (and xMk,
-    yMk) over one batch: only rows where both values are set count."""
-    x = F.when(y_arg.isNotNull(), x_arg.cast("double"))
-    y = F.when(x_arg.isNotNull(), y_arg.cast("double"))
-    count = F.count(x)
-    partials = [
-        count.cast("double"),
-        F.coalesce(F.avg(x), F.lit(0.0)),
-        F.coalesce(F.avg(y), F.lit(0.0)),
-        F.coalesce(F.covar_pop(x, y) * count, F.lit(0.0)),
-    ]
-    merge = "covariance"
-    if name == "corr":
-        partials += [
-            F.coalesce(F.var_pop(x) * count, F.lit(0.0)),
-            F.coalesce(F.var_pop(y) * count, F.lit(0.0)),
-        ]
-        merge = "corr"
+    yMk) over one batch, folded with Spark's update expressions: only rows where both
+    values are set count."""
+    partials = co_moment_partials(x_arg, y_arg, pearson=name == "corr")
+    merge = "corr" if name == "corr" else "covariance"
     return AggSpec(
         name,
-        tuple(partials),
+        partials,
         (merge,) * len(partials),
         null_on_divide_by_zero=null_on_divide_by_zero,
     )
@@ -464,6 +615,10 @@ def _finish(spec: AggSpec, values: Column) -> Column:
         return F.median(values)
     if spec.kind == "collect_set":
         return F.collect_set(values)
+    if spec.call is not None:  # mode, listagg
+        from pyspark.sql import SparkSession
+
+        return replayed_call(SparkSession.active(), spec.call, values)
     if spec.weighted:
         value, frequency = values.getField("value"), values.getField("frequency")
         return F.call_function("percentile", value, spec.finish_args[0], frequency)
@@ -518,10 +673,19 @@ def final_column(spec: AggSpec, buffers: list[Column]) -> Column:
     kind = spec.kind
     if kind in _FINISHED_AFTER_STATE:
         return buffers[0]  # already Spark's function over the values (finish_after_state)
-    if kind in _SELF_MERGING or kind in ("sum", "first", "last", "max_by", "min_by"):
+    if kind in _SELF_MERGING or kind in ("sum", "first", "last", "max_by", "min_by", "count_min_sketch"):
         return buffers[0]
-    if kind == "avg":
+    if kind == "try_sum":
+        return buffers[0] if len(buffers) == 1 else F.when(buffers[1], F.lit(None)).otherwise(buffers[0])
+    if kind in _REGRESSIONS:
+        return regression_result(kind, buffers)
+    if kind in _AVERAGES:
         s, c = buffers
+        if spec.unscaled_scale is not None:
+            assert spec.decimal_result is not None
+            result_type = "decimal({},{})".format(*spec.decimal_result)
+            scaled = s / c / F.lit(float(10**spec.unscaled_scale))
+            return F.when(c == 0, F.lit(None)).otherwise(scaled.cast(result_type))
         if spec.decimal_result is not None:
             from pyspark.sql import SparkSession
 
@@ -599,25 +763,36 @@ def _merge_moments(
     right = [x or 0.0 for x in batch[i : i + width]]
     n1, n2 = left[0], right[0]
     n = n1 + n2
+    # Spark 4 takes a side's means as they are when the other side is empty, and its
+    # deltas are zero then
+    empty = n1 == 0.0 or n2 == 0.0
+
+    def mean(j: int, delta_n: float) -> float:
+        if n1 == 0.0:
+            return right[j]
+        if n2 == 0.0:
+            return left[j]
+        return left[j] + delta_n * n2
+
     if kind in ("covariance", "corr"):
-        dx = right[1] - left[1]
+        dx = 0.0 if empty else right[1] - left[1]
         dx_n = 0.0 if n == 0.0 else dx / n
-        dy = right[2] - left[2]
+        dy = 0.0 if empty else right[2] - left[2]
         dy_n = 0.0 if n == 0.0 else dy / n
         merged = [
             n,
-            left[1] + dx_n * n2,
-            left[2] + dy_n * n2,
+            mean(1, dx_n),
+            mean(2, dy_n),
             left[3] + right[3] + dx * dy_n * n1 * n2,
         ]
         if kind == "corr":
             merged.append(left[4] + right[4] + dx * dx_n * n1 * n2)
             merged.append(left[5] + right[5] + dy * dy_n * n1 * n2)
         return merged, width
-    delta = right[1] - left[1]
+    delta = 0.0 if empty else right[1] - left[1]
     delta_n = 0.0 if n == 0.0 else delta / n
     m2_1, m2_2 = left[2], right[2]
-    merged = [n, left[1] + delta_n * n2, m2_1 + m2_2 + delta * delta_n * n1 * n2]
+    merged = [n, mean(1, delta_n), m2_1 + m2_2 + delta * delta_n * n1 * n2]
     if width >= 4:
         m3_1, m3_2 = left[3], right[3]
         merged.append(
@@ -649,6 +824,33 @@ longs stays a long; product's buffers are doubles, multiplied state first as Spa
 merge ``coalesce(coalesce(left, 1) * right, left)`` does)."""
 
 
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+_WIDE_DECIMALS = decimal.Context(prec=80)
+"""Decimal arithmetic exact for Spark's decimals (38 digits; Python's default context
+rounds to 28)."""
+
+
+def _merge_try_sum(kind: str, a: Any, a_set: Any, b: Any, b_set: Any) -> Any:
+    """try_sum's merge (``try_sum:long`` or ``try_sum:<integral digits>``, with isEmpty)
+    and try_avg's of a decimal (``try_avg:<integral digits>``, with the count): a side
+    that has values and a null sum has overflowed, and the sum stays null; else the
+    sums add, and one outside the type's range is null."""
+    if kind.startswith("try_avg"):
+        a_empty, b_empty = not a_set, not b_set  # the counts
+    else:
+        a_empty, b_empty = bool(a_set), bool(b_set)  # isEmpty
+    if (not a_empty and a is None) or (not b_empty and b is None):
+        return None
+    if a is None or b is None:
+        return b if a is None else a
+    bound = kind.split(":")[1]
+    if bound == "long":
+        total = a + b
+        return total if _LONG_MIN <= total <= _LONG_MAX else None
+    total = _WIDE_DECIMALS.add(a, b)
+    return total if abs(total) < decimal.Decimal(10) ** int(bound) else None
+
+
 def merge_buffers(merges: tuple[str, ...], state: list[Any], batch: list[Any]) -> list[Any]:
     """One key's buffers after merging a batch's (``batch``) into the state's (``state``),
     as Spark's merge expressions do with the state's buffer on the left."""
@@ -659,6 +861,8 @@ def merge_buffers(merges: tuple[str, ...], state: list[Any], batch: list[Any]) -
         a, b = state[i], batch[i]
         if kind in ("sum", "count"):
             out[i] = b if a is None else (a if b is None else a + b)
+        elif kind == "decimal_sum":
+            out[i] = b if a is None else (a if b is None else _WIDE_DECIMALS.add(a, b))
         elif kind == "min":
             out[i] = b if a is None else (a if b is None or not _greater(a, b) else b)
         elif kind == "max":
@@ -696,6 +900,16 @@ def merge_buffers(merges: tuple[str, ...], state: list[Any], batch: list[Any]) -
             out[i : i + width] = merged
             i += width
             continue
+        elif kind.startswith(("try_sum:", "try_avg:")):
+            out[i] = _merge_try_sum(kind, a, state[i + 1], b, batch[i + 1])
+            if kind.startswith("try_sum"):
+                out[i + 1] = bool(state[i + 1]) and bool(batch[i + 1])
+            else:
+                out[i + 1] = (state[i + 1] or 0) + (batch[i + 1] or 0)
+            i += 2
+            continue
+        elif kind == "count_min_sketch":
+            out[i] = merge_count_min_sketches(a, b)
         i += 1
     return out
 
@@ -732,6 +946,13 @@ _BUFFER_ROLES = {
     "min_by": ("value", "ordering"),
     "collect_list": ("values",),
     "collect_set": ("values",),
+    "mode": ("values",),
+    "listagg": ("values",),
+    "count_min_sketch": ("buf",),
+    "try_avg": ("sum", "count"),
+    "regr_avgx": ("sum", "count"),
+    "regr_avgy": ("sum", "count"),
+    **REGRESSION_ROLES,
     "approx_count_distinct": ("distinctValues",),
     "median": ("values",),
     "percentile": ("values",),
@@ -746,6 +967,8 @@ _BUFFER_ROLES = {
 
 def buffer_roles(spec: AggSpec) -> tuple[str, ...]:
     """What each of the function's buffers holds, naming its state column."""
+    if spec.kind == "try_sum":
+        return ("sum", "isEmpty")[: len(spec.partials)]
     return _BUFFER_ROLES.get(spec.kind, ("n", "mean", "m2"))
 
 
