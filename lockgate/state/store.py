@@ -406,10 +406,28 @@ def column_values(column: pa.ChunkedArray | pa.Array, micros: bool = False) -> l
         return values  # type: ignore[no-any-return]
     if column.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_boolean(t)):
         return column.to_numpy(zero_copy_only=False).tolist()
+    if pa.types.is_struct(t) and t.num_fields and all(groups_like_state_keys(f.type) for f in t):
+        return _struct_values(column)
     values = column.to_pylist()
     if _is_nested(t):
         return [hashable(v) for v in values]
     return values
+
+
+def _struct_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """:func:`column_values` of a struct column of scalar fields: each distinct struct
+    (a time window, typically one or two per batch) is converted once. Rows are told apart
+    by their validity and their fields' values, which these field types compare exactly."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    valid = pa.compute.is_valid(column).to_numpy(zero_copy_only=False).tolist()
+    fields = [column_values(column.field(i), micros=True) for i in range(column.type.num_fields)]
+    proxies = list(zip(valid, *fields))
+    first: dict[tuple[Any, ...], int] = {}
+    for i, proxy in enumerate(proxies):
+        first.setdefault(proxy, i)
+    converted = {proxy: hashable(column[i].as_py()) for proxy, i in first.items()}
+    return [converted[proxy] for proxy in proxies]
 
 
 def _is_nested(t: pa.DataType) -> bool:
@@ -699,6 +717,13 @@ class StateStore:
         self.updated[key] = value
         self.removed.discard(key)
 
+    def put_many(self, items: list[tuple[Key, Value]]) -> None:
+        """:meth:`put` of each ``(key, value)``, in order."""
+        self.map.update(items)
+        self.updated.update(items)
+        if self.removed:
+            self.removed.difference_update([key for key, _ in items])
+
     def remove(self, key: Key) -> None:
         if self.map.pop(key, None) is not None or key in self.updated:
             self.updated.pop(key, None)
@@ -729,10 +754,7 @@ class StateStore:
         if len(key_columns) != n_keys or len(value_columns) != n_values:
             raise ValueError(f"state rows of {self.where} do not match the state schema")
         fields = list(self.conf.key_schema) + list(self.conf.value_schema)
-        arrays = [
-            pa.array(arrow_values(column, f.type), type=f.type)
-            for column, f in zip(key_columns + value_columns, fields)
-        ]
+        arrays = [arrow_array(column, f.type) for column, f in zip(key_columns + value_columns, fields)]
         if with_ops:
             fields.append(pa.field(_OP_COLUMN, pa.int8()))
             arrays.append(pa.array([_OP_UPSERT] * len(pairs) + [_OP_REMOVE] * len(gone), type=pa.int8()))
@@ -853,6 +875,38 @@ def _has_struct(t: pa.DataType) -> bool:
     return False
 
 
+def _has_float(t: pa.DataType) -> bool:
+    if pa.types.is_floating(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_has_float(f.type) for f in t)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _has_float(t.value_type)
+    if pa.types.is_map(t):
+        return _has_float(t.key_type) or _has_float(t.item_type)
+    return False
+
+
+def arrow_array(values: list[Any], t: pa.DataType) -> pa.Array:
+    """``pa.array`` of a column of the store's Python form (:func:`arrow_values`). A
+    column holding structs is converted once per distinct value and taken by index (a
+    batch's windows are a handful of values over many rows); not when a float in it could
+    make two values equal that Arrow tells apart (0.0 and -0.0), or a value is not
+    hashable (a dict an operator put)."""
+    if not _has_struct(t):
+        return pa.array(values, type=t)
+    if not _has_float(t):
+        codes: dict[Any, int] = {}
+        try:
+            indices = [codes.setdefault(v, len(codes)) for v in values]
+        except TypeError:
+            pass
+        else:
+            distinct = pa.array(arrow_values(list(codes), t), type=t)
+            return distinct.take(pa.array(indices, type=pa.int32()))
+    return pa.array(arrow_values(values, t), type=t)
+
+
 def arrow_values(values: list[Any], t: pa.DataType) -> list[Any]:
     """Values of a column of type ``t`` as ``pa.array`` takes them. ``pa.array`` takes
     the tuples ``hashable`` makes for lists and maps as they are; structs, held as
@@ -892,6 +946,7 @@ __all__ = [
     "StateStoreConf",
     "StateStoreError",
     "StoreMetrics",
+    "arrow_array",
     "arrow_values",
     "clear_cache",
     "column_values",

@@ -116,17 +116,22 @@ def test_join_side_eviction_after_catch_up_matches_a_scan(tmp_path):
     def time_of(skey: Any, value: Any) -> int:
         return (value[0] - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
 
+    def append(side: _Side, key: str, seconds: int) -> None:
+        """Buffer a row as the join task does: indexed at once, in the store at flush."""
+        side.append((key,), (_t(seconds),), False, _micros(seconds))
+        side.flush()
+
     side = _Side(StateStore(conf, 0, 0), time_of)
     for k, s in (("a", 5), ("a", 20), ("b", 8), ("c", 30)):
-        side.append((k,), [_t(s)], False)
+        append(side, k, s)
     side.store.commit()
     cached_index = side.aux
     heap_size = len(cached_index.heap)
 
     def change(other: StateStore) -> None:
         theirs = _Side(other, time_of)
-        theirs.append(("a",), [_t(3)], False)  # ("a", 2)
-        theirs.append(("d",), [_t(40)], False)
+        append(theirs, "a", 3)  # ("a", 2)
+        append(theirs, "d", 40)
         assert theirs.remove_expired(_micros(6)) == [[_t(3), False], [_t(5), False]]
         other.put(("b", 0), [_t(8), True])  # matched since: same time, no new heap entry
         theirs.store.put(("c", 0), [_t(30), True])
@@ -143,5 +148,5 @@ def test_join_side_eviction_after_catch_up_matches_a_scan(tmp_path):
     assert sorted(gone) == expected == [[_t(8), True], [_t(20), False]]
     assert mine.index == {("c",): [0], ("d",): [0]}
     assert mine.remove_expired(_micros(25)) == []
-    mine.append(("a",), [_t(50)], False)
+    append(mine, "a", 50)
     assert sorted(mine.store.map) == [("a", 0), ("c", 0), ("d", 0)]
