@@ -119,7 +119,8 @@ def test_topic_deleted_under_running_queries(
     naming the option, unless no trigger saw the topic gone (then nothing tells the
     engines it was, and they read on as below). Without it lockgate goes on, with one of the two answers Spark's
     rules give, depending on whether a trigger ran while the topic was missing (below).
-    Spark gives the same answers, or, when its trigger runs while the topic is missing,
+    Each partition gives one of the two (a trigger may see one partition's records and
+    not yet the other's). Spark gives the same answers, or, when its trigger runs while the topic is missing,
     its admin client fails the query (UnknownTopicOrPartitionException, failOnDataLoss or
     not)."""
     topic = names("gone")
@@ -175,8 +176,17 @@ def test_topic_deleted_under_running_queries(
         if isinstance(outcome["lockgate"], Exception):
             assert "failOnDataLoss" in str(outcome["lockgate"]), str(outcome["lockgate"])[:2000]
     else:
-        assert outcome["lockgate"] in allowed.values(), outcome["lockgate"]
-        assert native in allowed.values() or "UnknownTopicOrPartition" in str(native), native
+        # Spark's rules apply per partition, and a trigger may run while the topic
+        # created again has its records in one partition and not yet in the other: then
+        # one partition was seen gone and the other went on
+        def per_partition(result: Any) -> bool:
+            return isinstance(result, list) and all(
+                sorted(r for r in result if r[0] == p) in [[r for r in rows if r[0] == p] for rows in allowed.values()]
+                for p in (0, 1)
+            )
+
+        assert per_partition(outcome["lockgate"]), outcome["lockgate"]
+        assert per_partition(native) or "UnknownTopicOrPartition" in str(native), native
 
 
 def _reader(bootstrap: str, topic: str | None, **options: str) -> Any:
