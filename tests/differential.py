@@ -313,6 +313,41 @@ class Differential:
             side.stop()
 
 
+class InMode:
+    """A query with its output mode, as ``query_fn`` of :class:`Differential` returns it
+    (the harness calls ``.writeStream`` on it)."""
+
+    def __init__(self, df: Any, mode: str) -> None:
+        self.df, self.mode = df, mode
+
+    @property
+    def writeStream(self) -> Any:
+        return self.df.writeStream.outputMode(self.mode)
+
+
+def run_steps(
+    spark: Any, ls: Any, tmp_path: Path, schema: str, steps: list[list[Any]], build: Callable[[Any], Any], mode: str
+) -> list[tuple[int, list[Any]]]:
+    """``build`` over a JSON stream of ``schema`` on both engines, one file of ``steps``
+    written and processed at a time, every batch compared (:meth:`Differential.run`);
+    each step must run a batch and some batch must have rows. Native's batches."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+    d = Differential(
+        spark, ls, tmp_path, lambda r: InMode(build(r.schema(schema).json(str(inp))), mode), sink="foreachBatch"
+    )
+    try:
+        for rows in steps:
+            write_json(inp, rows)
+            d.run()
+        # every step ran a batch (and watermarked queries no-data batches after some)
+        assert len(d.batches()) >= len(steps)
+        assert any(rows for _, rows in d.batches())
+        return d.native.batches
+    finally:
+        d.stop()
+
+
 def exact_batches(batches: list[tuple[int, list[Any]]]) -> list[tuple[int, list[str]]]:
     """Each ``(batch id, rows)`` with the rows as sorted reprs: arrays and maps compared
     in their order, NaN and -0.0 as they print."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from differential import Differential, write_json
+from differential import Differential, InMode, write_json
 from pyspark.errors import AnalysisException, ParseException
 
 from lockgate.api.reader import DataStreamReader as LockgateReader
@@ -20,17 +20,6 @@ def rows(start: int, n: int, second: int = 0) -> list[dict]:
         {"id": i, "name": f"n{i % 3}", "score": i * 1.5, "ts": f"2024-01-01T00:00:{second + i % 5:02d}Z"}
         for i in range(start, start + n)
     ]
-
-
-class _Mode:
-    """A query with its output mode, for the Differential harness."""
-
-    def __init__(self, df, mode: str) -> None:
-        self.df, self.mode = df, mode
-
-    @property
-    def writeStream(self):
-        return self.df.writeStream.outputMode(self.mode)
 
 
 def sql_query(ls, inp, query: str, *, mode: str = "append", views=None, watermark: str | None = None):
@@ -50,7 +39,7 @@ def sql_query(ls, inp, query: str, *, mode: str = "append", views=None, watermar
         for name in views or {}:
             text = text.replace("{" + name + "}", f"{name}_{suffix}_{'lg' if lockgate_side else 'native'}")
         engine = ls if lockgate_side else ls.spark
-        return _Mode(engine.sql(text), mode)
+        return InMode(engine.sql(text), mode)
 
     return make
 
@@ -243,7 +232,7 @@ def test_static_subqueries_and_qualifiers(spark, ls, tmp_path, inp):
             df.createOrReplaceTempView(view)
             df.createOrReplaceGlobalTempView(gv)
             engine = ls if side == "lg" else spark
-            return _Mode(engine.sql(query.replace("{ev}", view).replace("{gv}", gv)), mode)
+            return InMode(engine.sql(query.replace("{ev}", view).replace("{gv}", gv)), mode)
 
         return make
 

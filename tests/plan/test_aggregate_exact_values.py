@@ -17,21 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from differential import Differential, write_json
+from differential import Differential, InMode, run_steps, write_json
 from pyspark.sql import functions as F
 
 SCHEMA = "k STRING, i LONG, s STRING, d DOUBLE, st STRUCT<x: INT, y: STRING>, dec DECIMAL(20,3), big DECIMAL(38,18)"
-
-
-class _Mode:
-    """A query with its output mode, for the Differential harness."""
-
-    def __init__(self, df: Any, mode: str) -> None:
-        self.df, self.mode = df, mode
-
-    @property
-    def writeStream(self) -> Any:
-        return self.df.writeStream.outputMode(self.mode)
 
 
 def _row(k: str, n: int) -> dict[str, Any]:
@@ -55,24 +44,7 @@ STEPS = [
 
 
 def _run(spark: Any, ls: Any, tmp_path: Any, build: Any, mode: str) -> None:
-    inp = tmp_path / "in"
-    inp.mkdir()
-    d = Differential(
-        spark,
-        ls,
-        tmp_path,
-        lambda r: _Mode(build(r.schema(SCHEMA).json(str(inp))), mode),
-        sink="foreachBatch",
-    )
-    try:
-        for rows in STEPS:
-            write_json(inp, rows)
-            d.run()
-        # every step ran a batch (and watermarked queries no-data batches after some)
-        assert len(d.batches()) >= len(STEPS)
-        assert any(rows for _, rows in d.batches())
-    finally:
-        d.stop()
+    run_steps(spark, ls, tmp_path, SCHEMA, STEPS, build, mode)
 
 
 @pytest.mark.parametrize("mode", ["update", "complete"])
@@ -169,7 +141,7 @@ def test_a_null_struct_key_and_a_struct_of_nulls_are_two_groups(spark, ls, tmp_p
         counts = df.groupBy("st", (F.col("v") % 2).alias("odd")).agg(
             F.count("*").alias("n"), F.collect_list("v").alias("vs")
         )
-        return _Mode(counts, mode)
+        return InMode(counts, mode)
 
     d = Differential(spark, ls, tmp_path, build, sink="foreachBatch")
     try:

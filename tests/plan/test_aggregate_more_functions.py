@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from differential import Differential, spark_conf, write_json
+from differential import run_steps, spark_conf
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
@@ -30,17 +30,6 @@ SCHEMA = (
     "sdec DECIMAL(7,2), ts TIMESTAMP, w DECIMAL(38,4)"
 )
 LONG_MAX = 2**63 - 1
-
-
-class _Mode:
-    """A query with its output mode, for the Differential harness."""
-
-    def __init__(self, df: Any, mode: str) -> None:
-        self.df, self.mode = df, mode
-
-    @property
-    def writeStream(self) -> Any:
-        return self.df.writeStream.outputMode(self.mode)
 
 
 def _row(k: str, n: int, big: int | None = None, dec: int | None = None) -> dict[str, Any]:
@@ -86,24 +75,7 @@ STEPS = [
 
 
 def _run(spark: Any, ls: Any, tmp_path: Any, build: Any, mode: str) -> list[tuple[int, list[Any]]]:
-    inp = tmp_path / "in"
-    inp.mkdir()
-    d = Differential(
-        spark,
-        ls,
-        tmp_path,
-        lambda r: _Mode(build(r.schema(SCHEMA).json(str(inp))), mode),
-        sink="foreachBatch",
-    )
-    try:
-        for rows in STEPS:
-            write_json(inp, rows)
-            d.run()
-        assert len(d.batches()) >= len(STEPS)
-        assert any(rows for _, rows in d.batches())
-        return d.native.batches
-    finally:
-        d.stop()
+    return run_steps(spark, ls, tmp_path, SCHEMA, STEPS, build, mode)
 
 
 def _values(batches: list[tuple[int, list[Any]]], column: str) -> list[Any]:
