@@ -52,7 +52,14 @@ from lockgate.plan.stateful import (
 )
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import OperatorStateSchema
-from lockgate.state.store import StateStore, StateStoreConf, arrow_values, column_values
+from lockgate.state.store import (
+    StateStore,
+    StateStoreConf,
+    arrow_values,
+    column_values,
+    groups_like_state_keys,
+    micros_array,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -271,6 +278,14 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
     merge = buffer_merger(task.merges)
     get, put = store.map.get, store.put
     t_update = time.perf_counter()
+    merged = None
+    if _merges_by_columns(task):
+        batches = [b for b in batches if b.num_rows]
+        late_rows = (et, late_us) if drop_late and et is not None else None
+        done = _merge_columns(task, store, batches, late_rows) if batches else None
+        if done is not None:
+            merged, dropped = done
+            batches = []
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -296,7 +311,7 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
     removed = 0
     if task.output_mode == "complete":
         emit = list(store.items())
-    elif task.output_mode == "update":
+    elif task.output_mode == "update" and merged is None:
         emit = list(updated.items())
     if watermark_us is not None and et is not None and task.output_mode in ("append", "update"):
         for key, value in store.items():
@@ -320,6 +335,9 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
         remove_ms=remove_ms,
         started=t_start,
     )
+    if merged is not None and task.output_mode == "update" and merged.num_rows:
+        arrays = [c.combine_chunks().cast(f.type) for c, f in zip(merged.columns, task.out_schema)]
+        yield pa.RecordBatch.from_arrays(arrays, schema=task.out_schema)
     if not emit:
         return
     key_columns = list(zip(*[k for k, _ in emit])) if n_keys else []
@@ -329,6 +347,67 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
         for c, f in zip(key_columns + value_columns, task.out_schema)
     ]
     yield pa.RecordBatch.from_arrays(arrays, schema=task.out_schema)
+
+
+def _merges_by_columns(task: AggregateTask) -> bool:
+    """Whether :func:`_merge_columns` can merge this task's buffers: sums and counts
+    (count, sum, avg) of integers or floats, under keys Arrow groups as the state does."""
+    return (
+        bool(task.merges)
+        and all(m in ("sum", "count") for m in task.merges)
+        and all(groups_like_state_keys(f.type) for f in task.store.key_schema)
+        and all(pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in task.store.value_schema)
+    )
+
+
+def _merge_columns(
+    task: AggregateTask, store: StateStore, batches: list[pa.RecordBatch], late_rows: tuple[int, int] | None
+) -> tuple[pa.Table, int] | None:
+    """Merge a batch's sum and count buffers into the store a column at a time, when
+    each key is in the batch once (as Spark's aggregation before the state step gives
+    them; were a key's buffers in it twice, they would be merged row by row, in order).
+    ``late_rows``: the index of the key's event time, and the watermark (microseconds)
+    at or below which a row is late and dropped. Returns the merged rows as a table of
+    the state's schema (keys, then buffers) and the number of late rows dropped, or
+    None, having changed nothing, where the row-by-row merge must run.
+
+    ``state + batch`` of a key is the one addition the row-by-row merge makes, so sums
+    of floats come out the same; a null buffer takes the other side's value."""
+    import pyarrow.compute as pc
+
+    table = pa.Table.from_batches(batches)
+    key_fields, value_fields = list(task.store.key_schema), list(task.store.value_schema)
+    if not all(_same_values(table.schema.field(f.name).type, f.type) for f in key_fields + value_fields):
+        return None
+    dropped = 0
+    if late_rows is not None:
+        index, watermark_us = late_rows
+        times = table.column(key_fields[index].name)
+        times = micros_array(times) if pa.types.is_timestamp(times.type) else times.cast(pa.int64())
+        on_time = pc.or_kleene(pc.is_null(times), pc.greater(times, watermark_us))
+        dropped = table.num_rows - pc.sum(on_time).as_py()
+        table = table.filter(on_time)
+    key_columns = [table.column(f.name).combine_chunks().cast(f.type) for f in key_fields]
+    keys = list(zip(*[batch_values(c) for c in key_columns])) if key_fields else [()] * table.num_rows
+    if len(set(keys)) != len(keys):
+        return None
+    previous = list(map(store.map.get, keys))
+    value_columns = []
+    for i, f in enumerate(value_fields):
+        before = pa.array([None if p is None else p[i] for p in previous], type=f.type)
+        now = table.column(f.name).combine_chunks()
+        add = pc.add_checked if pa.types.is_integer(f.type) else pc.add
+        value_columns.append(pc.coalesce(add(before, now), before, now))
+    values = list(zip(*[batch_values(c) for c in value_columns]))
+    rows = pa.Table.from_arrays(key_columns + value_columns, names=[f.name for f in key_fields + value_fields])
+    store.put_columns(keys, values, rows)
+    return rows, dropped
+
+
+def _same_values(a: pa.DataType, b: pa.DataType) -> bool:
+    """Whether a column of type ``a`` holds values of type ``b`` as they are (timestamps
+    of one unit in any time zone)."""
+    return a == b or (pa.types.is_timestamp(a) and pa.types.is_timestamp(b) and a.unit == b.unit)
 
 
 def buffer_names(specs: tuple[AggSpec, ...], output_names: list[str], names: UniqueNames) -> list[str]:

@@ -540,6 +540,9 @@ class StateStore:
         self._micros = conf.timestamps_as_micros
         self.updated: dict[Key, Value] = {}
         self.removed: set[Key] = set()
+        self._updated_table: pa.Table | None = None
+        """The rows of ``updated`` as a table of the state's schema, when
+        :meth:`put_columns` made every change of this version (see there)."""
         self.aux: Any = None
         """An operator's own index over the map (e.g. keys by event time), kept with
         the map in the worker cache; None when the map was (re)built from files, so the
@@ -716,6 +719,7 @@ class StateStore:
         self.map[key] = value
         self.updated[key] = value
         self.removed.discard(key)
+        self._updated_table = None
 
     def put_many(self, items: list[tuple[Key, Value]]) -> None:
         """:meth:`put` of each ``(key, value)``, in order."""
@@ -723,8 +727,23 @@ class StateStore:
         self.updated.update(items)
         if self.removed:
             self.removed.difference_update([key for key, _ in items])
+        self._updated_table = None
+
+    def put_columns(self, keys: list[Key], values: list[Value], table: pa.Table) -> None:
+        """:meth:`put` of each of ``keys`` (all different) with its value, given also as
+        ``table``: the same rows, in the state's schema, built by the caller from its
+        columns. When these are the version's only changes, :meth:`commit` writes
+        ``table`` as the delta instead of turning the rows back into columns."""
+        first = not self.updated and not self.removed
+        self.put_many(list(zip(keys, values)))
+        if first and table.num_rows == len(self.updated):
+            names = self._key_names + self._value_names
+            self._updated_table = table.select(names).cast(
+                pa.schema(list(self.conf.key_schema) + list(self.conf.value_schema))
+            )
 
     def remove(self, key: Key) -> None:
+        self._updated_table = None
         if self.map.pop(key, None) is not None or key in self.updated:
             self.updated.pop(key, None)
             self.removed.add(key)
@@ -764,7 +783,11 @@ class StateStore:
         """Write version ``version + 1``; returns it."""
         t0 = time.perf_counter()
         new_version = self.version + 1
-        table = self._table(self.updated, self.removed, True)
+        if self._updated_table is not None:
+            ops = pa.array([_OP_UPSERT] * self._updated_table.num_rows, type=pa.int8())
+            table = self._updated_table.append_column(pa.field(_OP_COLUMN, pa.int8()), ops)
+        else:
+            table = self._table(self.updated, self.removed, True)
         _write_table(self.fs, f"{self.dir}/{new_version}.delta", table, "delta")
         if new_version % self.conf.snapshot_interval == 0:
             self._remove_leftovers()
