@@ -108,6 +108,10 @@ class NotSupportedYetError(LockgateError, NotImplementedError):
         self.operation = operation
 
 
+class ArithmeticOverflowError(LockgateError, ArithmeticError):
+    """A value overflowed its type in a stateful operator (Spark's ARITHMETIC_OVERFLOW)."""
+
+
 class CheckpointError(LockgateError, OSError):
     """A checkpoint file or directory is missing, corrupt, of an unknown version,
     or belongs to a different query."""

@@ -22,6 +22,7 @@ One batch of ``groupBy(keys).agg(fns)`` runs as, in Spark's words::
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from lockgate.compat import override
+from lockgate.errors import ArithmeticOverflowError
 from lockgate.plan.aggregate_functions import (
     AggSpec,
     buffer_merger,
@@ -62,7 +64,7 @@ from lockgate.state.store import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from pyspark.sql import DataFrame
 
@@ -282,7 +284,8 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
     if _merges_by_columns(task):
         batches = [b for b in batches if b.num_rows]
         late_rows = (et, late_us) if drop_late and et is not None else None
-        done = _merge_columns(task, store, batches, late_rows) if batches else None
+        with _overflow_as_sparks(store):
+            done = _merge_columns(task, store, batches, late_rows) if batches else None
         if done is not None:
             merged, dropped = done
             batches = []
@@ -322,7 +325,8 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
                 store.remove(key)
                 removed += 1
     remove_ms = (time.perf_counter() - t_remove) * 1000
-    store.commit()
+    with _overflow_as_sparks(store):
+        store.commit()
     report_store_metrics(
         task.accumulator,
         task.operator_id,
@@ -347,6 +351,25 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
         for c, f in zip(key_columns + value_columns, task.out_schema)
     ]
     yield pa.RecordBatch.from_arrays(arrays, schema=task.out_schema)
+
+
+@contextmanager
+def _overflow_as_sparks(store: StateStore) -> Iterator[None]:
+    """Spark's error for a sum or count buffer that overflowed its type (a bigint, or a
+    decimal of 38 digits), where Arrow found it (merging columns, or writing the state);
+    nothing of the version is written then."""
+    try:
+        yield
+    except (OverflowError, pa.ArrowInvalid) as exc:
+        text = str(exc)
+        if not isinstance(exc, OverflowError) and "overflow" not in text and "does not fit into precision" not in text:
+            raise
+        raise ArithmeticOverflowError(
+            f"[ARITHMETIC_OVERFLOW] A sum of the streaming aggregation overflowed its type in "
+            f"{store.where} ({text}). Use 'try_sum' to tolerate overflow and return NULL "
+            "instead. (With spark.sql.ansi.enabled=false Spark wraps a bigint sum around and "
+            "makes a decimal sum null; lockgate fails there too: not supported yet.)"
+        ) from exc
 
 
 def _merges_by_columns(task: AggregateTask) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from differential import SCHEMA, Bench, ev
+from differential import SCHEMA, Bench, ev, write_json
 from pyspark.sql import functions as F
 
 from lockgate.plan import aggregate
@@ -174,3 +174,52 @@ def test_column_merge_is_used_when_each_key_is_in_the_batch_once(monkeypatch):
         _run(root, "update", True, monkeypatch)
     # batch 3 has key a twice: merged row by row
     assert calls == [True, True, False, True]
+
+
+@pytest.mark.parametrize(
+    ("column", "big"),
+    [("b", 9223372036854775000), ("dec", 9 * 10**37)],
+    ids=["bigint", "decimal"],
+)
+def test_a_sum_that_overflows_fails_as_natives_and_writes_nothing(spark, ls, tmp_path, column, big):
+    """Spark's ANSI mode (the default) fails a sum that overflows its type with
+    ARITHMETIC_OVERFLOW; lockgate fails the same batch with that error and the fix, and
+    writes no state for it (the bigint overflows where buffers merge a column at a
+    time, the decimal where the state is written)."""
+    schema = "k STRING, b BIGINT, dec DECIMAL(38,0)"
+    inp = tmp_path / "in"
+    inp.mkdir()
+    errors = {}
+    for engine, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
+        (tmp_path / engine).mkdir()
+        for f in inp.iterdir():
+            f.unlink()
+        q = (
+            reader.schema(schema)
+            .json(str(inp))
+            .groupBy("k")
+            .agg(F.sum(column).alias("s"))
+            .writeStream.format("memory")
+            .queryName(f"overflow_{engine}_{column}")
+            .outputMode("update")
+            .option("checkpointLocation", str(tmp_path / engine / "ck"))
+            .start()
+        )
+        try:
+            write_json(inp, [{"k": "a", "b": big, "dec": big}])
+            q.processAllAvailable()
+            write_json(inp, [{"k": "a", "b": big, "dec": big}])
+            with pytest.raises(Exception) as failed:  # each engine raises its own class
+                q.processAllAvailable()
+            errors[engine] = str(failed.value)
+        finally:
+            q.stop()
+    assert "[ARITHMETIC_OVERFLOW]" in errors["native"]
+    assert "[ARITHMETIC_OVERFLOW] A sum of the streaming aggregation overflowed its type" in errors["lockgate"]
+    assert "Use 'try_sum'" in errors["lockgate"]
+    # the partition of key a wrote version 1 and not version 2 (another partition may
+    # have: a version is written again when its batch runs again)
+    state = tmp_path / "lockgate" / "ck" / "state" / "0"
+    with_a = [d.parent for d in state.rglob("1.delta") if pa.ipc.open_stream(d.read_bytes()).read_all().num_rows]
+    assert len(with_a) == 1
+    assert not (with_a[0] / "2.delta").exists()
