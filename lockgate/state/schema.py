@@ -139,6 +139,20 @@ def read_schema_file(fs: CheckpointFileSystem, path: str, operator_id: int) -> d
     return stored
 
 
+def _same_names_hint(old: pa.Schema, new: pa.Schema) -> str:
+    """Where only the types of same-named fields differ, the likely cause besides a
+    changed query: an earlier lockgate kept those buffers in other types (avg of a short
+    decimal, for one, is now kept as Spark's optimizer computes it, as a double)."""
+    if old.names != new.names:
+        return ""
+    return (
+        " The fields are the same, with other types: if the query did not change, an "
+        "earlier lockgate version wrote this state with those types; run the query on that "
+        "version until its state is no longer needed, or start it with a new checkpoint "
+        "location."
+    )
+
+
 def check_or_write(
     fs: CheckpointFileSystem, state_root: str, schema: OperatorStateSchema, *, check_schemas: bool = True
 ) -> None:
@@ -215,7 +229,7 @@ def _check_or_write_schema(
                 "schema validation, please set spark.sql.streaming.stateStore.stateSchemaCheck "
                 "to false. However, please note that running the query with incompatible "
                 f"schema could cause non-deterministic behavior. (The query's {op}{variable}, "
-                f"state schema file {path}.)",
+                f"state schema file {path}.{_same_names_hint(old_schema, new_schema)})",
                 path=path,
             )
     if schema.variables_since is not None and (
