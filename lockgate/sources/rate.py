@@ -89,14 +89,29 @@ def _generate(
         for k, n in enumerate(names):
             sql[n] = f"element_at({array}, CAST(least(id, 0) + {k + 1} AS INT))"
     count = end - start
-    shape = (count, max(1, min(num_partitions, max(count, 1))))
+    shape = (count, max(1, num_partitions))
     reused = batches.reuse(shape, arrays)
     if reused is not None:
         return reused
-    timestamp = timestamp_sql.format(i="id", **sql)
-    df = batches.range(shape).selectExpr(f"{timestamp} AS timestamp", f"id + {sql['start']} AS value")
+    index = _row_index(shape)
+    timestamp = timestamp_sql.format(i=index, **sql)
+    df = batches.range(shape).selectExpr(f"{timestamp} AS timestamp", f"{index} + {sql['start']} AS value")
     batches.capture(shape, df, arrays)
     return df
+
+
+def _row_index(shape: tuple[int, int]) -> str:
+    """SQL of the index in its batch of the row of range id ``id``, dealt to the
+    partitions as Spark's rate readers deal them: partition p reads rows p, p + parts,
+    p + 2 * parts, ... (``RateStreamMicroBatchPartitionReader``), so that whatever depends
+    on a row's partition or its place in it (``spark_partition_id()``, the first row of
+    a key that dropDuplicates keeps, ``first()``) is what native Spark gives. Partition p
+    of the range holds ids ``[p * per, (p + 1) * per)``."""
+    count, parts = shape
+    if parts == 1:
+        return "id"
+    per = -(-count // parts)
+    return f"(id div {per} + {parts} * (id % {per}))"
 
 
 class _Batches:
@@ -116,9 +131,15 @@ class _Batches:
         """(project list parts, range plan) of the shape; False: not reusable."""
 
     def range(self, shape: tuple[int, int]) -> DataFrame:
+        """The ids of a batch of ``shape``: ``per * parts`` of them, ``per`` in each
+        partition, less those whose row (:func:`_row_index`) is past the batch's end."""
         if shape != self._shape or self._range is None:
             self._shape, self._template = shape, None
-            self._range = self._spark.range(0, shape[0], 1, shape[1])
+            count, parts = shape
+            per = -(-count // parts)
+            self._range = self._spark.range(0, per * parts, 1, parts)
+            if per * parts != count:
+                self._range = self._range.where(f"{_row_index(shape)} < {count}")
         return self._range
 
     def capture(self, shape: tuple[int, int], df: DataFrame, arrays: dict[str, list[Any]]) -> None:

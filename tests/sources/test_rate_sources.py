@@ -11,6 +11,7 @@ import uuid
 import pytest
 from differential import batch_progress, last_batch, wait_until
 from pyspark.errors import AnalysisException
+from pyspark.sql import functions as F
 
 import lockgate
 from lockgate import ManualClock
@@ -362,3 +363,55 @@ def test_user_schema_is_refused(ls, fmt):
 def test_unknown_format(ls):
     with pytest.raises(lockgate.OptionError, match="Failed to find data source: nosuchsource"):
         ls.readStream.format("nosuchsource").load()
+
+
+def _partitioned(reader, fmt: str, **options):
+    """Each batch's (partition, value) pairs, in each partition's order, of a rate source
+    run with Trigger.AvailableNow (rate-micro-batch) into foreachBatch."""
+    batches = []
+
+    def record(df, batch_id):
+        rows = df.select(F.spark_partition_id().alias("p"), "value").collect()
+        batches.append((batch_id, [(r.p, r.value) for r in rows]))
+
+    df = reader.format(fmt).options(**{k: str(v) for k, v in options.items()}).load()
+    df.writeStream.foreachBatch(record).trigger(availableNow=True).start().awaitTermination()
+    return batches
+
+
+@pytest.mark.parametrize(
+    ("rows", "partitions"),
+    [(7, 3), (2, 3), (8, 2), (1, 1)],
+    ids=["uneven", "fewer_rows_than_partitions", "even", "one"],
+)
+def test_rate_micro_batch_deals_rows_to_partitions_as_native(spark, ls, rows, partitions):
+    """Partition p reads rows p, p + n, p + 2n, ... of the batch, as Spark's reader deals
+    them: what depends on a row's partition or place (spark_partition_id(), the row
+    dropDuplicates or first() keeps) is native's. lockgate gave each partition a
+    contiguous range."""
+    options = {"rowsPerBatch": rows, "numPartitions": partitions}
+    native = _partitioned(spark.readStream, "rate-micro-batch", **options)
+    ours = _partitioned(ls.readStream, "rate-micro-batch", **options)
+    assert ours == native
+    assert sorted(v for _, v in native[0][1]) == list(range(rows))  # every row, once
+
+
+def test_rate_deals_rows_to_partitions_as_native(ls):
+    """The rate source's partition p reads rows p, p + n, ... of its second, as Spark's
+    RateStreamMicroBatchPartitionReader (its timestamps follow the row, not the
+    partition)."""
+    clock = ManualClock(0)
+    batches = []
+
+    def record(df, batch_id):
+        rows = df.selectExpr("spark_partition_id() AS p", "value", "unix_millis(timestamp) AS t").collect()
+        batches.append((batch_id, [(r.p, r.value, r.t) for r in rows]))
+
+    q = _start_rate(ls, clock, record, rowsPerSecond=5, numPartitions=3)
+    try:
+        wait_until(lambda: _batch_count(q) >= 0)
+        clock.advance(1_000)
+        wait_until(lambda: _batch_count(q) >= 1)
+    finally:
+        q.stop()
+    assert batches[-1][1] == [(0, 0, 0), (0, 3, 600), (1, 1, 200), (1, 4, 800), (2, 2, 400)]
