@@ -27,7 +27,11 @@ from lockgate.execution.continuous.execution import ContinuousExecution
 from lockgate.execution.microbatch import MicroBatchExecution
 from lockgate.execution.triggers import ContinuousTrigger, Trigger
 from lockgate.options import Options
-from lockgate.plan.checks import check_for_streaming, check_window_functions
+from lockgate.plan.checks import (
+    check_for_streaming,
+    check_unsupported_expressions,
+    check_window_functions,
+)
 from lockgate.plan.limit import limits_per_batch
 from lockgate.plan.nodes import source_relations
 from lockgate.plan.row_expressions import compile_plan
@@ -205,6 +209,7 @@ def _check_output_mode(spec: QuerySpec, provider: SinkProvider, sink_name: str) 
     check_correctness = str(spec.spark.conf.get(conf, "true")).strip().lower() != "false"
     check_for_streaming(spec.plan, mode, check_correctness)
     check_window_functions(spec.template)
+    check_unsupported_expressions(spec.template)
     if mode not in provider.supportedOutputModes():
         raise AnalysisError(f"Data source {sink_name} does not support {mode} output mode")
 

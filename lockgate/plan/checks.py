@@ -159,6 +159,37 @@ def check_window_functions(template: DataFrame) -> None:
     raise AnalysisError(error.getMessage())
 
 
+def check_unsupported_expressions(template: DataFrame) -> None:
+    """Spark refuses ``monotonically_increasing_id()`` anywhere in a streaming query at
+    start (``UnsupportedOperationChecker.checkUnsupportedExpressions``): its ids depend on
+    the batch's partitions and restart at every batch. ``template`` is the query's
+    batch-shaped plan; it is walked only when its text names the function."""
+    plan = template._jdf.queryExecution().analyzed()
+    if "monotonically_increasing_id" not in plan.toString():
+        return
+    found: list[str] = []
+
+    def visit_expression(expression: Any) -> None:
+        if expression.getClass().getSimpleName() == "MonotonicallyIncreasingID":
+            if expression.sql() not in found:
+                found.append(expression.sql())
+            return
+        for child in seq(expression.children()):
+            visit_expression(child)
+
+    def visit(node: Any) -> None:
+        for child in seq(node.children()):
+            visit(child)
+        for expression in seq(node.expressions()):
+            visit_expression(expression)
+
+    visit(plan)
+    if found:
+        raise AnalysisError(
+            f"Expression(s): {', '.join(found)} is not supported with streaming DataFrames/Datasets"
+        )
+
+
 def _first_window(plan: Any) -> Any:
     """The lowest ``Window`` node of ``plan`` (Spark checks bottom up), or None."""
     for child in seq(plan.children()):

@@ -258,6 +258,33 @@ def test_window_functions_are_refused_at_start_as_spark(spark, ls, tmp_path, bui
     assert strip_ids(ours) == strip_ids(native)
 
 
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda df: df.select("value", F.monotonically_increasing_id().alias("id")),
+        lambda df: df.where(F.monotonically_increasing_id() > 3),
+        lambda df: df.groupBy((F.monotonically_increasing_id() % 2).alias("k")).count(),
+    ],
+    ids=["select", "filter", "grouping"],
+)
+def test_monotonically_increasing_id_is_refused_at_start_as_spark(spark, ls, tmp_path, build):
+    """monotonically_increasing_id() anywhere in a streaming query: Spark's
+    UnsupportedOperationChecker refuses it at start() (its ids restart at every batch);
+    lockgate ran it. A column merely named so is no call."""
+    messages = []
+    for engine, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
+        query = build(reader.format("rate").load())
+        with pytest.raises(AnalysisException) as info:
+            query.writeStream.format("noop").outputMode("update").option(
+                "checkpointLocation", str(tmp_path / engine)
+            ).start()
+        messages.append(str(info.value).split(";")[0].split("SQLSTATE")[0].strip())
+    assert messages[1] == messages[0]
+    assert messages[1] == "Expression(s): monotonically_increasing_id() is not supported with streaming DataFrames/Datasets"
+    named = ls.readStream.format("rate").load().select(F.col("value").alias("monotonically_increasing_id"))
+    named.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "named")).start().stop()
+
+
 @pytest.mark.parametrize("op", ["subtract", "exceptAll"])
 def test_except_of_two_streams_is_refused_as_spark(sdf, op):
     with pytest.raises(AnalysisException, match="Except on a streaming DataFrame/Dataset on the right is not supported"):
