@@ -171,6 +171,10 @@ class DedupTask:
     out_schema: pa.Schema
     accumulator: Any
     operator_id: int
+    counts_column: str | None = None
+    """Set when Spark grouped the batch by key before the state step
+    (:func:`_pre_aggregated`): each input row is one key's first row, and this column
+    holds how many rows the key had."""
 
 
 def _event_micros_array(column: Any) -> Any:
@@ -215,6 +219,16 @@ def _first_rows(batch: pa.RecordBatch, key_columns: tuple[str, ...], late: Any) 
             first[key] = i
             count[key] = 1
     return pa.array(list(first.values()), type=pa.int64()), list(count.values())
+
+
+def _grouped_rows(rows: Any, late: Any) -> tuple[pa.Array, list[int]]:
+    """:func:`_first_rows` of a batch Spark already grouped by key, one row per key in
+    arrival order with ``rows`` its number of input rows: the keys that are not late (a
+    key's rows are all late or none, the late-row column being a key)."""
+    import numpy as np
+
+    on_time = np.arange(len(rows), dtype=np.int64) if late is None else np.flatnonzero(~late).astype(np.int64)
+    return pa.array(on_time), rows[on_time].tolist()
 
 
 def _late_rows(event_micros: Any, watermark_us: int) -> Any:
@@ -314,12 +328,16 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
         if late_column and (late_us is not None or task.within_watermark):
             late_times = _event_micros_array(batch.column(late_column))
         late = _late_rows(late_times, late_us) if late_us is not None and late_times is not None else None
-        if late is not None:
-            dropped_late += int(late.sum())
         # Each key's first on-time row, in arrival order, with the number of on-time rows
         # of the key: only first rows can be new, and every other on-time row of a key is
         # a duplicate of it (the state only gains keys while a batch runs).
-        firsts, counts = _first_rows(batch, task.key_columns, late)
+        if task.counts_column is None:
+            dropped_late += int(late.sum()) if late is not None else 0
+            firsts, counts = _first_rows(batch, task.key_columns, late)
+        else:
+            rows = batch.column(task.counts_column).to_numpy(zero_copy_only=False)
+            dropped_late += int(rows[late].sum()) if late is not None else 0
+            firsts, counts = _grouped_rows(rows, late)
         keys = list(
             zip(*[column_values(batch.column(k).take(firsts), micros=True) for k in task.key_columns])
         )
@@ -400,7 +418,13 @@ def build_deduplicate(
     key_cols, pid = ctx.cache.get(node, f"partitioning/{n}", partitioning)
     java_keys = ctx.cache.java_columns(node, f"partitioning/{n}", lambda: key_cols)
     tasks = ctx.state_tasks(n)
-    staged = frame(child, child._jdf.repartition(tasks, java_keys)).withColumn("__lockgate_pid", pid)
+    grouped = pre_aggregates(node, child.schema)
+    rows = _pre_aggregated(node, child, ctx) if grouped else child
+    staged = frame(rows, rows._jdf.repartition(tasks, java_keys))
+    if grouped:
+        order = ctx.cache.java_columns(node, "arrival_order", lambda: [F.col(_ORDINAL)])
+        staged = frame(staged, staged._jdf.sortWithinPartitions(order))
+    staged = staged.withColumn("__lockgate_pid", pid)
     ctx.schema_of(node, staged, "staged")
     tz = ctx.session_timezone
     key_schema = schema_to_arrow(StructType([child.schema[k] for k in node.keys]), tz)
@@ -435,6 +459,7 @@ def build_deduplicate(
         out_schema=schema_to_arrow(child.schema, tz),
         accumulator=ctx.accumulator,
         operator_id=operator_id,
+        counts_column=_ROWS if grouped else None,
     )
     params = dedup_params(node, ctx, batch_id)
     result = map_with_state(
@@ -442,6 +467,77 @@ def build_deduplicate(
     )
     schema = OperatorStateSchema(operator_id, node.operator_name, key_schema, value_schema, n)
     return result, schema
+
+
+_ROWS = "__lockgate_rows"
+_ORDINAL = "__lockgate_ordinal"
+
+
+def late_row_column(node: Deduplicate) -> str | None:
+    """The column whose event time makes a row late (None: rows are never late)."""
+    if node.event_time_column is not None:
+        return node.event_time_column
+    return node.keys[node.event_time_key] if node.event_time_key is not None else None
+
+
+def pre_aggregates(node: Deduplicate, schema: StructType) -> bool:
+    """Whether Spark groups a batch by key before the state step (:func:`_pre_aggregated`).
+
+    It may when Spark's grouping of every key column agrees with the state's Python keys
+    and with native Spark's state store, which compares keys by their bytes (integers,
+    booleans, strings of the default collation, binary, dates, timestamps, and structs
+    of these, such as a time window; not floating point, which an aggregation
+    normalizes: -0.0 as 0.0), and when a row's lateness is a function of its key: the
+    row's event-time column is one of the keys, or rows are never late. Otherwise every
+    row goes to the state step as it is."""
+    names = [f.name for f in schema.fields]
+    if len(set(names)) != len(names) or _ROWS in names or _ORDINAL in names:
+        return False
+    late = late_row_column(node)
+    if late is not None and late not in node.keys:
+        return False
+    return all(_groups_by_bytes(schema[k].dataType) for k in node.keys)
+
+
+def _groups_by_bytes(t: Any) -> bool:
+    from pyspark.sql import types as T
+
+    if isinstance(t, T.StructType):
+        return all(_groups_by_bytes(f.dataType) for f in t.fields)
+    if isinstance(t, T.StringType):
+        return getattr(t, "collation", "UTF8_BINARY") == "UTF8_BINARY"
+    exact = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.BooleanType, T.BinaryType)
+    return isinstance(t, (*exact, T.DateType, T.TimestampType, T.TimestampNTZType))
+
+
+def _pre_aggregated(node: Deduplicate, child: DataFrame, ctx: StatefulContext) -> DataFrame:
+    """The batch grouped by the deduplication keys in Spark: for each key, the values of
+    its first row in arrival order (``min_by`` the row's ordinal), how many rows it had
+    (``_ROWS``) and that ordinal (``_ORDINAL``), so only one row per key reaches the
+    Python state step instead of all of them.
+
+    Partial aggregation runs before the shuffle. The ordinal
+    (``monotonically_increasing_id``: the input partition, then the row within it)
+    orders rows as the shuffle delivers them to native Spark's StreamingDeduplicateExec,
+    which keeps the first row of a key in that order; ``min_by`` picks it whatever order
+    the aggregation merges its buffers in (a spill sorts them), and ``_ORDINAL`` sorts
+    each task's keys back into arrival order, the order native emits its rows in."""
+
+    def columns() -> tuple[list[Column], list[Column]]:
+        def name(c: str) -> Column:
+            return F.col("`" + c.replace("`", "``") + "`")
+
+        ordinal = F.col(_ORDINAL)
+        values = [F.min_by(name(c), ordinal).alias(c) for c in child.columns if c not in node.keys]
+        counts = [F.count(F.lit(1)).alias(_ROWS), F.min(ordinal).alias(_ORDINAL)]
+        return [name(k) for k in node.keys], [*values, *counts]
+
+    keys, aggregates = ctx.cache.get(node, "pre_aggregation", columns)
+    java_keys = ctx.cache.java_columns(node, "pre_aggregation_keys", lambda: keys)
+    java_aggregates = ctx.cache.java_columns(node, "pre_aggregation", lambda: aggregates[1:])
+    ordinal = ctx.cache.get(node, "ordinal", F.monotonically_increasing_id)
+    numbered = frame(child, child._jdf.withColumn(_ORDINAL, ordinal._jc))
+    return frame(numbered, numbered._jdf.groupBy(java_keys).agg(aggregates[0]._jc, java_aggregates))
 
 
 def pa_bool_type() -> Any:
