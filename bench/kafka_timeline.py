@@ -23,6 +23,7 @@ A measurement tool: it does not change what it measures, except for the few
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -172,9 +173,8 @@ def _jobs(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
                 job["tasks"] += 1
                 job["task_run_ms"].append(info["Finish Time"] - info["Launch Time"])
                 job["last_task_end"] = max(job["last_task_end"] or 0, info["Finish Time"])
-        elif kind == "SparkListenerJobEnd":
-            if e["Job ID"] in jobs:
-                jobs[e["Job ID"]]["ended"] = e["Completion Time"]
+        elif kind == "SparkListenerJobEnd" and e["Job ID"] in jobs:
+            jobs[e["Job ID"]]["ended"] = e["Completion Time"]
     return jobs
 
 
@@ -187,7 +187,7 @@ def _batch_of(desc: str) -> int | None:
 
 
 def _ts(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000
+    return datetime.fromisoformat(text).timestamp() * 1000
 
 
 def _median(values: list[float]) -> float | None:
@@ -222,7 +222,7 @@ def analyse(progress: list[Any], jobs: dict[int, dict[str, Any]], run_id: str,
                 if b["start"] == trig:
                     b.setdefault("phases", {}).setdefault(key, []).append((t0 - trig, t1 - trig))
     ordered = sorted(batches, key=lambda b: b["start"])
-    for a, b in zip(ordered, ordered[1:], strict=False):
+    for a, b in itertools.pairwise(ordered):
         a["next_start"] = b["start"]
     # records
     seq_batch = {}
@@ -295,8 +295,9 @@ def main(argv: list[str] | None = None) -> None:
     import os
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    import lockgate
     from pyspark.sql import SparkSession
+
+    import lockgate
 
     spark = (
         SparkSession.builder.master(bench_args.master)

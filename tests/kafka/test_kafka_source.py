@@ -477,6 +477,38 @@ def test_both_readers_give_the_same_rows_and_a_restart_keeps_the_last_reader(
     third.stop()
 
 
+def test_a_batch_of_one_range_whose_topic_is_gone_is_planned_by_the_relation(
+    native_kafka, kafka, names, tmp_path
+):
+    """The source reads a batch of one range by the connector's RDD while its partition
+    is there; once the topic is deleted (a batch run again after a restart), by the batch
+    relation, whose offset lookup fails the batch as it fails Spark's streaming query."""
+    from differential import spark_conf
+
+    from lockgate.sources.kafka.connector import IO_CONF
+    from lockgate.testing import ManualClock
+
+    topic = names("gone-one")
+    kafka.create_topic(topic, partitions=1)
+    kafka.produce(topic, records(5, 1))
+    options = {"kafka.bootstrap.servers": kafka.bootstrap, "subscribe": topic, "startingOffsets": "earliest"}
+    with spark_conf(native_kafka, IO_CONF, "jvm"):
+        source = make_source(native_kafka, tmp_path, ManualClock(0), **options)
+        start = source.initialOffset()
+        end = source.latestOffset(start, source.getDefaultReadLimit())
+        batch = source.getBatch(start, end)
+        assert "KafkaRelation" not in batch._jdf.queryExecution().analyzed().toString()
+        assert _reads_in_the_jvm(batch)
+        assert len(_rows(batch)) == 5
+        admin = kafka.admin()
+        admin.delete_topics([topic])[topic].result(30)
+        while topic in admin.list_topics(timeout=5).topics:
+            time.sleep(0.1)
+        again = source.getBatch(start, end)
+        assert "KafkaRelation" in again._jdf.queryExecution().analyzed().toString()
+        source.stop()
+
+
 def test_kafka_io_setting(native_kafka, monkeypatch):
     from differential import spark_conf
 

@@ -127,6 +127,7 @@ def read_ranges(
     executor_group: str,
     fail_on_data_loss: bool,
     include_headers: bool,
+    direct: bool = True,
 ) -> DataFrame:
     """The records of ``ranges`` (non-empty, as ``KafkaSource.offset_ranges`` gives
     them), read by Spark's batch Kafka reader: ``assign`` of their topic-partitions,
@@ -138,7 +139,12 @@ def read_ranges(
     The executors' consumers are pooled by Spark per group id, and the batch reader's
     default is a new group per read (a new consumer per partition and batch, piling up in
     the pool), so the reader is given the source's executor group as ``kafka.group.id``
-    (the user's, when set)."""
+    (the user's, when set).
+
+    With ``direct`` (the default), a batch of one non-empty range and no option that
+    splits it is read by the connector's RDD without the relation's per-batch offset
+    lookup (:func:`_read_one_range`); the caller passes False when the range's partition
+    is gone, so that the relation's lookup fails the batch as it fails Spark's."""
     bounds: dict[TopicPartition, tuple[int, int]] = {}
     for r in ranges:
         tp = (r.topic, r.partition)
@@ -152,7 +158,7 @@ def read_ranges(
         options["kafka.group.id"] = executor_group
         _quiet_group_id_warning(spark)
     whole = [(tp, low, high) for tp, (low, high) in sorted(bounds.items()) if high > low]
-    if len(whole) == 1 and not any(k.lower() in _SPLIT_OPTIONS for k in options):
+    if direct and len(whole) == 1 and not any(k.lower() in _SPLIT_OPTIONS for k in options):
         (topic, partition), low, high = whole[0]
         return _read_one_range(
             spark, topic, partition, low, high, options, fail_on_data_loss, include_headers
