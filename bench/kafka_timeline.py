@@ -262,6 +262,12 @@ def analyse(progress: list[Any], jobs: dict[int, dict[str, Any]], run_id: str,
                 rows["job: first task -> last task end"].append(job["last_task_end"] - job["first_task"])
                 rows["job: last task end -> job end"].append(job.get("ended", job["last_task_end"]) - job["last_task_end"])
                 rows["job: task run ms (each)"].extend(job["task_run_ms"])
+                add = b.get("phases", {}).get("addBatch")
+                if add:  # lockgate: the sink's planning before its job, and after it
+                    rows["addBatch start -> job submitted"].append(
+                        job["submitted"] - b["start"] - add[0][0])
+                    rows["job end -> addBatch end"].append(
+                        b["start"] + add[0][1] - job.get("ended", job["last_task_end"]))
         rows["jobs per batch"].append(len(b.get("jobs", [])))
         if per_batch_lat.get(b["id"]):
             rows["batch start -> first output CreateTime"].append(min(per_batch_lat[b["id"]]))

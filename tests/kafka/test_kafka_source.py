@@ -419,6 +419,10 @@ def test_one_range_is_read_by_the_connectors_rdd_as_by_its_relation(native_kafka
     assert {r[3] for r in _rows(direct)} == {1}  # partition
     if headers:
         assert any(r[7] for r in _rows(direct))
+    # another batch of the same options: the same reader, another range
+    next_batch = read([OffsetRange(topic, 0, 1, 3)])
+    assert "KafkaRelation" not in next_batch._jdf.queryExecution().analyzed().toString()
+    assert [(r[3], r[4]) for r in _rows(next_batch)] == [(0, 1), (0, 2)]
     # two non-empty ranges: the relation
     both = read([OffsetRange(topic, 0, 0, 3), OffsetRange(topic, 1, 0, 3)])
     assert "KafkaRelation" in both._jdf.queryExecution().analyzed().toString()

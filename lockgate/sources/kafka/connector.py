@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from lockgate.errors import OptionError
 from lockgate.sources.kafka.offsets import OffsetRange, TopicPartition
@@ -208,58 +209,93 @@ def _read_one_range(
 
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    kafka010 = "org.apache.spark.sql.kafka010."
-    specified = jvm.java.util.HashMap()
-    poll_timeout_ms = None
-    for key, value in options.items():
-        if key.lower().startswith("kafka."):
-            specified.put(key[len("kafka."):], value)
-        elif key.lower() == "kafkaconsumer.polltimeoutms":
-            poll_timeout_ms = int(value)
-    if poll_timeout_ms is None:
-        sc_conf = spark.sparkContext._jsc.sc().conf()
-        poll_timeout_ms = int(sc_conf.getTimeAsSeconds("spark.network.timeout", "120s")) * 1000
-    to_scala = jvm_name(jvm, "org.apache.spark.api.python.PythonUtils").toScalaMap(specified)
-    # read_ranges always sets kafka.group.id: the relation's unique group is never used
-    group = next(v for k, v in options.items() if k.lower() == "kafka.group.id")
-    executor_params = jvm_name(jvm, kafka010 + "KafkaSourceProvider").kafkaParamsForExecutors(
-        to_scala, group
+    key = (id(spark), tuple(sorted(options.items())), include_headers)
+    reader = _RDD_READERS.get(key)
+    if reader is None or reader.session is not spark._jsparkSession:
+        reader = _RDD_READERS[key] = _RddReader.make(spark, options, include_headers)
+    offset_range = jvm_name(jvm, _KAFKA010 + "KafkaOffsetRange").apply(
+        jvm_name(jvm, "org.apache.kafka.common.TopicPartition")(topic, partition),
+        low,
+        high,
+        reader.none,
     )
-    none = jvm_name(jvm, "scala.Option").empty()
-    offset_range = jvm_name(jvm, kafka010 + "KafkaOffsetRange").apply(
-        jvm.org.apache.kafka.common.TopicPartition(topic, partition), low, high, none
-    )
-    rdd = jvm_name(jvm, kafka010 + "KafkaSourceRDD")(
-        spark.sparkContext._jsc.sc(),
-        executor_params,
+    rdd = jvm_name(jvm, _KAFKA010 + "KafkaSourceRDD")(
+        reader.context,
+        reader.executor_params,
         scala_list(jvm, [offset_range]),
-        poll_timeout_ms,
+        reader.poll_timeout_ms,
         fail_on_data_loss,
     )
-    converter = jvm_name(jvm, kafka010 + "KafkaRecordToRowConverter")()
-    to_row = (
-        converter.toInternalRowWithHeaders()
-        if include_headers
-        else converter.toInternalRowWithoutHeaders()
-    )
-    rows = rdd.map(to_row, _internal_row_tag(spark)).setName("kafka")
-    schema = jvm_name(jvm, kafka010 + "KafkaRecordToRowConverter").kafkaSchema(include_headers)
-    jdf = spark._jsparkSession.sqlContext().internalCreateDataFrame(rows, schema, False)
+    rows = rdd.map(reader.to_row, reader.row_tag).setName("kafka")
+    jdf = reader.sql_context.internalCreateDataFrame(rows, reader.schema, False)
     return PySparkDataFrame(jdf, spark)
 
 
-_ROW_TAGS: dict[int, object] = {}
+_KAFKA010 = "org.apache.spark.sql.kafka010."
 
 
-def _internal_row_tag(spark: SparkSession) -> object:
-    """Scala's ``ClassTag[InternalRow]`` (``RDD.map``'s implicit), once per gateway."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    tag = _ROW_TAGS.get(id(jvm))
-    if tag is None:
-        cls = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.InternalRow")
-        tag = _ROW_TAGS[id(jvm)] = jvm.scala.reflect.ClassTag.apply(cls)
-    return tag
+@dataclass(frozen=True)
+class _RddReader:
+    """What every one-range read of the same options shares (JVM objects, none of them
+    changed by a read): made once, so a batch's read is a handful of py4j calls."""
+
+    session: Any
+    """The JVM session it was made for (a new session, or context, makes a new one)."""
+    context: Any
+    sql_context: Any
+    executor_params: Any
+    """``KafkaSourceProvider.kafkaParamsForExecutors`` of the ``kafka.*`` options, as
+    the batch relation gives its ``KafkaSourceRDD``."""
+    poll_timeout_ms: int
+    to_row: Any
+    row_tag: Any
+    schema: Any
+    none: Any
+
+    @classmethod
+    def make(cls, spark: SparkSession, options: dict[str, str], include_headers: bool) -> _RddReader:
+        from lockgate.jvm import jvm_name
+
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        context = spark.sparkContext._jsc.sc()
+        specified = jvm.java.util.HashMap()
+        poll_timeout_ms = None
+        for key, value in options.items():
+            if key.lower().startswith("kafka."):
+                specified.put(key[len("kafka."):], value)
+            elif key.lower() == "kafkaconsumer.polltimeoutms":
+                poll_timeout_ms = int(value)
+        if poll_timeout_ms is None:  # the relation's default: spark.network.timeout
+            seconds = context.conf().getTimeAsSeconds("spark.network.timeout", "120s")
+            poll_timeout_ms = int(seconds) * 1000
+        scala_map = jvm_name(jvm, "org.apache.spark.api.python.PythonUtils").toScalaMap(specified)
+        # read_ranges always sets kafka.group.id: the relation's unique group is never used
+        group = next(v for k, v in options.items() if k.lower() == "kafka.group.id")
+        provider = jvm_name(jvm, _KAFKA010 + "KafkaSourceProvider")
+        converter_class = jvm_name(jvm, _KAFKA010 + "KafkaRecordToRowConverter")
+        converter = converter_class()
+        row_class = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.InternalRow")
+        return cls(
+            session=spark._jsparkSession,
+            context=context,
+            sql_context=spark._jsparkSession.sqlContext(),
+            executor_params=provider.kafkaParamsForExecutors(scala_map, group),
+            poll_timeout_ms=poll_timeout_ms,
+            to_row=(
+                converter.toInternalRowWithHeaders()
+                if include_headers
+                else converter.toInternalRowWithoutHeaders()
+            ),
+            row_tag=jvm.scala.reflect.ClassTag.apply(row_class),
+            schema=converter_class.kafkaSchema(include_headers),
+            none=jvm_name(jvm, "scala.Option").empty(),
+        )
+
+
+_RDD_READERS: dict[tuple[Any, ...], _RddReader] = {}
+"""One :class:`_RddReader` per session, options and header setting (a query's source
+has one)."""
 
 
 def write_batch(data: DataFrame, options: dict[str, str]) -> None:
