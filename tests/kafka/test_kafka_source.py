@@ -376,8 +376,57 @@ def test_ranges_split_as_sparks_own_calculator(native_kafka):
 
 
 def _reads_in_the_jvm(df) -> bool:
-    """Whether a batch is read by Spark's Kafka connector (else by lockgate's mapInArrow)."""
-    return "KafkaRelation" in df._jdf.queryExecution().analyzed().toString()
+    """Whether a batch is read by Spark's Kafka connector (else by lockgate's mapInArrow):
+    its batch relation, or its RDD for a batch of one range."""
+    plan = df._jdf.queryExecution().analyzed().toString()
+    return "KafkaRelation" in plan or ("LogicalRDD" in plan and "MapInArrow" not in plan)
+
+
+@pytest.mark.parametrize("headers", [False, True])
+def test_one_range_is_read_by_the_connectors_rdd_as_by_its_relation(native_kafka, kafka, names, headers):
+    """A batch of one topic-partition range is read by the connector's ``KafkaSourceRDD``
+    directly (no driver-side offset lookup per batch); it gives the rows the batch
+    relation gives for the same range, metadata and headers included, in one task.
+    Several ranges, or an option that splits them, go through the relation."""
+    from lockgate.sources.kafka import connector
+
+    topic = names("one-range")
+    kafka.create_topic(topic, partitions=2)
+    kafka.produce(topic, records(20, 2))  # 10 records in each partition
+    base = {"kafka.bootstrap.servers": kafka.bootstrap}
+
+    def read(ranges, **extra):
+        return connector.read_ranges(
+            native_kafka,
+            ranges,
+            spark_options={**base, **extra},
+            executor_group=names("group"),
+            fail_on_data_loss=True,
+            include_headers=headers,
+        )
+
+    one = [OffsetRange(topic, 1, 2, 9), OffsetRange(topic, 0, 4, 4)]  # the second is empty
+    direct = read(one)
+    plan = direct._jdf.queryExecution().analyzed().toString()
+    assert "KafkaRelation" not in plan and "LogicalRDD" in plan
+    assert direct.rdd.getNumPartitions() == 1
+    # minPartitions may split a range: the relation reads it, as Spark would
+    relation = read(one, minPartitions="1")
+    assert "KafkaRelation" in relation._jdf.queryExecution().analyzed().toString()
+    assert direct.schema == relation.schema
+    assert _rows(direct) == _rows(relation)
+    assert [r[4] for r in _rows(direct)] == list(range(2, 9))  # offsets
+    assert {r[3] for r in _rows(direct)} == {1}  # partition
+    if headers:
+        assert any(r[7] for r in _rows(direct))
+    # another batch of the same options: the same reader, another range
+    next_batch = read([OffsetRange(topic, 0, 1, 3)])
+    assert "KafkaRelation" not in next_batch._jdf.queryExecution().analyzed().toString()
+    assert [(r[3], r[4]) for r in _rows(next_batch)] == [(0, 1), (0, 2)]
+    # two non-empty ranges: the relation
+    both = read([OffsetRange(topic, 0, 0, 3), OffsetRange(topic, 1, 0, 3)])
+    assert "KafkaRelation" in both._jdf.queryExecution().analyzed().toString()
+    assert len(_rows(both)) == 6
 
 
 def _rows(df) -> list[tuple]:
@@ -430,6 +479,38 @@ def test_both_readers_give_the_same_rows_and_a_restart_keeps_the_last_reader(
     assert not _reads_in_the_jvm(third.getBatch(start, end))
     assert _reads_in_the_jvm(third.getBatch(start, end))
     third.stop()
+
+
+def test_a_batch_of_one_range_whose_topic_is_gone_is_planned_by_the_relation(
+    native_kafka, kafka, names, tmp_path
+):
+    """The source reads a batch of one range by the connector's RDD while its partition
+    is there; once the topic is deleted (a batch run again after a restart), by the batch
+    relation, whose offset lookup fails the batch as it fails Spark's streaming query."""
+    from differential import spark_conf
+
+    from lockgate.sources.kafka.connector import IO_CONF
+    from lockgate.testing import ManualClock
+
+    topic = names("gone-one")
+    kafka.create_topic(topic, partitions=1)
+    kafka.produce(topic, records(5, 1))
+    options = {"kafka.bootstrap.servers": kafka.bootstrap, "subscribe": topic, "startingOffsets": "earliest"}
+    with spark_conf(native_kafka, IO_CONF, "jvm"):
+        source = make_source(native_kafka, tmp_path, ManualClock(0), **options)
+        start = source.initialOffset()
+        end = source.latestOffset(start, source.getDefaultReadLimit())
+        batch = source.getBatch(start, end)
+        assert "KafkaRelation" not in batch._jdf.queryExecution().analyzed().toString()
+        assert _reads_in_the_jvm(batch)
+        assert len(_rows(batch)) == 5
+        admin = kafka.admin()
+        admin.delete_topics([topic])[topic].result(30)
+        while topic in admin.list_topics(timeout=5).topics:
+            time.sleep(0.1)
+        again = source.getBatch(start, end)
+        assert "KafkaRelation" in again._jdf.queryExecution().analyzed().toString()
+        source.stop()
 
 
 def test_kafka_io_setting(native_kafka, monkeypatch):

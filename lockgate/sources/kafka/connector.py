@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from lockgate.errors import OptionError
 from lockgate.sources.kafka.offsets import OffsetRange, TopicPartition
@@ -127,6 +128,7 @@ def read_ranges(
     executor_group: str,
     fail_on_data_loss: bool,
     include_headers: bool,
+    direct: bool = True,
 ) -> DataFrame:
     """The records of ``ranges`` (non-empty, as ``KafkaSource.offset_ranges`` gives
     them), read by Spark's batch Kafka reader: ``assign`` of their topic-partitions,
@@ -138,7 +140,12 @@ def read_ranges(
     The executors' consumers are pooled by Spark per group id, and the batch reader's
     default is a new group per read (a new consumer per partition and batch, piling up in
     the pool), so the reader is given the source's executor group as ``kafka.group.id``
-    (the user's, when set)."""
+    (the user's, when set).
+
+    With ``direct`` (the default), a batch of one non-empty range and no option that
+    splits it is read by the connector's RDD without the relation's per-batch offset
+    lookup (:func:`_read_one_range`); the caller passes False when the range's partition
+    is gone, so that the relation's lookup fails the batch as it fails Spark's."""
     bounds: dict[TopicPartition, tuple[int, int]] = {}
     for r in ranges:
         tp = (r.topic, r.partition)
@@ -151,6 +158,12 @@ def read_ranges(
     if not any(k.lower() == "kafka.group.id" for k in options):
         options["kafka.group.id"] = executor_group
         _quiet_group_id_warning(spark)
+    whole = [(tp, low, high) for tp, (low, high) in sorted(bounds.items()) if high > low]
+    if direct and len(whole) == 1 and not any(k.lower() in _SPLIT_OPTIONS for k in options):
+        (topic, partition), low, high = whole[0]
+        return _read_one_range(
+            spark, topic, partition, low, high, options, fail_on_data_loss, include_headers
+        )
     options.update(
         {
             "assign": json.dumps(assign, separators=(",", ":")),
@@ -161,6 +174,128 @@ def read_ranges(
         }
     )
     return spark.read.format("kafka").options(**options).load()
+
+
+_SPLIT_OPTIONS = ("minpartitions", "maxrecordsperpartition")
+"""Reader options that may split a topic-partition's range into several tasks."""
+
+
+def _read_one_range(
+    spark: SparkSession,
+    topic: str,
+    partition: int,
+    low: int,
+    high: int,
+    options: dict[str, str],
+    fail_on_data_loss: bool,
+    include_headers: bool,
+) -> DataFrame:
+    """The records ``[low, high)`` of one topic-partition, read by Spark's connector as
+    ``spark.read.format("kafka")`` reads them (its ``KafkaSourceRDD``, executor
+    parameters, record converter and schema, one task), without the batch relation's
+    driver-side offset lookup.
+
+    ``KafkaRelation.buildScan`` makes a Kafka admin client on the driver and describes
+    the topic twice, at every batch, to resolve offsets that are already resolved here
+    (lockgate's source checked them and the data loss between batches): 40-130 ms a
+    batch on a 2-core machine, most of a small batch's planning. With one non-empty
+    range and no option that splits it, the relation's scan is one task reading exactly
+    that range, as here; with several, its tasks come in the order of a Scala hash set,
+    which the exactly-once sink relies on when a batch runs again, so those batches stay
+    with the relation."""
+    from pyspark.sql import DataFrame as PySparkDataFrame
+
+    from lockgate.jvm import jvm_name, scala_list
+
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    key = (id(spark), tuple(sorted(options.items())), include_headers)
+    reader = _RDD_READERS.get(key)
+    if reader is None or reader.session is not spark._jsparkSession:
+        reader = _RDD_READERS[key] = _RddReader.make(spark, options, include_headers)
+    offset_range = jvm_name(jvm, _KAFKA010 + "KafkaOffsetRange").apply(
+        jvm_name(jvm, "org.apache.kafka.common.TopicPartition")(topic, partition),
+        low,
+        high,
+        reader.none,
+    )
+    rdd = jvm_name(jvm, _KAFKA010 + "KafkaSourceRDD")(
+        reader.context,
+        reader.executor_params,
+        scala_list(jvm, [offset_range]),
+        reader.poll_timeout_ms,
+        fail_on_data_loss,
+    )
+    rows = rdd.map(reader.to_row, reader.row_tag).setName("kafka")
+    jdf = reader.sql_context.internalCreateDataFrame(rows, reader.schema, False)
+    return PySparkDataFrame(jdf, spark)
+
+
+_KAFKA010 = "org.apache.spark.sql.kafka010."
+
+
+@dataclass(frozen=True)
+class _RddReader:
+    """What every one-range read of the same options shares (JVM objects, none of them
+    changed by a read): made once, so a batch's read is a handful of py4j calls."""
+
+    session: Any
+    """The JVM session it was made for (a new session, or context, makes a new one)."""
+    context: Any
+    sql_context: Any
+    executor_params: Any
+    """``KafkaSourceProvider.kafkaParamsForExecutors`` of the ``kafka.*`` options, as
+    the batch relation gives its ``KafkaSourceRDD``."""
+    poll_timeout_ms: int
+    to_row: Any
+    row_tag: Any
+    schema: Any
+    none: Any
+
+    @classmethod
+    def make(cls, spark: SparkSession, options: dict[str, str], include_headers: bool) -> _RddReader:
+        from lockgate.jvm import jvm_name
+
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        context = spark.sparkContext._jsc.sc()
+        specified = jvm.java.util.HashMap()
+        poll_timeout_ms = None
+        for key, value in options.items():
+            if key.lower().startswith("kafka."):
+                specified.put(key[len("kafka."):], value)
+            elif key.lower() == "kafkaconsumer.polltimeoutms":
+                poll_timeout_ms = int(value)
+        if poll_timeout_ms is None:  # the relation's default: spark.network.timeout
+            seconds = context.conf().getTimeAsSeconds("spark.network.timeout", "120s")
+            poll_timeout_ms = int(seconds) * 1000
+        scala_map = jvm_name(jvm, "org.apache.spark.api.python.PythonUtils").toScalaMap(specified)
+        # read_ranges always sets kafka.group.id: the relation's unique group is never used
+        group = next(v for k, v in options.items() if k.lower() == "kafka.group.id")
+        provider = jvm_name(jvm, _KAFKA010 + "KafkaSourceProvider")
+        converter_class = jvm_name(jvm, _KAFKA010 + "KafkaRecordToRowConverter")
+        converter = converter_class()
+        row_class = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.InternalRow")
+        return cls(
+            session=spark._jsparkSession,
+            context=context,
+            sql_context=spark._jsparkSession.sqlContext(),
+            executor_params=provider.kafkaParamsForExecutors(scala_map, group),
+            poll_timeout_ms=poll_timeout_ms,
+            to_row=(
+                converter.toInternalRowWithHeaders()
+                if include_headers
+                else converter.toInternalRowWithoutHeaders()
+            ),
+            row_tag=jvm.scala.reflect.ClassTag.apply(row_class),
+            schema=converter_class.kafkaSchema(include_headers),
+            none=jvm_name(jvm, "scala.Option").empty(),
+        )
+
+
+_RDD_READERS: dict[tuple[Any, ...], _RddReader] = {}
+"""One :class:`_RddReader` per session, options and header setting (a query's source
+has one)."""
 
 
 def write_batch(data: DataFrame, options: dict[str, str]) -> None:

@@ -165,6 +165,21 @@ class OffsetReader:
             out.extend((name, p) for p in topic.partitions)
         return sorted(out)
 
+    def exists(self, tp: TopicPartition) -> bool:
+        """Whether Kafka has the topic-partition now (whatever the subscription); False
+        when the metadata cannot be read."""
+        try:
+            metadata = call_in_slices(
+                lambda t: self.consumer.list_topics(timeout=t), METADATA_TIMEOUT_S, again=_not_yet
+            )
+        except interrupt.Interrupted:
+            raise
+        except Exception:  # the caller takes the path that reports it
+            logger.debug("Kafka metadata unavailable while checking %s", tp, exc_info=True)
+            return False
+        topic = metadata.topics.get(tp[0])
+        return topic is not None and topic.error is None and tp[1] in topic.partitions
+
     def with_retries(self, fetch: Callable[[], T]) -> T:
         """Spark's ``withRetries``: run ``fetch`` (a listing of the partitions and their
         offsets, as one unit) up to ``fetchOffset.numRetries`` times,
@@ -517,6 +532,10 @@ class KafkaSource(Source):
         if not ranges:
             return self._spark.createDataFrame([], schema)
         if self._choose_reader() == JVM_READER:
+            # One range is read by the connector's RDD without Spark's per-batch offset
+            # lookup, when its partition is there: a topic deleted under the query then
+            # still fails in the batch relation's lookup, as in Spark's streaming source.
+            read = {(r.topic, r.partition) for r in ranges if r.size > 0}
             return connector.read_ranges(
                 self._spark,
                 ranges,
@@ -524,6 +543,7 @@ class KafkaSource(Source):
                 executor_group=self._executor_group,
                 fail_on_data_loss=self.options.fail_on_data_loss,
                 include_headers=self.options.include_headers,
+                direct=len(read) == 1 and self._reader.exists(next(iter(read))),
             )
         reader = RangeReader(
             config=self.executor_config(),
