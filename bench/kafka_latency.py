@@ -268,6 +268,13 @@ class Producer(threading.Thread):
 # -- the output ------------------------------------------------------------------------------
 def read_output(bootstrap: str, topic: str) -> list[tuple[int, int]]:
     """``(create_time_ms, source_ms)`` of every committed record of ``topic`` (one partition)."""
+    return read_topic(
+        bootstrap, topic, lambda m: (int(m.timestamp()[1]), int(m.value().decode().rsplit(",", 1)[1]))
+    )
+
+
+def read_topic(bootstrap: str, topic: str, row: Callable[[Any], Any]) -> list[Any]:
+    """``row(message)`` of every committed record of ``topic`` (one partition), in order."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(
@@ -280,7 +287,7 @@ def read_output(bootstrap: str, topic: str) -> list[tuple[int, int]]:
             "auto.offset.reset": "earliest",
         }
     )
-    out: list[tuple[int, int]] = []
+    out: list[Any] = []
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
         deadline = time.monotonic() + 120
@@ -293,8 +300,7 @@ def read_output(bootstrap: str, topic: str) -> list[tuple[int, int]]:
                         eof = True
                         continue
                     raise BenchError(f"reading {topic}: {m.error()}")
-                _kind, create_ms = m.timestamp()
-                out.append((int(create_ms), int(m.value().decode().rsplit(",", 1)[1])))
+                out.append(row(m))
             if eof:
                 return out
         raise BenchError(f"reading {topic}: no end of partition in 120 s ({len(out)} records read)")

@@ -81,61 +81,17 @@ def _instrument() -> None:
 
 def _read_input_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     """seq -> input offset."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"tl-{uuid.uuid4().hex[:6]}",
-         "enable.partition.eof": True, "auto.offset.reset": "earliest"}
-    )
-    out: dict[int, int] = {}
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        while True:
-            msgs = consumer.consume(1000, 5)
-            if not msgs:
-                break
-            done = False
-            for m in msgs:
-                if m.error():
-                    done = True
-                    continue
-                seq = int(m.value().split(b",")[0])
-                out[seq] = m.offset()
-            if done:
-                break
-    finally:
-        consumer.close()
-    return out
+    return dict(kl.read_topic(bootstrap, topic, lambda m: (int(m.value().split(b",")[0]), m.offset())))
 
 
 def _read_output(bootstrap: str, topic: str) -> list[tuple[int, int, int]]:
     """(seq, CreateTime, source ms) of each output record."""
-    from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"tl-{uuid.uuid4().hex[:6]}",
-         "enable.partition.eof": True, "auto.offset.reset": "earliest",
-         "isolation.level": "read_committed"}
-    )
-    out = []
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        while True:
-            msgs = consumer.consume(1000, 5)
-            if not msgs:
-                break
-            done = False
-            for m in msgs:
-                if m.error():
-                    done = True
-                    continue
-                parts = m.value().split(b",")
-                out.append((int(parts[1]), m.timestamp()[1], int(parts[3])))
-            if done:
-                break
-    finally:
-        consumer.close()
-    return out
+    def row(m: Any) -> tuple[int, int, int]:
+        parts = m.value().split(b",")
+        return int(parts[1]), m.timestamp()[1], int(parts[3])
+
+    return kl.read_topic(bootstrap, topic, row)
 
 
 def _events(log_dir: Path) -> list[dict[str, Any]]:
