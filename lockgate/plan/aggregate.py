@@ -306,8 +306,7 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
         for key, value in pairs:
             previous = get(key)
             put(key, list(value) if previous is None else merge(previous, value))
-    # this batch's keys and their new buffers, before any is evicted
-    updated = dict(store.updated)
+    updated = len(store.updated)  # the keys this batch changed, before any is evicted
     update_ms = (time.perf_counter() - t_update) * 1000
     t_remove = time.perf_counter()
     emit: list[tuple[tuple[Any, ...], list[Any]]] = []
@@ -315,7 +314,7 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
     if task.output_mode == "complete":
         emit = list(store.items())
     elif task.output_mode == "update" and merged is None:
-        emit = list(updated.items())
+        emit = list(store.updated.items())  # taken before the eviction below
     if watermark_us is not None and et is not None and task.output_mode in ("append", "update"):
         for key, value in store.items():
             t = key[et]
@@ -332,7 +331,7 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
         task.operator_id,
         store,
         total=len(store),
-        updated=len(updated),
+        updated=updated,
         removed=removed,
         dropped=dropped,
         update_ms=update_ms,

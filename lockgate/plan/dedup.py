@@ -314,9 +314,7 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
     index = _expiry_index(task, store) if evicts else None
     watermark_us = task.watermark_ms * 1000 if task.watermark_ms is not None else None
     late_us = task.late_watermark_ms * 1000 if task.late_watermark_ms is not None else None
-    late_column = task.event_time_column
-    if late_column is None and task.event_time_key is not None:
-        late_column = task.key_columns[task.event_time_key]
+    late_column = late_row_column(task.event_time_column, task.event_time_key, task.key_columns)
     dropped_late = dropped_dup = updated = 0
     t0 = time.perf_counter()
     names = task.out_schema.names
@@ -473,11 +471,12 @@ _ROWS = "__lockgate_rows"
 _ORDINAL = "__lockgate_ordinal"
 
 
-def late_row_column(node: Deduplicate) -> str | None:
-    """The column whose event time makes a row late (None: rows are never late)."""
-    if node.event_time_column is not None:
-        return node.event_time_column
-    return node.keys[node.event_time_key] if node.event_time_key is not None else None
+def late_row_column(event_time_column: str | None, event_time_key: int | None, keys: tuple[str, ...]) -> str | None:
+    """The column whose event time makes a row late (None: rows are never late): the
+    watermarked column of the row, else the watermarked key."""
+    if event_time_column is not None:
+        return event_time_column
+    return keys[event_time_key] if event_time_key is not None else None
 
 
 def pre_aggregates(node: Deduplicate, schema: StructType) -> bool:
@@ -493,7 +492,7 @@ def pre_aggregates(node: Deduplicate, schema: StructType) -> bool:
     names = [f.name for f in schema.fields]
     if len(set(names)) != len(names) or _ROWS in names or _ORDINAL in names:
         return False
-    late = late_row_column(node)
+    late = late_row_column(node.event_time_column, node.event_time_key, node.keys)
     if late is not None and late not in node.keys:
         return False
     return all(_groups_by_bytes(schema[k].dataType) for k in node.keys)
