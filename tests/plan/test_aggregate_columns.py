@@ -12,7 +12,6 @@ row-by-row merge).
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -103,10 +102,14 @@ BATCHES = [
 ]
 
 
-def _run(root: str, mode: str, by_columns: bool, monkeypatch: Any) -> tuple[list[list[Any]], list[pa.Table]]:
-    conf = StateStoreConf(
-        root=root, operator_id=0, num_partitions=1, key_schema=KEY, value_schema=VALUE, checkpoint_id=f"c{by_columns}"
+def _conf(root: Path, by_columns: bool) -> StateStoreConf:
+    return StateStoreConf(
+        root=str(root), operator_id=0, num_partitions=1, key_schema=KEY, value_schema=VALUE, checkpoint_id=f"c{by_columns}"
     )
+
+
+def _run(root: Path, mode: str, by_columns: bool, monkeypatch: Any) -> tuple[list[list[Any]], list[pa.Table]]:
+    conf = _conf(root, by_columns)
     outputs, deltas = [], []
     with monkeypatch.context() as m:
         if not by_columns:
@@ -126,8 +129,8 @@ def _run(root: str, mode: str, by_columns: bool, monkeypatch: Any) -> tuple[list
             )
             out = list(run_aggregate_task(task, 0, iter([_batch(list(b)) for b in batches])))
             outputs.append(sorted(repr(r) for b in out for r in b.to_pylist()))
-            with open(f"{root}/0/0/{version}.delta", "rb") as f:
-                deltas.append(pa.ipc.open_stream(f.read()).read_all().replace_schema_metadata(None))
+            delta = (root / "0" / "0" / f"{version}.delta").read_bytes()
+            deltas.append(pa.ipc.open_stream(delta).read_all().replace_schema_metadata(None))
     return outputs, deltas
 
 
@@ -141,26 +144,22 @@ def _sorted(table: pa.Table) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["update", "complete"])
-def test_column_merge_gives_the_row_merges_output_state_and_deltas(mode, monkeypatch):
-    with tempfile.TemporaryDirectory() as by_rows, tempfile.TemporaryDirectory() as by_columns:
-        rows_out, rows_deltas = _run(by_rows, mode, False, monkeypatch)
-        columns_out, columns_deltas = _run(by_columns, mode, True, monkeypatch)
-        assert columns_out == rows_out
-        assert [_sorted(d) for d in columns_deltas] == [_sorted(d) for d in rows_deltas]
-        assert all(c.schema == r.schema for c, r in zip(columns_deltas, rows_deltas))
-        for root, name in ((by_rows, "cFalse"), (by_columns, "cTrue")):
-            conf = StateStoreConf(
-                root=root, operator_id=0, num_partitions=1, key_schema=KEY, value_schema=VALUE, checkpoint_id=name
-            )
-            assert len(read_state_table(conf, 0, len(BATCHES))) == 6
-        # the floats' sums: one addition of the state's and the batch's buffer
-        first = [r for r in rows_out[1] if r.startswith("{'k': 'a'")]
-        assert first == [r for r in columns_out[1] if r.startswith("{'k': 'a'")]
-        assert "'s': 3.5" in first[0]
-        assert any("'s': nan" in r for r in columns_out[0])
+def test_column_merge_gives_the_row_merges_output_state_and_deltas(mode, monkeypatch, tmp_path):
+    rows_out, rows_deltas = _run(tmp_path / "rows", mode, False, monkeypatch)
+    columns_out, columns_deltas = _run(tmp_path / "columns", mode, True, monkeypatch)
+    assert columns_out == rows_out
+    assert [_sorted(d) for d in columns_deltas] == [_sorted(d) for d in rows_deltas]
+    assert all(c.schema == r.schema for c, r in zip(columns_deltas, rows_deltas))
+    for root, by_columns in ((tmp_path / "rows", False), (tmp_path / "columns", True)):
+        assert len(read_state_table(_conf(root, by_columns), 0, len(BATCHES))) == 6
+    # the floats' sums: one addition of the state's and the batch's buffer
+    first = [r for r in rows_out[1] if r.startswith("{'k': 'a'")]
+    assert first == [r for r in columns_out[1] if r.startswith("{'k': 'a'")]
+    assert "'s': 3.5" in first[0]
+    assert any("'s': nan" in r for r in columns_out[0])
 
 
-def test_column_merge_is_used_when_each_key_is_in_the_batch_once(monkeypatch):
+def test_column_merge_is_used_when_each_key_is_in_the_batch_once(monkeypatch, tmp_path):
     calls: list[bool] = []
     real = aggregate._merge_columns
 
@@ -170,8 +169,7 @@ def test_column_merge_is_used_when_each_key_is_in_the_batch_once(monkeypatch):
         return result
 
     monkeypatch.setattr(aggregate, "_merge_columns", spy)
-    with tempfile.TemporaryDirectory() as root:
-        _run(root, "update", True, monkeypatch)
+    _run(tmp_path, "update", True, monkeypatch)
     # batch 3 has key a twice: merged row by row
     assert calls == [True, True, False, True]
 
