@@ -54,6 +54,7 @@ from lockgate.plan.state_udf import TASKS_CONF, encode_params, property_key
 from lockgate.plan.stateful import StatefulContext, state_task_count, stateful_operators
 from lockgate.plan.template import NotReusable, PlanTemplate
 from lockgate.sources.base import READ_ALL_AVAILABLE, ReadLimit, Source, SourceContext
+from lockgate.state import host as state_host
 from lockgate.state.metrics import DictSumParam
 from lockgate.state.schema import check_operator_count, check_or_write
 
@@ -99,6 +100,19 @@ def _background_snapshot_min_rows(spark: SparkSession) -> int | None:
             option=BACKGROUND_SNAPSHOT_CONF,
         )
     return None if value == -1 else value
+
+
+def _state_hosts(spark: SparkSession) -> bool:
+    """``spark.lockgate.stateHosts`` (default true)."""
+    raw = str(spark.conf.get(state_host.ENABLED_CONF, "true") or "true").strip().lower()
+    if raw not in ("true", "false"):
+        raise OptionError(
+            f"{state_host.ENABLED_CONF} must be true or false, got {raw!r}. true (the "
+            "default) keeps state partitions in one process per executor and task slot; "
+            "false keeps them in the Python workers.",
+            option=state_host.ENABLED_CONF,
+        )
+    return raw == "true"
 
 
 def _max_state_tasks(spark: SparkSession) -> int:
@@ -197,6 +211,7 @@ class MicroBatchExecution(StreamExecution):
             self._state_metrics = self.spark.sparkContext.accumulator({}, DictSumParam())
         self._last_state_progress: list[dict[str, Any]] = []
         self._max_state_tasks = _max_state_tasks(self.spark) if self._stateful_ops else None
+        self._state_hosts = _state_hosts(self.spark) if self._stateful_ops else False
         self._background_snapshot_min_rows = (
             _background_snapshot_min_rows(self.spark) if self._stateful_ops else None
         )
@@ -542,6 +557,7 @@ class MicroBatchExecution(StreamExecution):
             shape=empty_sources,
             operator_watermarks=self._operator_watermarks() if self._watermark_nodes else None,
             max_state_tasks=self._max_state_tasks,
+            state_hosts=self._state_hosts,
             background_snapshot_min_rows=self._background_snapshot_min_rows,
             batch_timestamp_ms=self.offset_metadata.batchTimestampMs,
         )

@@ -617,7 +617,15 @@ def build_aggregate(
     )
     params = aggregate_params(node, ctx, batch_id)
     stateful = map_with_state(
-        flat, ctx, node, lambda: bind(run_aggregate_task, task), out_struct, operator_id, params, num_partitions
+        flat,
+        ctx,
+        node,
+        lambda: bind(run_aggregate_task, task),
+        out_struct,
+        operator_id,
+        params,
+        num_partitions,
+        hosted=True,
     )
     if finished_after_state(node.specs):
         stateful = finish_after_state(stateful, flat_key_names, buffer_cols, node.specs)

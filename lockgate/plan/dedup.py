@@ -461,7 +461,15 @@ def build_deduplicate(
     )
     params = dedup_params(node, ctx, batch_id)
     result = map_with_state(
-        staged, ctx, node, lambda: bind(run_dedup_task, task), child.schema, operator_id, params, n
+        staged,
+        ctx,
+        node,
+        lambda: bind(run_dedup_task, task),
+        child.schema,
+        operator_id,
+        params,
+        n,
+        hosted=True,
     )
     schema = OperatorStateSchema(operator_id, node.operator_name, key_schema, value_schema, n)
     return result, schema

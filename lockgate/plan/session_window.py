@@ -664,7 +664,15 @@ def build_session_aggregate(
     )
     params = session_params(node, ctx, batch_id)
     stateful = map_with_state(
-        flat, ctx, node, lambda: bind(run_session_task, task), out_struct, operator_id, params, ctx.num_partitions
+        flat,
+        ctx,
+        node,
+        lambda: bind(run_session_task, task),
+        out_struct,
+        operator_id,
+        params,
+        ctx.num_partitions,
+        hosted=True,
     )
     if finished_after_state(node.specs):  # median, percentile: Spark's function per session
         session_keys = [*flat_keys, start_name, end_name]

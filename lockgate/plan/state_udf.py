@@ -31,6 +31,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from lockgate.state import host
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
@@ -46,24 +48,38 @@ per state partition, as Spark's own engine runs."""
 
 
 def run_state_partitions(
-    function: Callable[[int, Any], Any], num_partitions: int, num_tasks: int, batches: Any
+    function: Callable[[int, Any], Any],
+    num_partitions: int,
+    num_tasks: int,
+    batches: Any,
+    hosted: bool = False,
 ) -> Any:
     """Run ``function(partition, batches)`` for each state partition this task serves
     (inside a task). With one task per partition the input streams through; otherwise it
     is split by the rows' ``__lockgate_pid`` and every served partition runs, the ones
     without rows too (they still commit their version and evict). Either way a row of a
     partition the task does not serve fails the task: the plan lost the state's
-    partitioning, and state must not be written from it."""
+    partitioning, and state must not be written from it.
+
+    ``hosted``: the partitions run in the executor's state host of this task's slot
+    (:mod:`lockgate.state.host`), which keeps them from batch to batch whichever Python
+    worker Spark gives the task."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     task = ctx.partitionId() if ctx is not None else 0
     served = range(task, num_partitions, num_tasks)
     parts = _by_partition(batches, served)
+    if hosted and ctx is not None and host.available():
+        inputs: dict[int, list[Any]] = {p: [] for p in served}
+        for partition, batch in parts:
+            inputs[partition].append(batch)
+        yield from host.run_in_host(task, function, inputs)
+        return
     if num_tasks == num_partitions:
         yield from function(task, (batch for _, batch in parts))
         return
-    inputs: dict[int, list[Any]] = {p: [] for p in served}
+    inputs = {p: [] for p in served}
     for partition, batch in parts:
         inputs[partition].append(batch)
     for partition, batch_list in inputs.items():
@@ -91,13 +107,13 @@ def _by_partition(batches: Any, served: range) -> Iterator[tuple[int, Any]]:
 
 
 def partitioned(
-    function: Callable[[int, Any], Any], num_partitions: int, num_tasks: int
+    function: Callable[[int, Any], Any], num_partitions: int, num_tasks: int, hosted: bool = False
 ) -> Callable[[Any], Any]:
     """``function(partition, batches)`` as a ``mapInArrow`` function over ``num_tasks``
-    tasks serving ``num_partitions`` state partitions."""
+    tasks serving ``num_partitions`` state partitions (in state hosts if ``hosted``)."""
     from functools import partial
 
-    return partial(run_state_partitions, function, num_partitions, num_tasks)
+    return partial(run_state_partitions, function, num_partitions, num_tasks, hosted=hosted)
 
 
 def property_key(checkpoint_id: str) -> str:
@@ -176,6 +192,7 @@ def map_with_state(
     operator_id: int,
     params: dict[str, Any],
     num_partitions: int,
+    hosted: bool = False,
 ) -> DataFrame:
     """``df.mapInArrow(function, return_schema)`` with a UDF made once per run.
 
@@ -183,6 +200,9 @@ def map_with_state(
     a state partition and its batches, and must read its per-batch values with
     :func:`batch_params`; ``params`` are this batch's. ``df`` is partitioned into
     ``ctx.state_tasks(num_partitions)`` parts (:func:`run_state_partitions`).
+    ``hosted``: the function may run in a state host (lockgate's own functions, which
+    use nothing of the Python worker but the task's context), when ``ctx.state_hosts``
+    and the operator runs in no more tasks than there are cores.
     """
     from pyspark.sql import DataFrame as PySparkDataFrame
     from pyspark.sql import functions as F
@@ -192,9 +212,14 @@ def map_with_state(
     ctx.batch_params[operator_id] = params
     shape = ",".join(str(s) for s in sorted(ctx.shape))  # type: ignore[type-var]
 
+    tasks = ctx.state_tasks(num_partitions)
+    # at most one host per core: with more tasks than cores (one task per partition), the
+    # workers keep the state as before
+    hosted = hosted and ctx.state_hosts and tasks <= (ctx.max_state_tasks or 0)
+
     def make_udf() -> Any:
         return pandas_udf(  # type: ignore[call-overload]
-            partitioned(make_function(), num_partitions, ctx.state_tasks(num_partitions)),
+            partitioned(make_function(), num_partitions, tasks, hosted),
             returnType=return_schema,
             functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF,
         )

@@ -278,6 +278,9 @@ class StatefulContext:
     background_snapshot_min_rows: int | None = None
     """State partitions of at least this many rows write their snapshots in the
     background (``StateStoreConf.background_snapshot_min_rows``); None: in the task."""
+    state_hosts: bool = False
+    """Built-in operators run their state steps in the executors' state hosts
+    (:mod:`lockgate.state.host`, ``spark.lockgate.stateHosts``)."""
     batch_timestamp_ms: int | None = None
     """The batch's timestamp from the offsets log (processing-time timeouts, the state's
     ``getCurrentProcessingTimeMs``)."""

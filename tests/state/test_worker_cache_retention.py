@@ -1,7 +1,7 @@
-"""The Python workers drop the cached state of queries that stopped, as Spark unloads a
-stopped query's state stores: every state task hears which queries of the driver run
-(``state_udf.encode_params``) and its worker keeps only their partitions
-(``store.retain_cached``)."""
+"""The Python workers and state hosts drop the cached state of queries that stopped, as
+Spark unloads a stopped query's state stores: every state task hears which queries of the
+driver run (``state_udf.encode_params``) and the process running it keeps only their
+partitions (``store.retain_cached``)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,20 @@ from lockgate.state import store as store_module
 
 
 def _cached_queries_of_workers(spark: Any) -> dict[int, set[str]]:
-    """pid -> query ids a Python worker holds state of, from a job over the workers."""
+    """pid -> query ids a Python worker or a state host (``lockgate.state.host``) holds
+    state of, from a job over the workers."""
 
     def probe(batches: Any) -> Any:
+        from lockgate.state.host import host_stats
         from lockgate.state.store import cached_queries
 
         for _ in batches:
             pass
-        yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "ids": [json.dumps(sorted(cached_queries()))]})
+        pids, ids = [os.getpid()], [json.dumps(sorted(cached_queries()))]
+        for stats in host_stats().values():
+            pids.append(stats["pid"])
+            ids.append(json.dumps(stats["cached_queries"]))
+        yield pa.RecordBatch.from_pydict({"pid": pids, "ids": ids})
 
     seen: dict[int, set[str]] = {}
     for _ in range(2):

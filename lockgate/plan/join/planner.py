@@ -894,7 +894,15 @@ def build_stream_join(
     # watermark_columns and key_watermark_ordinal depend on whether the query has a
     # watermark at all, which is the same in every batch of a run.
     result = map_with_state(
-        staged, ctx, node, lambda: bind(run_join_task, task), out_struct, operator_id, params, n
+        staged,
+        ctx,
+        node,
+        lambda: bind(run_join_task, task),
+        out_struct,
+        operator_id,
+        params,
+        n,
+        hosted=True,
     )
     # One state schema entry for the operator: both sides' stores, described together.
     key_schema = pa.schema(
