@@ -2,7 +2,10 @@
 
 The benchmark runs both engines in one process tree: this Python driver (lockgate's engine
 threads live here), the JVM it launched (native Spark's engine, the executors' tasks),
-PySpark's daemon under the JVM and the Python workers it forks (lockgate's state steps).
+PySpark's daemon under the JVM and the Python workers it forks, and lockgate's host
+processes (the state hosts that run its state steps, the Kafka sink's producer host),
+which a worker starts in a session of their own and which leave the tree when that
+worker exits: they are counted by the daemon they watch (:func:`lockgate_hosts`).
 :class:`CpuProbe` sums ``utime + stime`` of every live process of that tree and
 ``cutime + cstime`` (the CPU of children already waited for: a Python worker that exited,
 a helper the JVM forked), so the difference between two observations is the CPU the tree
@@ -68,7 +71,34 @@ def tree_ticks(root: int, exclude: Iterable[int] = ()) -> tuple[int, list[int]] 
             continue
         counted.append(pid)
         todo.extend(children.get(pid, []))
+    counted += [p for p in lockgate_hosts(counted, ticks) if p not in counted]
     return sum(ticks.get(p, 0) for p in counted), counted
+
+
+HOST_MODULES = (b"lockgate.state.host", b"lockgate.sinks.kafka_host")
+
+
+def lockgate_hosts(tree: Iterable[int], candidates: Iterable[int] | None = None) -> list[int]:
+    """lockgate's host processes (state hosts, the Kafka sink's producer host) serving a
+    PySpark daemon in ``tree``: a worker starts them in a session of their own, so once
+    that worker exits they are no longer its descendants, but their CPU and memory are
+    the engine's."""
+    tree = set(tree)
+    if candidates is None:
+        candidates = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    hosts = []
+    for pid in candidates:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if not any(m in a for a in args[:3] for m in HOST_MODULES) or b"--watch" not in args:
+            continue
+        watched = args[args.index(b"--watch") + 1] if args.index(b"--watch") + 1 < len(args) else b""
+        if watched.isdigit() and int(watched) in tree:
+            hosts.append(pid)
+    return hosts
 
 
 @dataclass

@@ -6,6 +6,8 @@ import os
 import time
 from typing import Any
 
+from bench.cpu import lockgate_hosts
+
 
 # -- memory ----------------------------------------------------------------------------------
 def _status_kb(pid: int | str, key: str) -> int:
@@ -102,7 +104,11 @@ class MemoryProbe:
     def workers_pss(self) -> int:
         if self.jvm_pid <= 0:
             return 0
-        return sum(_pss_kb(p) for p in _descendants(self.jvm_pid) if _is_python_worker(p)) * 1024
+        tree = _descendants(self.jvm_pid)
+        workers = [p for p in tree if _is_python_worker(p)]
+        # state hosts (lockgate's state steps) and the Kafka producer host count as workers
+        workers += [p for p in lockgate_hosts(tree) if p not in workers]
+        return sum(_pss_kb(p) for p in workers) * 1024
 
     def sample(self, force: bool = False) -> None:
         now = time.monotonic()

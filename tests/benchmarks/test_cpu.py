@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from bench.cpu import CLK_TCK, CpuProbe, busy_core, tree_ticks
+from bench.cpu import CLK_TCK, CpuProbe, busy_core, lockgate_hosts, tree_ticks
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -101,3 +101,43 @@ def test_busy_core_burns_and_is_stopped_also_on_failure():
 
     with busy_core(enabled=False) as none:
         assert none is None
+
+
+# starts a detached "host" (in a session of its own, as lockgate's hosts are) that
+# watches ``argv[1]``, spins 0.5 s of CPU and sleeps; prints its pid and exits at once, so
+# the host is no longer a descendant of the test process
+DETACHED_HOST = """
+import subprocess, sys
+host = '''
+import time
+while time.process_time() < 0.5:
+    pass
+time.sleep(60)  # stands in for lockgate.state.host
+'''
+p = subprocess.Popen(
+    [sys.executable, "-c", host, "--watch", sys.argv[1]],
+    start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+)
+print(p.pid, flush=True)
+"""
+
+
+def test_the_probe_counts_lockgate_hosts_that_left_the_tree():
+    out = subprocess.run(
+        [sys.executable, "-c", DETACHED_HOST, str(os.getpid())], capture_output=True, text=True, check=True
+    )
+    host = int(out.stdout.split()[0])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            got = tree_ticks(os.getpid())
+            assert got is not None
+            ticks, pids = got
+            if host in pids and ticks / CLK_TCK >= 0.5:
+                break
+            assert time.monotonic() < deadline, (host, pids)
+            time.sleep(0.1)
+        # a host watching a process outside the tree is not counted
+        assert host not in lockgate_hosts([os.getppid()])
+    finally:
+        os.kill(host, 9)
