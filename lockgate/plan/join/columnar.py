@@ -44,7 +44,9 @@ def _comparable(t: pa.DataType) -> bool:
     )
 
 
-def compile_arrow(expr: tuple[Any, ...], types: tuple[list[pa.DataType], list[pa.DataType]]) -> ArrowExpr | None:
+def compile_arrow(
+    expr: tuple[Any, ...], types: tuple[list[pa.DataType], list[pa.DataType]]
+) -> ArrowExpr | None:
     """:func:`~lockgate.plan.join.condition.compile_expr` over whole columns of pairs:
     SQL's three-valued logic as Arrow's Kleene kernels; None for an expression it does
     not cover (the task evaluates those row by row). ``types`` are each side's column
@@ -130,5 +132,7 @@ def batch_pairs(
     rt = right.select(rcols).append_column("__rpos", pa.array(range(right.num_rows), pa.int64()))
     joined = lt.join(rt, keys=key_names, join_type="inner", use_threads=False)
     if joined.num_rows > 1:
-        joined = joined.take(pc.sort_indices(joined, [("__rpos", "ascending"), ("__lpos", "ascending")]))
+        joined = joined.take(
+            pc.sort_indices(joined, [("__rpos", "ascending"), ("__lpos", "ascending")])
+        )
     return joined

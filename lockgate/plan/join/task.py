@@ -11,6 +11,7 @@ import contextlib
 import gc
 import heapq
 import itertools
+import operator
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ class JoinTask:
 
 TimeOf = Callable[[tuple[Any, ...], Any], "int | None"]
 Indices = list[int] | tuple[int, ...]
+_LAST = operator.itemgetter(-1)
+_FIRST_ITEM = operator.itemgetter(0)
 _FIRST: tuple[int, ...] = (0,)
 """The row indices of a key with one row, at index 0: one tuple shared by every such key
 of a side's index (a key's indices become a list of its own when they change)."""
@@ -69,18 +72,57 @@ class _SideIndex:
     def __init__(self, state: dict[tuple[Any, ...], Any], time_of: TimeOf | None) -> None:
         self.time_of = time_of
         self.keys: dict[tuple[Any, ...], Indices] = {}
-        for k in state:
-            self.keys.setdefault(k[:-1], []).append(k[-1])
-        for v in self.keys.values():
-            v.sort()
         self.buckets: dict[int, list[tuple[Any, ...]]] = {}
         self.times: list[int] = []
         """Min-heap of the times of ``buckets``."""
+        if self.add_new(list(state), list(state.values())):
+            return
+        for k in state:
+            self.keys.setdefault(k[:-1], []).append(k[-1])  # type: ignore[union-attr]
+        for v in self.keys.values():
+            v.sort()  # type: ignore[union-attr]
         if time_of is not None:
             for k, v in state.items():
                 t = time_of(k, v)
                 if t is not None:
                     self.push(t, k)
+
+    def add_new(self, skeys: list[tuple[Any, ...]], values: list[Any]) -> bool:
+        """Index rows (state keys and values) whose join keys the index does not hold
+        and that are each their key's only row (index 0), the common case, in bulk: one
+        shared index entry each, their eviction times found once per distinct event
+        time. False, having changed nothing, when the rows are not all such rows."""
+        keys = self.keys
+        if any(map(_LAST, skeys)):
+            return False
+        join_keys = [k[:-1] for k in skeys]
+        if any(map(keys.__contains__, join_keys)) or len(set(join_keys)) != len(join_keys):
+            return False
+        time_of = self.time_of
+        grouped: dict[Any, int | None] | None = None
+        raw: list[Any] = []
+        if time_of is not None:
+            if not isinstance(time_of, _EventTime):
+                return False
+            raw = time_of.raw(skeys, values)
+            try:
+                grouped = {r: _event_micros(r) for r in set(raw)}
+            except TypeError:  # an unhashable value
+                return False
+        keys.update(zip(join_keys, itertools.repeat(_FIRST)))
+        if grouped is None:
+            return True
+        if len(grouped) == 1:
+            t = next(iter(grouped.values()))
+            if t is not None:
+                self.push_many(t, skeys)
+            return True
+        push = self.push
+        for skey, r in zip(skeys, raw):
+            t = grouped[r]
+            if t is not None:
+                push(t, skey)
+        return True
 
     def push(self, t: int, skey: tuple[Any, ...]) -> None:
         bucket = self.buckets.get(t)
@@ -143,6 +185,8 @@ class _SideIndex:
     ) -> None:
         for skey in removed:
             self.discard(skey)
+        if not any(previous) and self.add_new(list(map(_FIRST_ITEM, upserts)), list(map(_LAST, upserts))):
+            return
         for (skey, value), before in zip(upserts, previous):
             self.add(skey, value, before)
 
@@ -268,17 +312,32 @@ def _event_micros(value: Any) -> int | None:
     return micros(value)
 
 
-def _eviction_time(task: JoinTask, side: int) -> TimeOf | None:
-    """When a buffered row of ``side`` expires (int microseconds): the event time in the
-    join key, else the side's watermark column; None if the side never evicts by time.
-    Takes a state key and value, or a join key and input row (same positions)."""
+@dataclass(frozen=True)
+class _EventTime:
+    """When a buffered row expires (int microseconds): the event time (:func:`_event_micros`)
+    of field ``ordinal`` of its state key (``in_key``) or of its value. Takes a state key
+    and value, or a join key and input row (same positions)."""
+
+    in_key: bool
+    ordinal: int
+
+    def __call__(self, skey: tuple[Any, ...], value: Any) -> int | None:
+        return _event_micros(skey[self.ordinal] if self.in_key else value[self.ordinal])
+
+    def raw(self, skeys: list[tuple[Any, ...]], values: list[Any]) -> list[Any]:
+        """The field each row's time comes from, as the row holds it."""
+        return list(map(operator.itemgetter(self.ordinal), skeys if self.in_key else values))
+
+
+def _eviction_time(task: JoinTask, side: int) -> _EventTime | None:
+    """When a buffered row of ``side`` expires: by the event time in the join key, else
+    by the side's watermark column; None if the side never evicts by time."""
     if task.key_watermark_ordinal is not None:
-        o = task.key_watermark_ordinal
-        return lambda skey, value: _event_micros(skey[o])
+        return _EventTime(True, task.key_watermark_ordinal)
     col = task.watermark_columns[side]
     if col is None:
         return None
-    return lambda skey, value: _event_micros(value[col])
+    return _EventTime(False, col)
 
 
 def _eviction_limit_us(task: JoinTask, side: int) -> int | None:
