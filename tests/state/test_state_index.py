@@ -118,7 +118,7 @@ def test_join_side_eviction_after_catch_up_matches_a_scan(tmp_path):
 
     def append(side: _Side, key: str, seconds: int) -> None:
         """Buffer a row as the join task does: indexed at once, in the store at flush."""
-        side.append((key,), (_t(seconds),), False, _micros(seconds))
+        side.append((key,), (_t(seconds), False), _micros(seconds))
         side.flush()
 
     side = _Side(StateStore(conf, 0, 0), time_of)
@@ -126,13 +126,16 @@ def test_join_side_eviction_after_catch_up_matches_a_scan(tmp_path):
         append(side, k, s)
     side.store.commit()
     cached_index = side.aux
-    heap_size = len(cached_index.heap)
+    def entries(index: Any) -> int:
+        return sum(len(bucket) for bucket in index.buckets.values())
+
+    heap_size = entries(cached_index)
 
     def change(other: StateStore) -> None:
         theirs = _Side(other, time_of)
         append(theirs, "a", 3)  # ("a", 2)
         append(theirs, "d", 40)
-        assert theirs.remove_expired(_micros(6)) == [[_t(3), False], [_t(5), False]]
+        assert theirs.remove_expired(_micros(6), keep=True) == [(_t(3), False), (_t(5), False)]
         other.put(("b", 0), [_t(8), True])  # matched since: same time, no new heap entry
         theirs.store.put(("c", 0), [_t(30), True])
 
@@ -141,12 +144,13 @@ def test_join_side_eviction_after_catch_up_matches_a_scan(tmp_path):
     assert store.metrics.loaded_from_cache
     mine = _Side(store, time_of)
     assert mine.aux is cached_index  # followed the deltas, not rebuilt
-    assert len(mine.aux.heap) == heap_size + 1  # ("d", 0); matched-flag updates add none
+    assert entries(mine.aux) == heap_size + 1  # ("d", 0); matched-flag updates add none
     assert mine.index == {("a",): [1], ("b",): [0], ("c",): [0], ("d",): [0]}
-    expected = sorted(list(v) for k, v in store.items() if time_of(k, v) <= _micros(25))
-    gone = mine.remove_expired(_micros(25))
-    assert sorted(gone) == expected == [[_t(8), True], [_t(20), False]]
+    expected = sorted(tuple(v) for k, v in store.items() if time_of(k, v) <= _micros(25))
+    gone = mine.remove_expired(_micros(25), keep=True)
+    assert sorted(tuple(v) for v in gone) == expected == [(_t(8), True), (_t(20), False)]
     assert mine.index == {("c",): [0], ("d",): [0]}
-    assert mine.remove_expired(_micros(25)) == []
+    assert mine.remove_expired(_micros(25), keep=True) == []
+    assert mine.remove_expired(_micros(25), keep=False) == 0
     append(mine, "a", 50)
     assert sorted(mine.store.map) == [("a", 0), ("c", 0), ("d", 0)]
