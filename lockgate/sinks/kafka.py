@@ -21,7 +21,8 @@ consumer group ``<transactionalIdPrefix>-<p>`` on partition 0 of the marker topi
 become visible together or not at all. Consumers with ``isolation.level=read_committed``
 see every row once; ``read_uncommitted`` consumers may also see rows of aborted
 attempts. A re-run must split the batch into the same partitions (true for lockgate's
-sources and for shuffles by key).
+sources and for shuffles by key). The tasks learn ``N`` from the job's local property
+:data:`BATCH_ID_PROPERTY`, so that the writer's Python UDF is made once per run.
 
 Producers (and the marker's consumer) are kept between batches, as Spark keeps its
 producers (``lockgate.sources.kafka.clients``). Transactional producers are kept by one
