@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from kafka_testing import read_committed_values
 from pyspark.sql import functions as F
 
 from lockgate.errors import AnalysisError, OptionError
@@ -152,3 +153,61 @@ def test_sink_errors(ls, kafka, tmp_path):
         df.selectExpr("cast(value as string) value").writeStream.format("kafka").options(
             **common, topic="t"
         ).trigger(continuous="1 second").start()
+
+
+def test_the_writer_is_one_udf_for_the_run_and_each_batch_writes_its_own_id(
+    ls, kafka, names, tmp_path
+):
+    """The writer's Python UDF is made once per run (not pickled and registered again
+    every batch); the tasks get each batch's id from a local property, and the marker
+    records it: after three batches the marker is at batch 2 (offset 3)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from lockgate.testing import MemoryStream
+
+    out = names("out")
+    kafka.create_topic(out)
+    source = MemoryStream(ls, "value STRING")
+    q = (
+        source.toDF()
+        .writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap)
+        .option("topic", out)
+        .option("transactionalIdPrefix", names("txn"))
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    sink = q._execution.sink
+    calls = []
+    for batch in (["a", "b"], ["c"], ["d", "e"]):
+        source.addData(batch)
+        q.processAllAvailable()
+        calls.append(list(sink._udf_calls.values()))
+    prefix = sink.options.transactional_id_prefix
+    q.stop()
+    assert len(calls[0]) == 1 and calls[1][0] is calls[0][0] and calls[2][0] is calls[0][0]
+    assert sorted(read_committed_values(kafka, out, 5)) == ["a", "b", "c", "d", "e"]
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"{prefix}-0"})
+    try:
+        [marker] = consumer.committed([TopicPartition(out, 0)], timeout=30)
+    finally:
+        consumer.close()
+    assert marker.offset == 3
+
+
+def test_a_writer_run_outside_its_batch_refuses(spark, kafka, names):
+    """The run's writer has no batch id of its own: a task without the batch's local
+    property (its DataFrame executed outside ``addBatch``) fails rather than write under
+    a wrong id."""
+    from lockgate.sinks.kafka import PartitionWriter
+
+    writer = PartitionWriter(
+        producer_config={"bootstrap.servers": kafka.bootstrap},
+        topic=names("out"),
+        exactly_once=True,
+        id_prefix=names("txn"),
+        marker_topic=names("out"),
+    )
+    df = spark.createDataFrame([("a",)], "value STRING")
+    with pytest.raises(Exception, match="ran outside the batch that planned it"):
+        df.mapInArrow(writer, "partition INT, rows LONG, written BOOLEAN").collect()
