@@ -102,17 +102,31 @@ def _background_snapshot_min_rows(spark: SparkSession) -> int | None:
     return None if value == -1 else value
 
 
-def _state_hosts(spark: SparkSession) -> bool:
-    """``spark.lockgate.stateHosts`` (default true)."""
-    raw = str(spark.conf.get(state_host.ENABLED_CONF, "true") or "true").strip().lower()
-    if raw not in ("true", "false"):
+def _state_hosts(spark: SparkSession) -> str:
+    """``spark.lockgate.stateHosts``: ``auto`` (the default), ``true`` or ``false``."""
+    raw = str(spark.conf.get(state_host.ENABLED_CONF, "auto") or "auto").strip().lower()
+    if raw not in ("auto", "true", "false"):
         raise OptionError(
-            f"{state_host.ENABLED_CONF} must be true or false, got {raw!r}. true (the "
-            "default) keeps state partitions in one process per executor and task slot; "
-            "false keeps them in the Python workers.",
+            f"{state_host.ENABLED_CONF} must be auto, true or false, got {raw!r}. auto (the "
+            "default) keeps the state partitions of an operator that updates many rows per "
+            "batch in one process per executor and task slot; true does so for every "
+            "operator; false keeps them in the Python workers.",
             option=state_host.ENABLED_CONF,
         )
-    return raw == "true"
+    return raw
+
+
+HOST_ABOVE_ROWS = 50_000
+"""Under ``stateHosts=auto``, a batch that reads at least this many rows (when its sources
+count them ahead) runs every state step in the state hosts, and an operator whose last
+batch with data updated at least this many state rows does so from the next batch on ..."""
+HOST_BELOW_ROWS = 10_000
+"""... and back in the Python workers once a batch with data updates fewer than this.
+
+A worker that finds its cached partition behind replays the batches it missed, a cost
+that grows with the rows they updated; a host never replays, but a state step sent to it
+costs two more hand-offs and a process that competes for the cores. Moving between the
+two loads the partitions from files once, hence the gap between the two bounds."""
 
 
 def _max_state_tasks(spark: SparkSession) -> int:
@@ -211,7 +225,8 @@ class MicroBatchExecution(StreamExecution):
             self._state_metrics = self.spark.sparkContext.accumulator({}, DictSumParam())
         self._last_state_progress: list[dict[str, Any]] = []
         self._max_state_tasks = _max_state_tasks(self.spark) if self._stateful_ops else None
-        self._state_hosts = _state_hosts(self.spark) if self._stateful_ops else False
+        self._state_hosts = _state_hosts(self.spark) if self._stateful_ops else "false"
+        self._hosted_ops: set[int] = set()
         self._background_snapshot_min_rows = (
             _background_snapshot_min_rows(self.spark) if self._stateful_ops else None
         )
@@ -557,7 +572,7 @@ class MicroBatchExecution(StreamExecution):
             shape=empty_sources,
             operator_watermarks=self._operator_watermarks() if self._watermark_nodes else None,
             max_state_tasks=self._max_state_tasks,
-            state_hosts=self._state_hosts,
+            state_hosts=self._state_hosts != "false",
             background_snapshot_min_rows=self._background_snapshot_min_rows,
             batch_timestamp_ms=self.offset_metadata.batchTimestampMs,
         )
@@ -583,6 +598,27 @@ class MicroBatchExecution(StreamExecution):
             if not self._state_checked:
                 check_or_write(self.fs, state_root, schema, check_schemas=check.strip().lower() != "false")
         self._state_checked = True
+
+    def _hosted_now(self, known_rows: int) -> list[int]:
+        """The operators whose state steps run in the state hosts this batch, which reads
+        at least ``known_rows`` rows (``stateHosts=auto``: every operator when that is
+        :data:`HOST_ABOVE_ROWS` or more, as after a restart)."""
+        everyone = list(range(len(self._stateful_ops)))
+        if self._state_hosts == "true":
+            return everyone
+        if self._state_hosts == "false":
+            return []
+        return everyone if known_rows >= HOST_ABOVE_ROWS else sorted(self._hosted_ops)
+
+    def _choose_hosted(self, progress: list[dict[str, Any]]) -> None:
+        """After a batch with data: which operators run in the state hosts next
+        (``stateHosts=auto``; :data:`HOST_ABOVE_ROWS`)."""
+        for op_id, op in enumerate(progress):
+            updated = int(op.get("numRowsUpdated") or 0)
+            if updated >= HOST_ABOVE_ROWS:
+                self._hosted_ops.add(op_id)
+            elif updated < HOST_BELOW_ROWS:
+                self._hosted_ops.discard(op_id)
 
     def _state_operator_progress(self, stateful: StatefulContext | None) -> list[dict[str, Any]]:
         if stateful is None:
@@ -662,7 +698,10 @@ class MicroBatchExecution(StreamExecution):
         self.last_execution = execution
         params_key = property_key(self.id)
         if stateful is not None:
-            sc.setLocalProperty(params_key, encode_params(stateful.batch_params))
+            known_rows = sum(c for c in counts.values() if c)
+            sc.setLocalProperty(
+                params_key, encode_params(stateful.batch_params, self._hosted_now(known_rows))
+            )
         try:
             with self.progress.time("addBatch"):
                 self.sink.addBatch(batch_id, result)
@@ -677,6 +716,8 @@ class MicroBatchExecution(StreamExecution):
             [stats["max"] if stats else None for stats in event_stats]
         )
         self._last_state_progress = self._state_operator_progress(stateful)
+        if any(counts.values()):
+            self._choose_hosted(self._last_state_progress)
         output = observation_value(output_obs)
         self._last_batch = {
             "start_offsets": list(self.committed),

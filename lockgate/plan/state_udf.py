@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from lockgate.state import host
@@ -52,7 +52,7 @@ def run_state_partitions(
     num_partitions: int,
     num_tasks: int,
     batches: Any,
-    hosted: bool = False,
+    hosted: tuple[str, int] | None = None,
 ) -> Any:
     """Run ``function(partition, batches)`` for each state partition this task serves
     (inside a task). With one task per partition the input streams through; otherwise it
@@ -61,16 +61,17 @@ def run_state_partitions(
     partition the task does not serve fails the task: the plan lost the state's
     partitioning, and state must not be written from it.
 
-    ``hosted``: the partitions run in the executor's state host of this task's slot
-    (:mod:`lockgate.state.host`), which keeps them from batch to batch whichever Python
-    worker Spark gives the task."""
+    ``hosted``: ``(query id, operator id)`` of a state step that may run in the
+    executor's state host of this task's slot (:mod:`lockgate.state.host`), which keeps
+    the partitions from batch to batch whichever Python worker Spark gives the task; it
+    does when the driver says so for this batch (:func:`encode_params`)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     task = ctx.partitionId() if ctx is not None else 0
     served = range(task, num_partitions, num_tasks)
     parts = _by_partition(batches, served)
-    if hosted and ctx is not None and host.available():
+    if hosted and ctx is not None and _hosted_now(ctx, *hosted) and host.available():
         inputs: dict[int, list[Any]] = {p: [] for p in served}
         for partition, batch in parts:
             inputs[partition].append(batch)
@@ -84,6 +85,11 @@ def run_state_partitions(
         inputs[partition].append(batch)
     for partition, batch_list in inputs.items():
         yield from function(partition, iter(batch_list))
+
+
+def _hosted_now(ctx: Any, checkpoint_id: str, operator_id: int) -> bool:
+    raw = ctx.getLocalProperty(property_key(checkpoint_id))
+    return bool(raw) and operator_id in json.loads(raw).get(_HOSTED_KEY, ())
 
 
 def _by_partition(batches: Any, served: range) -> Iterator[tuple[int, Any]]:
@@ -107,10 +113,14 @@ def _by_partition(batches: Any, served: range) -> Iterator[tuple[int, Any]]:
 
 
 def partitioned(
-    function: Callable[[int, Any], Any], num_partitions: int, num_tasks: int, hosted: bool = False
+    function: Callable[[int, Any], Any],
+    num_partitions: int,
+    num_tasks: int,
+    hosted: tuple[str, int] | None = None,
 ) -> Callable[[Any], Any]:
     """``function(partition, batches)`` as a ``mapInArrow`` function over ``num_tasks``
-    tasks serving ``num_partitions`` state partitions (in state hosts if ``hosted``)."""
+    tasks serving ``num_partitions`` state partitions (in state hosts, see
+    :func:`run_state_partitions`)."""
     from functools import partial
 
     return partial(run_state_partitions, function, num_partitions, num_tasks, hosted=hosted)
@@ -141,14 +151,18 @@ def query_running(query_id: str, running: bool) -> None:
             _running.pop(query_id, None)
 
 
-def encode_params(params: dict[int, dict[str, Any]]) -> str:
+def encode_params(params: dict[int, dict[str, Any]], hosted: Iterable[int] = ()) -> str:
+    """The local property of one batch: each operator's values, the running queries, and
+    the operators whose state steps run in the state hosts this batch."""
     encoded: dict[str, Any] = {str(op): values for op, values in params.items()}
     with _running_lock:
         encoded[_RUNNING_KEY] = sorted(_running)
+    encoded[_HOSTED_KEY] = sorted(hosted)
     return json.dumps(encoded, sort_keys=True)
 
 
 _RUNNING_KEY = "runningQueries"
+_HOSTED_KEY = "hostedOperators"
 
 
 def batch_params(checkpoint_id: str, operator_id: int) -> dict[str, Any]:
@@ -202,7 +216,8 @@ def map_with_state(
     ``ctx.state_tasks(num_partitions)`` parts (:func:`run_state_partitions`).
     ``hosted``: the function may run in a state host (lockgate's own functions, which
     use nothing of the Python worker but the task's context), when ``ctx.state_hosts``
-    and the operator runs in no more tasks than there are cores.
+    and the operator runs in no more tasks than there are cores; it does in the batches
+    the driver chooses (``MicroBatchExecution``, by the rows the step updates).
     """
     from pyspark.sql import DataFrame as PySparkDataFrame
     from pyspark.sql import functions as F
@@ -215,11 +230,16 @@ def map_with_state(
     tasks = ctx.state_tasks(num_partitions)
     # at most one host per core: with more tasks than cores (one task per partition), the
     # workers keep the state as before
-    hosted = hosted and ctx.state_hosts and tasks <= (ctx.max_state_tasks or 0)
+    may_host = hosted and ctx.state_hosts and tasks <= (ctx.max_state_tasks or 0)
 
     def make_udf() -> Any:
         return pandas_udf(  # type: ignore[call-overload]
-            partitioned(make_function(), num_partitions, tasks, hosted),
+            partitioned(
+                make_function(),
+                num_partitions,
+                tasks,
+                (ctx.checkpoint_id, operator_id) if may_host else None,
+            ),
             returnType=return_schema,
             functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF,
         )

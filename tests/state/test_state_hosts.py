@@ -1,6 +1,8 @@
 """State hosts (``lockgate.state.host``): the built-in operators' state steps run in one
 process per executor and task slot, so a task's state partitions stay cached in one
-process whichever Python worker Spark gives the task, and no batch replays state files."""
+process whichever Python worker Spark gives the task, and no batch replays state files.
+Under ``spark.lockgate.stateHosts=auto`` (the default) only operators that update many rows
+per batch do; ``true`` forces it, as most tests here do."""
 
 from __future__ import annotations
 
@@ -62,7 +64,14 @@ def _result(spark: Any, name: str) -> dict[str, int]:
     return {r["k"]: r["count"] for r in spark.sql(f"select * from {name}").collect()}
 
 
-def test_state_partitions_stay_in_the_hosts_and_no_batch_replays_files(spark, ls, tmp_path):
+@pytest.fixture
+def hosts_on(spark):
+    spark.conf.set(host.ENABLED_CONF, "true")
+    yield
+    spark.conf.unset(host.ENABLED_CONF)
+
+
+def test_state_partitions_stay_in_the_hosts_and_no_batch_replays_files(spark, ls, tmp_path, hosts_on):
     inp = tmp_path / "in"
     inp.mkdir()
     write_json(inp, [ev(i, f"k{i % 7}", 1.0) for i in range(30)])
@@ -87,7 +96,7 @@ def test_state_partitions_stay_in_the_hosts_and_no_batch_replays_files(spark, ls
         assert metrics["stateFilesReplayed"] == 0, p["batchId"]
 
 
-def test_a_killed_host_is_replaced_and_the_query_goes_on(spark, ls, tmp_path):
+def test_a_killed_host_is_replaced_and_the_query_goes_on(spark, ls, tmp_path, hosts_on):
     inp = tmp_path / "in"
     inp.mkdir()
     write_json(inp, [ev(i, f"k{i % 5}", 1.0) for i in range(20)])
@@ -137,7 +146,7 @@ def test_a_bad_state_hosts_setting_is_refused_at_start(spark, ls, tmp_path):
     write_json(inp, [ev(0, "a", 1.0)])
     spark.conf.set(host.ENABLED_CONF, "sometimes")
     try:
-        with pytest.raises(OptionError, match=r"spark\.lockgate\.stateHosts must be true or false"):
+        with pytest.raises(OptionError, match=r"spark\.lockgate\.stateHosts must be auto, true or false"):
             q = _counts(ls, inp, tmp_path / "ck", "bad_hosts")
             try:
                 q.processAllAvailable()
@@ -145,3 +154,52 @@ def test_a_bad_state_hosts_setting_is_refused_at_start(spark, ls, tmp_path):
                 q.stop()
     finally:
         spark.conf.unset(host.ENABLED_CONF)
+
+
+def test_auto_hosts_the_operators_that_update_many_rows(spark, ls, tmp_path):
+    """Under ``auto``, a keyed count that updates 60,000 keys a batch moves to the hosts
+    after its first batch; a small one stays in the workers (the next test)."""
+    from pyspark.sql import functions as F
+
+    from lockgate import MemoryStream
+
+    source = MemoryStream(ls, "value LONG")
+    q = (
+        source.toDF()
+        .groupBy((F.col("value") % 100_000).alias("k"))
+        .count()
+        .writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    try:
+        for batch in range(3):
+            source.addData([(v,) for v in range(batch * 60_000, (batch + 1) * 60_000)])
+            q.processAllAvailable()
+        _, hosts = _processes(spark)
+        progresses = [p for p in q.recentProgress if p["numInputRows"]]
+    finally:
+        q.stop()
+    assert any(q.id in ids for ids in hosts.values()), hosts
+    # batch 1 ran in the hosts, which had no copy yet: loaded from the files once
+    assert progresses[1]["stateOperators"][0]["customMetrics"]["loadedFromFiles"] >= 1
+    assert progresses[2]["stateOperators"][0]["customMetrics"]["stateFilesReplayed"] == 0
+    assert progresses[2]["stateOperators"][0]["numRowsTotal"] == 100_000
+
+
+def test_auto_keeps_small_operators_in_the_workers(spark, ls, tmp_path):
+    inp = tmp_path / "in"
+    inp.mkdir()
+    write_json(inp, [ev(i, f"k{i % 3}", 1.0) for i in range(12)])
+    q = _counts(ls, inp, tmp_path / "ck", "auto_small_counts")
+    try:
+        q.processAllAvailable()
+        write_json(inp, [ev(i, f"k{i % 4}", 1.0) for i in range(8)])
+        q.processAllAvailable()
+        workers, hosts = _processes(spark)
+        assert _result(spark, "auto_small_counts") == _expected(spark, inp)
+    finally:
+        q.stop()
+    assert any(q.id in ids for ids in workers.values()), workers
+    assert not any(q.id in ids for ids in hosts.values()), hosts
