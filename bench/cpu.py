@@ -31,17 +31,20 @@ except (AttributeError, ValueError, OSError):  # not a POSIX system with /proc
     CLK_TCK = 100
 
 
-def _stat(pid: str) -> tuple[int, int] | None:
-    """(ppid, utime + stime + cutime + cstime in clock ticks) of one process, or None if gone."""
+def _stat(pid: str) -> tuple[int, int, bytes] | None:
+    """(ppid, utime + stime + cutime + cstime in clock ticks, command name) of one
+    process, or None if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             text = f.read()
     except OSError:
         return None
     # the command name (field 2) may hold spaces and parentheses: split after the last ')'
-    fields = text.rsplit(b")", 1)[1].split()
+    head, tail = text.rsplit(b")", 1)
+    fields = tail.split()
     # fields[0] is field 3 (state); ppid is field 4, utime..cstime are fields 14..17
-    return int(fields[1]), int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+    ticks = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+    return int(fields[1]), ticks, head.split(b"(", 1)[-1]
 
 
 def tree_ticks(root: int, exclude: Iterable[int] = ()) -> tuple[int, list[int]] | None:
@@ -51,6 +54,7 @@ def tree_ticks(root: int, exclude: Iterable[int] = ()) -> tuple[int, list[int]] 
         return None
     children: dict[int, list[int]] = {}
     ticks: dict[int, int] = {}
+    pythons: list[int] = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -60,6 +64,8 @@ def tree_ticks(root: int, exclude: Iterable[int] = ()) -> tuple[int, list[int]] 
         pid = int(name)
         children.setdefault(st[0], []).append(pid)
         ticks[pid] = st[1]
+        if st[2].startswith(b"python"):
+            pythons.append(pid)
     if root not in ticks:
         return None
     skip = set(exclude)
@@ -71,7 +77,7 @@ def tree_ticks(root: int, exclude: Iterable[int] = ()) -> tuple[int, list[int]] 
             continue
         counted.append(pid)
         todo.extend(children.get(pid, []))
-    counted += [p for p in lockgate_hosts(counted, ticks) if p not in counted]
+    counted += [p for p in lockgate_hosts(counted, pythons) if p not in counted]
     return sum(ticks.get(p, 0) for p in counted), counted
 
 
@@ -131,15 +137,19 @@ class CpuProbe:
     observations: list[Observation] = field(default_factory=list)
     harness_cpu_s: float = 0.0
     _thread_cpu0: float = 0.0
+    _first_batch: int | None = None
 
     @property
     def available(self) -> bool:
         return tree_ticks(self.root, self.exclude) is not None
 
-    def start(self) -> None:
+    def start(self, first_batch: int | None = None) -> None:
+        """Start observing a query run whose first batch will be ``first_batch`` (None:
+        unknown; the first observed batch then has the CPU since now to itself)."""
         self.observations = []
         self.harness_cpu_s = 0.0
         self._thread_cpu0 = time.thread_time()
+        self._first_batch = first_batch
         self.observe(-1)
 
     def observe(self, batch_id: int) -> Observation | None:
@@ -160,8 +170,18 @@ class CpuProbe:
         for prev, cur in zip(self.observations, self.observations[1:], strict=False):
             if cur.batch_id < 0:
                 continue
-            span = max(1, cur.batch_id - prev.batch_id) if prev.batch_id >= 0 else 1
-            out[cur.batch_id] = {"cpu_s": (cur.cpu_s - prev.cpu_s) / span, "wall_s": (cur.wall_s - prev.wall_s) / span}
+            if prev.batch_id >= 0:
+                first = prev.batch_id + 1
+            elif self._first_batch is not None:
+                first = self._first_batch
+            else:
+                first = cur.batch_id
+            first = min(first, cur.batch_id)
+            span = cur.batch_id - first + 1
+            share = {"cpu_s": (cur.cpu_s - prev.cpu_s) / span, "wall_s": (cur.wall_s - prev.wall_s) / span}
+            # batches that finished within one poll share the difference, each its share
+            for batch_id in range(first, cur.batch_id + 1):
+                out[batch_id] = share
         return out
 
 

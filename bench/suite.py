@@ -137,7 +137,7 @@ class Bench(StandardRuns, StateScalingRuns, RecoveryRuns, SoakRuns):
         t0 = time.perf_counter()
         q = self._start(engine, wl, ctx, checkpoint, out_dir, available_now)
         start_call_ms = (time.perf_counter() - t0) * 1000
-        self.cpu.start()
+        self.cpu.start(first_batch=start_batch)
         notes: list[str] = []
         seen: list[int] = []
         accepted = 0

@@ -79,7 +79,20 @@ def test_per_batch_shares_a_difference_between_skipped_batches():
                                                            probe.observations[-1].wall_s + 1.0, 1))
     per = probe.per_batch()
     assert per[5] == pytest.approx({"cpu_s": 1.0, "wall_s": 0.5})
-    assert set(per) == {3, 5}
+    assert per[4] == per[5]
+    assert set(per) == {3, 4, 5}
+
+
+def test_batches_before_the_first_observation_share_it():
+    """A run whose first two batches finished before the loop first saw one: both get a
+    share of the CPU since the run started (the measured batch may be the first)."""
+    probe = CpuProbe()
+    probe.start(first_batch=7)
+    obs = probe.observations[-1]
+    probe.observations.append(type(obs)(8, obs.cpu_s + 3.0, obs.wall_s + 2.0, 1))
+    per = probe.per_batch()
+    assert set(per) == {7, 8}
+    assert per[7] == pytest.approx({"cpu_s": 1.5, "wall_s": 1.0})
 
 
 def test_busy_core_burns_and_is_stopped_also_on_failure():
