@@ -3,7 +3,7 @@ Scala collections, analysed DataFrames of JVM plans, Columns of Catalyst express
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -79,3 +79,27 @@ def seq(jseq: Any) -> list[Any]:
 def quoted(name: str) -> str:
     """``name`` as a Spark identifier in backquotes, for ``F.col`` and SQL text."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def arrow_map_call(
+    function: Callable[[Any], Any], return_schema: Any, columns: Sequence[str]
+) -> Column:
+    """``function`` as the Python UDF ``DataFrame.mapInArrow`` makes of it, applied to
+    ``columns``: made once and kept, the call serves every DataFrame of those columns
+    (:func:`map_in_arrow`), where ``mapInArrow`` pickles the function and registers a new
+    UDF in the JVM at every call (~20 ms of py4j calls)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.functions import pandas_udf
+    from pyspark.util import PythonEvalType
+
+    udf = pandas_udf(  # type: ignore[call-overload]
+        function, returnType=return_schema, functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF
+    )
+    return udf(*[F.col(quoted(c)) for c in columns])  # type: ignore[no-any-return]
+
+
+def map_in_arrow(df: DataFrame, call: Column) -> DataFrame:
+    """``df.mapInArrow`` of the UDF call :func:`arrow_map_call` made."""
+    from pyspark.sql import DataFrame as PySparkDataFrame
+
+    return PySparkDataFrame(df._jdf.mapInArrow(call._jc, False, None), df.sparkSession)

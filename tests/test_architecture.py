@@ -66,7 +66,7 @@ FORBIDDEN = {
     "sinks": ("plan", "execution", "api", "testing"),
     "execution": ("api", "testing"),
 }
-BASE = ("errors", "options", "clock", "jvm", "row_codec", "compat")
+BASE = ("errors", "options", "clock", "jvm", "row_codec", "compat", "hosts")
 """``lockgate/*.py`` below every package: they import only each other."""
 FORBIDDEN.update(
     {

@@ -219,10 +219,7 @@ def map_with_state(
     and the operator runs in no more tasks than there are cores; it does in the batches
     the driver chooses (``MicroBatchExecution``, by the rows the step updates).
     """
-    from pyspark.sql import DataFrame as PySparkDataFrame
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.functions import pandas_udf
-    from pyspark.util import PythonEvalType
+    from lockgate.jvm import arrow_map_call, map_in_arrow
 
     ctx.batch_params[operator_id] = params
     shape = ",".join(str(s) for s in sorted(ctx.shape))  # type: ignore[type-var]
@@ -232,24 +229,12 @@ def map_with_state(
     # workers keep the state as before
     may_host = hosted and ctx.state_hosts and tasks <= (ctx.max_state_tasks or 0)
 
-    def make_udf() -> Any:
-        return pandas_udf(  # type: ignore[call-overload]
-            partitioned(
-                make_function(),
-                num_partitions,
-                tasks,
-                (ctx.checkpoint_id, operator_id) if may_host else None,
-            ),
-            returnType=return_schema,
-            functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF,
-        )
-
-    udf = ctx.cache.get(owner, f"state_udf/{shape}", make_udf)
     columns = tuple(df.columns)
 
-    def udf_column() -> Any:
-        return udf(*[F.col("`" + c.replace("`", "``") + "`") for c in columns])
+    def make_call() -> Any:
+        host = (ctx.checkpoint_id, operator_id) if may_host else None
+        function = partitioned(make_function(), num_partitions, tasks, host)
+        return arrow_map_call(function, return_schema, columns)
 
-    column = ctx.cache.get(owner, f"state_udf_call/{shape}/{columns}", udf_column)
-    jdf = df._jdf.mapInArrow(column._jc, False, None)
-    return PySparkDataFrame(jdf, df.sparkSession)
+    call = ctx.cache.get(owner, f"state_udf_call/{shape}/{columns}", make_call)
+    return map_in_arrow(df, call)

@@ -589,24 +589,15 @@ class KafkaSink(Sink):
         ``mapInArrow`` per batch would pickle the writer and register a new Python
         function in the JVM every batch. What changes per batch is the batch id, which
         the tasks read from a local property."""
-        from pyspark.sql import DataFrame as PySparkDataFrame
-        from pyspark.sql import functions as F
-        from pyspark.sql.pandas.functions import pandas_udf
-        from pyspark.util import PythonEvalType
+        from lockgate.jvm import arrow_map_call, map_in_arrow
 
         key = (names, tuple(sorted(columns.items())) if columns is not None else None)
         call = self._udf_calls.get(key)
         if call is None:
-            udf = pandas_udf(  # type: ignore[call-overload]
-                self.writer(columns),
-                returnType=_SUMMARY_SCHEMA,
-                functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF,
+            call = self._udf_calls[key] = arrow_map_call(
+                self.writer(columns), _SUMMARY_SCHEMA, names
             )
-            call = udf(*[F.col("`" + c.replace("`", "``") + "`") for c in names])
-            self._udf_calls[key] = call
-        return PySparkDataFrame(
-            prepared._jdf.mapInArrow(call._jc, False, None), prepared.sparkSession
-        )
+        return map_in_arrow(prepared, call)
 
     def addBatch(self, batchId: int, data: DataFrame) -> None:
         from pyspark.sql import functions as F

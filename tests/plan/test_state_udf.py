@@ -39,9 +39,9 @@ def test_counts_stay_right_across_batches_with_one_udf(ls, spark, tmp_path):
     finally:
         q.stop()
     assert seen == [[("a", 2), ("b", 1)], [("a", 3)], [("b", 2), ("c", 1)]]
-    # The UDF of the state step was made once for the run, not per batch.
+    # The UDF of the state step (and its call) was made once for the run, not per batch.
     cache = q._execution.plan_cache
-    assert sum(1 for _, name in cache._values if name.startswith("state_udf/")) == 1
+    assert sum(1 for _, name in cache._values if name.startswith("state_udf_call/")) == 1
 
 
 def test_a_kept_batch_dataframe_cannot_write_state_after_its_batch(ls, spark, tmp_path):
