@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.kafka_timeline --seconds 20 --engines native,lockgate,lockgate-at-least-once
 
-Runs ``bench.kafka_latency``'s stateless query (same broker, producer and sinks) with
+Runs ``bench.kafka_latency``'s stateless query (``--query dedup``: its dedup query; same
+broker, producer and sinks) with
 Spark's event log on, and for every batch of the timed phase puts together:
 
 * the driver loop, from the query's progress (trigger start, ``durationMs``) and, for
@@ -84,14 +85,20 @@ def _read_input_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     return dict(kl.read_topic(bootstrap, topic, lambda m: (int(m.value().split(b",")[0]), m.offset())))
 
 
-def _read_output(bootstrap: str, topic: str) -> list[tuple[int, int, int]]:
-    """(seq, CreateTime, source ms) of each output record."""
+def output_row(value: bytes, create_time_ms: int, query: str) -> tuple[int, int, int]:
+    """(seq, CreateTime, source ms) of an output record of ``query``.
 
-    def row(m: Any) -> tuple[int, int, int]:
-        parts = m.value().split(b",")
-        return int(parts[1]), m.timestamp()[1], int(parts[3])
+    stateless: ``KEY,seq,event ms,source ms``; dedup: ``id,source ms``, the first of the
+    pair of input records ``seq = 2 id`` and ``2 id + 1`` (the one the query keeps).
+    """
+    parts = value.split(b",")
+    if query == "dedup":
+        return 2 * int(parts[0]), create_time_ms, int(parts[1])
+    return int(parts[1]), create_time_ms, int(parts[3])
 
-    return kl.read_topic(bootstrap, topic, row)
+
+def _read_output(bootstrap: str, topic: str, query: str) -> list[tuple[int, int, int]]:
+    return kl.read_topic(bootstrap, topic, lambda m: output_row(m.value(), m.timestamp()[1], query))
 
 
 def _events(log_dir: Path) -> list[dict[str, Any]]:
@@ -248,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=5)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--engines", default="native,lockgate,lockgate-at-least-once")
-    parser.add_argument("--query", default="stateless")
+    parser.add_argument("--query", default="stateless", choices=("stateless", "dedup"))
     args = parser.parse_args(argv)
     _instrument()
     log_dir = Path(tempfile.mkdtemp(prefix="kafka-timeline-events-"))
@@ -312,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
             phases = list(PHASES)
             collected.append((engine, run_id, progress, phases,
                               _read_input_offsets(broker.bootstrap, source),
-                              _read_output(broker.bootstrap, sink),
+                              _read_output(broker.bootstrap, sink, args.query),
                               (producer.first_ms + int(args.warmup * 1000), producer.last_ms)))
     spark.stop()
     jobs = _jobs(_events(log_dir))
