@@ -704,7 +704,7 @@ class MicroBatchExecution(StreamExecution):
             )
         try:
             with self.progress.time("addBatch"):
-                self.sink.addBatch(batch_id, result)
+                written = self.sink.addBatch(batch_id, result)
         finally:
             if stateful is not None:
                 sc.setLocalProperty(params_key, None)  # type: ignore[arg-type]
@@ -718,12 +718,16 @@ class MicroBatchExecution(StreamExecution):
         self._last_state_progress = self._state_operator_progress(stateful)
         if any(counts.values()):
             self._choose_hosted(self._last_state_progress)
-        output = observation_value(output_obs)
+        if output_obs is None:  # the sink counted them (Sink.counts_output_rows)
+            num_output_rows = -1 if written is None else int(written)
+        else:
+            output = observation_value(output_obs)
+            num_output_rows = int(output["rows"]) if output else -1
         self._last_batch = {
             "start_offsets": list(self.committed),
             "counts": counts,
             "event_stats": event_stats,
-            "num_output_rows": int(output["rows"]) if output else -1,
+            "num_output_rows": num_output_rows,
             "observed": self._observed_metrics(execution),
         }
         crash_point("after_sink", batch_id)
@@ -743,9 +747,10 @@ class MicroBatchExecution(StreamExecution):
 
     def _plan_batch(
         self, execution: IncrementalExecution, frames: dict[int, DataFrame], shape: frozenset[int]
-    ) -> tuple[DataFrame, Observation]:
-        """The batch's DataFrame, observed for its output rows: from the plan of an
-        earlier batch of the same shape when there is one, else built node by node."""
+    ) -> tuple[DataFrame, Observation | None]:
+        """The batch's DataFrame, observed for its output rows unless the sink counts
+        them (None then): from the plan of an earlier batch of the same shape when there
+        is one, else built node by node."""
         output: ObservationRole = ("output_rows", 0)
         batch_id = execution.batch_id
         reuse = self._templates.get(shape)
@@ -762,7 +767,7 @@ class MicroBatchExecution(StreamExecution):
             if execution.stateful is not None:
                 execution.set_batch_params()
             self.reused_plans += 1
-            return result, observed[output]
+            return result, observed.get(output)
         result = execution.build()
         if shape not in self._pushdown_probed:
             # once per shape: the filters Spark applies below the observations (a filter
@@ -775,11 +780,14 @@ class MicroBatchExecution(StreamExecution):
                 result = execution.build()
         if execution.stateful is not None:
             self._check_state_schemas(execution)
-        output_obs = Observation(observation_name(output, batch_id))
-        result = self.plan_cache.observe(self, "output_rows", result, output_obs, lambda: [row_count()])
+        output_obs = None
+        if not getattr(self.sink, "counts_output_rows", False):
+            output_obs = Observation(observation_name(output, batch_id))
+            result = self.plan_cache.observe(self, "output_rows", result, output_obs, lambda: [row_count()])
         if self._reuse_plans and shape not in self._templates:
             roles = execution.observation_roles()
-            roles[output_obs._name] = output
+            if output_obs is not None:
+                roles[output_obs._name] = output
             try:
                 template = PlanTemplate.capture(self.spark, result, frames, roles)
                 self._templates[shape] = (template, set(roles.values()))

@@ -40,9 +40,17 @@ class SinkContext:
 class Sink(ABC):
     """A streaming sink for micro-batch execution (Spark's ``Sink``)."""
 
+    counts_output_rows: bool = False
+    """True when :meth:`addBatch` returns how many rows it wrote (progress
+    ``sink.numOutputRows``), as Spark's V2 writes count them in their tasks. Otherwise
+    the engine counts the batch's rows itself, with an observation of the batch
+    DataFrame: a per-row aggregate in its plan."""
+
     @abstractmethod
-    def addBatch(self, batchId: int, data: DataFrame) -> None:
-        """Write batch ``batchId``; a batch id already written must not be written again."""
+    def addBatch(self, batchId: int, data: DataFrame) -> int | None:
+        """Write batch ``batchId``; a batch id already written must not be written again.
+
+        Returns the rows written when :attr:`counts_output_rows`, else None."""
 
     def description(self) -> str:
         """Shown in progress (``sink.description``)."""

@@ -553,6 +553,9 @@ class KafkaSink(Sink):
         in practice): see ``_written``."""
         # The exactly-once writes (transactions) are lockgate's own; Spark's writer has none.
         self._jvm = not options.exactly_once and connector.use_jvm(context.spark)
+        # lockgate's own writers report each partition's rows (the batch then needs no
+        # count of its own); Spark's JVM writer returns nothing
+        self.counts_output_rows = not self._jvm
 
     def _prefix(self) -> str:
         if self.options.transactional_id_prefix:
@@ -599,14 +602,16 @@ class KafkaSink(Sink):
             )
         return map_in_arrow(prepared, call)
 
-    def addBatch(self, batchId: int, data: DataFrame) -> None:
+    def addBatch(self, batchId: int, data: DataFrame) -> int | None:
+        """Write the batch; the rows of the batch (the written and those a run before
+        wrote), unless Spark's Kafka writer wrote it (None)."""
         from pyspark.sql import functions as F
 
         o = self.options
         if self._jvm:  # the columns were checked at start, and Spark checks them again
             connector.write_batch(data, o.spark_options)
             logger.info("Kafka sink wrote batch %d with Spark's Kafka writer", batchId)
-            return
+            return None
         fields = data.schema.fields
         used = validate_schema(data.schema, o.topic)
         if sorted(used.values()) == list(range(len(fields))):
@@ -646,6 +651,7 @@ class KafkaSink(Sink):
             sum(1 for s in summary if s["written"]),
             sum(1 for s in summary if s["rows"] and not s["written"]),
         )
+        return sum(s["rows"] for s in summary)
 
     def forContinuous(self, schema: StructType, spark: SparkSession) -> ContinuousSink:
         if self.options.exactly_once:

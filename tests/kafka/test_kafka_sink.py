@@ -78,11 +78,12 @@ def _sink_writes_what_native_spark_writes(native_kafka, ls, kafka, names, tmp_pa
             .start()
         )
         q.processAllAvailable()
-        if session is ls:
-            # lockgate's batch metrics are observations of the sink's job: they are there
-            # whichever writer wrote it
-            progress = [p for p in q.recentProgress if p.numInputRows]
-            assert sum(p.numInputRows for p in progress) == 30, q.recentProgress
+        progress = [p for p in q.recentProgress if p.numInputRows]
+        # lockgate's batch metrics are there whichever writer wrote it: the input rows from
+        # an observation of the sink's job, the output rows from lockgate's writers' own
+        # counts or (Spark's JVM writer) an observation
+        assert sum(p.numInputRows for p in progress) == 30, q.recentProgress
+        assert sum(p.sink.numOutputRows for p in progress) == 30, (name, q.recentProgress)
         q.stop()
     got, expected = read_back(native_kafka, kafka, ours), read_back(native_kafka, kafka, theirs)
     assert len(expected) == 30

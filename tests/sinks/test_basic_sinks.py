@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from differential import feed, last_batch
+from differential import feed, last_batch, spark_conf
 from pyspark.errors import AnalysisException
 
 import lockgate
@@ -389,3 +389,43 @@ def test_noop_sink_runs_the_batch_and_writes_nothing(ls, tmp_path):
     finally:
         q.stop()
     assert q.exception() is None
+
+
+@pytest.mark.parametrize("count_rows", ["true", "false"])
+def test_noop_sink_reports_the_rows_it_wrote(ls, spark, count_rows):
+    """numOutputRows from the rows Spark's noop write counted (the default), or from an
+    observation of the batch (countRows=false): the same figures, and only the second
+    puts an output count in the batch's plan."""
+    from pyspark.sql import functions as F
+
+    from lockgate.sinks.noop import COUNT_ROWS_CONF
+
+    with spark_conf(spark, COUNT_ROWS_CONF, count_rows):
+        stream = MemoryStream(ls, SCHEMA)
+        q = (
+            stream.toDF().groupBy((F.col("value") % 3).alias("k")).count()
+            .writeStream.outputMode("update").format("noop").start()
+        )
+    try:
+        feed(q, stream, [(i, str(i)) for i in range(10)])
+        assert last_batch(q).sink.numOutputRows == 3
+        feed(q, stream, [(3, "3"), (4, "4"), (6, "6")])  # keys 0 and 1
+        assert last_batch(q).sink.numOutputRows == 2
+        feed(q, stream, [])
+        execution = q._execution
+        assert execution.sink.counts_output_rows == (count_rows == "true")
+        templates = [entry for entry in execution._templates.values() if entry]
+        assert templates, "the batches' plan was not reused"
+        counted = any(("output_rows", 0) in roles for _, roles in templates)
+        assert counted == (count_rows == "false")
+    finally:
+        q.stop()
+    assert q.exception() is None
+
+
+def test_noop_sink_refuses_a_bad_count_rows_setting(ls, spark):
+    from lockgate.errors import OptionError
+    from lockgate.sinks.noop import COUNT_ROWS_CONF
+
+    with spark_conf(spark, COUNT_ROWS_CONF, "sometimes"), pytest.raises(OptionError, match=COUNT_ROWS_CONF):
+        MemoryStream(ls, SCHEMA).toDF().writeStream.format("noop").start()
