@@ -781,7 +781,7 @@ class MicroBatchExecution(StreamExecution):
         if execution.stateful is not None:
             self._check_state_schemas(execution)
         output_obs = None
-        if not getattr(self.sink, "counts_output_rows", False):
+        if not self.sink.counts_output_rows:
             output_obs = Observation(observation_name(output, batch_id))
             result = self.plan_cache.observe(self, "output_rows", result, output_obs, lambda: [row_count()])
         if self._reuse_plans and shape not in self._templates:

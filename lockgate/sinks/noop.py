@@ -37,6 +37,9 @@ class _NoopWrite:
     """``AppendData`` (JVM companion object)."""
     default_options: Any
     default_by_name: Any
+    mode: Any
+    """``CommandExecutionMode.ALL``, ``SessionState.executePlan``'s default: execute the
+    command now."""
 
     @classmethod
     def make(cls, spark: SparkSession) -> _NoopWrite:
@@ -57,6 +60,7 @@ class _NoopWrite:
             append=append,
             default_options=getattr(append, "byName$default$3")(),
             default_by_name=getattr(append, "byName$default$4")(),
+            mode=getattr(spark._jsparkSession.sessionState(), "executePlan$default$2")(),
         )
 
     def run(self, data: DataFrame) -> int:
@@ -64,8 +68,7 @@ class _NoopWrite:
         command = self.append.byName(
             self.relation, data._jdf.logicalPlan(), self.default_options, self.default_by_name
         )
-        state = data.sparkSession._jsparkSession.sessionState()
-        execution = state.executePlan(command, getattr(state, "executePlan$default$2")())
+        execution = data.sparkSession._jsparkSession.sessionState().executePlan(command, self.mode)
         execution.assertCommandExecuted()
         write = execution.executedPlan().commandPhysicalPlan()
         progress = write.commitProgress()
