@@ -108,25 +108,26 @@ class PlanTemplate:
         assert jvm is not None
         identity = jvm.java.lang.System.identityHashCode
         wanted: dict[int, list[tuple[int, Any]]] = {}
-        source_leaves: list[Any] = []
+        source_plans: dict[str, list[Any]] = {}
         for relation_id, df in sources.items():
             plan = df._jdf.queryExecution().analyzed()
             wanted.setdefault(identity(plan), []).append((relation_id, plan))
-            source_leaves += _leaves(plan)
+            source_plans.setdefault(plan.nodeName(), []).append(plan)
         found_sources: list[_Source] = []
         found_roles: set[ObservationRole] = set()
-        other_leaves: list[Any] = []
+        lookalikes: list[tuple[Any, list[Any]]] = []
 
         def visit(node: Any) -> _Part:
             for relation_id, plan in wanted.get(identity(node), ()):
                 if node.equals(plan):
                     found_sources.append(_Source(relation_id, seq(node.output())))
                     return found_sources[-1]
+            name = node.nodeName()
+            if name in source_plans:
+                lookalikes.append((node, source_plans[name]))
             children = [visit(child) for child in seq(node.children())]
-            if not children:
-                other_leaves.append(node)
             metrics = None
-            if node.nodeName() == "CollectMetrics":
+            if name == "CollectMetrics":
                 role = roles.get(node.name())
                 if role is None or role in found_roles:
                     raise NotReusable(f"observation {node.name()} is not lockgate's own")
@@ -139,8 +140,13 @@ class PlanTemplate:
         root = visit(result._jdf.queryExecution().analyzed())
         if {s.relation_id for s in found_sources} != set(sources) or found_roles != set(roles.values()):
             raise NotReusable("a source or an observation is not where the plan was built")
-        for leaf in other_leaves:
-            if any(leaf.sameResult(own) for own in source_leaves):
+        for node, plans in lookalikes:
+            # A copy of a source's batch plan (Spark's analyser copies a relation used
+            # twice, with new column ids) would keep this batch's data in later batches.
+            # Only a copy of the whole batch plan counts: a static relation that merely
+            # equals one of its leaves (``spark.range(n)`` beside a rate source's range,
+            # whose rows are in the projection above it) is not the source's data.
+            if any(node.sameResult(plan) for plan in plans):
                 raise NotReusable("a source's data appears in the plan a second time")
         if not isinstance(root, _Path):
             raise NotReusable("the plan reads no source")
@@ -190,9 +196,3 @@ class PlanTemplate:
     def _list(self, items: list[Any]) -> Any:
         return scala_list(self._jvm, items)
 
-
-def _leaves(plan: Any) -> list[Any]:
-    children = seq(plan.children())
-    if not children:
-        return [plan]
-    return [leaf for child in children for leaf in _leaves(child)]

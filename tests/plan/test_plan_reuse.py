@@ -288,3 +288,42 @@ def test_a_plan_that_stops_fitting_is_built_node_by_node(ls, tmp_path, monkeypat
     assert seen == {0: [2], 1: [4], 2: [6], 3: [8]}
     assert calls["n"] == 2
     assert _execution(q).reused_plans == 1
+
+
+
+def test_a_static_range_beside_a_rate_source_is_reused(spark, ls, tmp_path):
+    """A rate source's batch is a projection over a range that is the same every batch:
+    a static ``spark.range`` of that size equals the leaf, not the batch's data, and does
+    not stop reuse (Nexmark q13, a static ``range(10000)`` beside a rate source of 10,000
+    rows per batch, was planned one by one for its whole run). Rows as native Spark's."""
+    seen: dict[str, dict[int, list[tuple[int, int]]]] = {"native": {}, "lockgate": {}}
+
+    def build(readers: Any) -> Any:
+        rate = readers.format("rate-micro-batch").option("rowsPerBatch", 6).option("numPartitions", 2).load()
+        side = spark.range(0, 6, 1, 2)
+        return rate.join(side, (rate["value"] % 6) == side["id"]).select("value", "id")
+
+    def collector(engine: str) -> Callable[[Any, int], None]:
+        def collect(batch: Any, batch_id: int) -> None:
+            seen[engine][batch_id] = sorted((r.value, r.id) for r in batch.collect())
+
+        return collect
+
+    with spark_conf(spark, REUSE_CONF, "true"):
+        queries = {
+            engine: build(readers).writeStream.foreachBatch(collector(engine))
+            .option("checkpointLocation", str(tmp_path / engine))
+            .start()
+            for engine, readers in (("native", spark.readStream), ("lockgate", ls.readStream))
+        }
+    try:
+        # a rate-micro-batch source always has a next batch: no processAllAvailable
+        wait_until(lambda: all(len(seen[e]) >= 4 for e in seen), timeout=120)
+    finally:
+        for q in queries.values():
+            q.stop()
+    batches = sorted(set(seen["lockgate"]) & set(seen["native"]))[:4]
+    assert len(batches) == 4
+    assert {b: seen["lockgate"][b] for b in batches} == {b: seen["native"][b] for b in batches}
+    assert seen["lockgate"][1] == [(v, v % 6) for v in range(6, 12)]
+    assert _execution(queries["lockgate"]).reused_plans >= 3
