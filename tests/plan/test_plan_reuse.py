@@ -327,3 +327,38 @@ def test_a_static_range_beside_a_rate_source_is_reused(spark, ls, tmp_path):
     assert {b: seen["lockgate"][b] for b in batches} == {b: seen["native"][b] for b in batches}
     assert seen["lockgate"][1] == [(v, v % 6) for v in range(6, 12)]
     assert _execution(queries["lockgate"]).reused_plans >= 3
+
+
+def test_self_union_of_a_rate_source_is_planned_every_batch(spark, ls, tmp_path):
+    """A rate source's batch is a projection over a range: the analyser's copy of it in
+    the union's second branch is a copy of that whole batch plan, so the plan is never
+    reused (reusing it would keep the first batch's rows in that branch)."""
+    seen: dict[str, dict[int, list[int]]] = {"native": {}, "lockgate": {}}
+
+    def build(readers: Any) -> Any:
+        rate = readers.format("rate-micro-batch").option("rowsPerBatch", 3).option("numPartitions", 1).load()
+        return rate.select("value").union(rate.select((F.col("value") * 10).alias("value")))
+
+    def collector(engine: str) -> Callable[[Any, int], None]:
+        def collect(batch: Any, batch_id: int) -> None:
+            seen[engine][batch_id] = sorted(r.value for r in batch.collect())
+
+        return collect
+
+    with spark_conf(spark, REUSE_CONF, "true"):
+        queries = {
+            engine: build(readers).writeStream.foreachBatch(collector(engine))
+            .option("checkpointLocation", str(tmp_path / engine))
+            .start()
+            for engine, readers in (("native", spark.readStream), ("lockgate", ls.readStream))
+        }
+    try:
+        wait_until(lambda: all(len(seen[e]) >= 4 for e in seen), timeout=120)
+    finally:
+        for q in queries.values():
+            q.stop()
+    batches = sorted(set(seen["lockgate"]) & set(seen["native"]))[:4]
+    assert len(batches) == 4
+    assert {b: seen["lockgate"][b] for b in batches} == {b: seen["native"][b] for b in batches}
+    assert seen["lockgate"][2] == [6, 7, 8, 60, 70, 80]
+    assert _execution(queries["lockgate"]).reused_plans == 0
