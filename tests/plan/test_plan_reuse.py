@@ -290,22 +290,17 @@ def test_a_plan_that_stops_fitting_is_built_node_by_node(ls, tmp_path, monkeypat
     assert _execution(q).reused_plans == 1
 
 
-
-def test_a_static_range_beside_a_rate_source_is_reused(spark, ls, tmp_path):
-    """A rate source's batch is a projection over a range that is the same every batch:
-    a static ``spark.range`` of that size equals the leaf, not the batch's data, and does
-    not stop reuse (Nexmark q13, a static ``range(10000)`` beside a rate source of 10,000
-    rows per batch, was planned one by one for its whole run). Rows as native Spark's."""
-    seen: dict[str, dict[int, list[tuple[int, int]]]] = {"native": {}, "lockgate": {}}
-
-    def build(readers: Any) -> Any:
-        rate = readers.format("rate-micro-batch").option("rowsPerBatch", 6).option("numPartitions", 2).load()
-        side = spark.range(0, 6, 1, 2)
-        return rate.join(side, (rate["value"] % 6) == side["id"]).select("value", "id")
+def _rate_batches(
+    spark: Any, ls: Any, tmp_path: Path, build: Callable[[Any], Any], row: Callable[[Any], Any]
+) -> tuple[dict[int, list[Any]], Any]:
+    """Run ``build`` over a rate-micro-batch source on both engines with reuse on until
+    each has written 4 batches; the first 4 batches' sorted ``row`` values, checked equal
+    to native's batch by batch, and the lockgate query."""
+    seen: dict[str, dict[int, list[Any]]] = {"native": {}, "lockgate": {}}
 
     def collector(engine: str) -> Callable[[Any, int], None]:
         def collect(batch: Any, batch_id: int) -> None:
-            seen[engine][batch_id] = sorted((r.value, r.id) for r in batch.collect())
+            seen[engine][batch_id] = sorted(row(r) for r in batch.collect())
 
         return collect
 
@@ -324,41 +319,36 @@ def test_a_static_range_beside_a_rate_source_is_reused(spark, ls, tmp_path):
             q.stop()
     batches = sorted(set(seen["lockgate"]) & set(seen["native"]))[:4]
     assert len(batches) == 4
-    assert {b: seen["lockgate"][b] for b in batches} == {b: seen["native"][b] for b in batches}
-    assert seen["lockgate"][1] == [(v, v % 6) for v in range(6, 12)]
-    assert _execution(queries["lockgate"]).reused_plans >= 3
+    ours = {b: seen["lockgate"][b] for b in batches}
+    assert ours == {b: seen["native"][b] for b in batches}
+    return ours, queries["lockgate"]
+
+
+def test_a_static_range_beside_a_rate_source_is_reused(spark, ls, tmp_path):
+    """A rate source's batch is a projection over a range that is the same every batch:
+    a static ``spark.range`` of that size equals the leaf, not the batch's data, and does
+    not stop reuse (Nexmark q13, a static ``range(10000)`` beside a rate source of 10,000
+    rows per batch, was planned one by one for its whole run). Rows as native Spark's."""
+
+    def build(readers: Any) -> Any:
+        rate = readers.format("rate-micro-batch").option("rowsPerBatch", 6).option("numPartitions", 2).load()
+        side = spark.range(0, 6, 1, 2)
+        return rate.join(side, (rate["value"] % 6) == side["id"]).select("value", "id")
+
+    seen, query = _rate_batches(spark, ls, tmp_path, build, lambda r: (r.value, r.id))
+    assert seen[1] == [(v, v % 6) for v in range(6, 12)]
+    assert _execution(query).reused_plans >= 3
 
 
 def test_self_union_of_a_rate_source_is_planned_every_batch(spark, ls, tmp_path):
     """A rate source's batch is a projection over a range: the analyser's copy of it in
     the union's second branch is a copy of that whole batch plan, so the plan is never
     reused (reusing it would keep the first batch's rows in that branch)."""
-    seen: dict[str, dict[int, list[int]]] = {"native": {}, "lockgate": {}}
 
     def build(readers: Any) -> Any:
         rate = readers.format("rate-micro-batch").option("rowsPerBatch", 3).option("numPartitions", 1).load()
         return rate.select("value").union(rate.select((F.col("value") * 10).alias("value")))
 
-    def collector(engine: str) -> Callable[[Any, int], None]:
-        def collect(batch: Any, batch_id: int) -> None:
-            seen[engine][batch_id] = sorted(r.value for r in batch.collect())
-
-        return collect
-
-    with spark_conf(spark, REUSE_CONF, "true"):
-        queries = {
-            engine: build(readers).writeStream.foreachBatch(collector(engine))
-            .option("checkpointLocation", str(tmp_path / engine))
-            .start()
-            for engine, readers in (("native", spark.readStream), ("lockgate", ls.readStream))
-        }
-    try:
-        wait_until(lambda: all(len(seen[e]) >= 4 for e in seen), timeout=120)
-    finally:
-        for q in queries.values():
-            q.stop()
-    batches = sorted(set(seen["lockgate"]) & set(seen["native"]))[:4]
-    assert len(batches) == 4
-    assert {b: seen["lockgate"][b] for b in batches} == {b: seen["native"][b] for b in batches}
-    assert seen["lockgate"][2] == [6, 7, 8, 60, 70, 80]
-    assert _execution(queries["lockgate"]).reused_plans == 0
+    seen, query = _rate_batches(spark, ls, tmp_path, build, lambda r: r.value)
+    assert seen[2] == [6, 7, 8, 60, 70, 80]
+    assert _execution(query).reused_plans == 0
