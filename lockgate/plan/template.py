@@ -48,8 +48,18 @@ class _Source:
     """A source's subtree in the captured plan: replaced by each batch's source plan."""
 
     relation_id: int
-    output: list[Any]
-    """The captured subtree's output attributes (JVM), whose ids the plan above uses."""
+    output: Any
+    """The captured subtree's output attributes (a JVM ``Seq``), whose ids the plan
+    above uses."""
+    columns: list[tuple[str, Any, Any]]
+    """Each of those attributes' name, expression id and qualifier (JVM), read once:
+    every batch's ``Alias`` of a column needs them."""
+
+    @classmethod
+    def of(cls, relation_id: int, node: Any) -> _Source:
+        output = node.output()
+        columns = [(a.name(), a.exprId(), a.qualifier()) for a in seq(output)]
+        return cls(relation_id, output, columns)
 
 
 @dataclass
@@ -120,7 +130,7 @@ class PlanTemplate:
         def visit(node: Any) -> _Part:
             for relation_id, plan in wanted.get(identity(node), ()):
                 if node.equals(plan):
-                    found_sources.append(_Source(relation_id, seq(node.output())))
+                    found_sources.append(_Source.of(relation_id, node))
                     return found_sources[-1]
             name = node.nodeName()
             if name in source_plans:
@@ -160,7 +170,7 @@ class PlanTemplate:
         from pyspark.sql import Observation
 
         observations: dict[ObservationRole, Any] = {}
-        rewired = {id(s): self._rewire(sources[s.relation_id], s.output) for s in self._sources}
+        rewired = {id(s): self._rewire(sources[s.relation_id], s) for s in self._sources}
 
         def build(part: _Part) -> Any:
             if isinstance(part, _Source):
@@ -181,15 +191,20 @@ class PlanTemplate:
 
         return analysed_frame(self._spark, build(self._root)), observations
 
-    def _rewire(self, df: DataFrame, output: list[Any]) -> Any:
-        """``df``'s analysed plan with its columns renamed to the ids in ``output``."""
+    def _rewire(self, df: DataFrame, source: _Source) -> Any:
+        """``df``'s analysed plan with its columns renamed to the ids of ``source``'s
+        captured output: as it is when it has them already (a rate source's batches
+        reuse one projection, and its ids), else under a ``Project`` of aliases."""
         plan = df._jdf.queryExecution().analyzed()
-        columns = seq(plan.output())
-        if len(columns) != len(output):
+        output = plan.output()
+        if output.equals(source.output):
+            return plan
+        columns = seq(output)
+        if len(columns) != len(source.columns):
             raise NotReusable("a source's batch has other columns than the captured one")
         aliases = [
-            self._alias(new, old.name(), old.exprId(), old.qualifier(), self._none, self._nil)
-            for new, old in zip(columns, output)
+            self._alias(new, name, expr_id, qualifier, self._none, self._nil)
+            for new, (name, expr_id, qualifier) in zip(columns, source.columns, strict=True)
         ]
         return self._project(self._list(aliases), plan)
 
