@@ -47,6 +47,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from lockgate.execution.jvm_metrics import QueryMetricsSource, metrics_enabled
+from lockgate.jvm import jvm_name
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -93,8 +94,8 @@ class JvmListenerBus:
 
     def post_progress(self, progress: dict[str, Any]) -> None:
         def event() -> Any:
-            reader = getattr(self._jvm, "org.apache.spark.sql.streaming.StreamingQueryProgress$")
-            jprogress = reader.__getattr__("MODULE$").fromJson(json.dumps(jackson_progress(progress)))
+            reader = self._class("org.apache.spark.sql.streaming.StreamingQueryProgress$.MODULE$")
+            jprogress = reader.fromJson(json.dumps(jackson_progress(progress)))
             cls = self._class("org.apache.spark.sql.streaming.StreamingQueryListener$QueryProgressEvent")
             return cls(jprogress)
 
@@ -123,7 +124,7 @@ class JvmListenerBus:
     ) -> None:
         def event() -> Any:
             cls = self._class("org.apache.spark.sql.streaming.StreamingQueryListener$QueryTerminatedEvent")
-            option = self._jvm.scala.Option
+            option = self._class("scala.Option")
             return cls(self._uuid(query_id), self._uuid(run_id), option.apply(exception), option.apply(error_class))
 
         self._post(run_id, "terminated", event)
@@ -134,10 +135,11 @@ class JvmListenerBus:
 
     # -- helpers -------------------------------------------------------------------------
     def _class(self, name: str) -> Any:
-        return getattr(self._jvm, name)
+        """The JVM class or object ``name``, looked up once per gateway (a py4j call each)."""
+        return jvm_name(self._jvm, name)
 
     def _uuid(self, text: str) -> Any:
-        return self._jvm.java.util.UUID.fromString(str(text))
+        return self._class("java.util.UUID").fromString(str(text))
 
     def _post(self, run_id: str, kind: str, build: Any) -> None:
         self._guard(run_id, f"{kind} event", lambda: self._jsqm.postListenerEvent(build()))
