@@ -373,28 +373,63 @@ def _overflow_as_sparks(store: StateStore) -> Iterator[None]:
 
 def _merges_by_columns(task: AggregateTask) -> bool:
     """Whether :func:`_merge_columns` can merge this task's buffers: sums and counts
-    (count, sum, avg) of integers or floats, under keys Arrow groups as the state does."""
+    (count, sum, avg) of integers or floats, and minimums and maximums of integers,
+    floats, dates or timestamps, under keys Arrow groups as the state does."""
+    values = list(task.store.value_schema)
     return (
         bool(task.merges)
-        and all(m in ("sum", "count") for m in task.merges)
+        and len(task.merges) == len(values)
         and all(groups_like_state_keys(f.type) for f in task.store.key_schema)
-        and all(pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in task.store.value_schema)
+        and all(_merges_a_column(m, f.type) for m, f in zip(task.merges, values))
     )
+
+
+def _merges_a_column(merge: str, kind: pa.DataType) -> bool:
+    numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind)
+    if merge in ("sum", "count"):
+        return numeric
+    if merge in ("min", "max"):
+        return numeric or pa.types.is_timestamp(kind) or pa.types.is_date32(kind)
+    return False
+
+
+def _extreme(kind: str, before: pa.Array, now: pa.Array) -> pa.Array:
+    """The row-by-row merge's minimum or maximum (``kind``) of each state buffer and batch
+    buffer: a null gives way to the other side, a tie keeps the state's (``-0.0`` and
+    ``0.0`` are equal), and NaN orders above every number, as in Spark."""
+    import pyarrow.compute as pc
+
+    pick = pc.min_element_wise if kind == "min" else pc.max_element_wise
+    if pa.types.is_timestamp(before.type) or pa.types.is_date32(before.type):
+        # compared as their numbers (Arrow has no element-wise kernel for zoned times)
+        number = pa.int64() if pa.types.is_timestamp(before.type) else pa.int32()
+        return pick(before.cast(number), now.cast(number), skip_nulls=True).cast(before.type)
+    merged = pick(before, now, skip_nulls=True)
+    if not pa.types.is_floating(before.type):
+        return merged
+    tie = pc.fill_null(pc.equal(before, now), False)
+    merged = pc.if_else(tie, before, merged)
+    if kind == "max":  # Arrow's maximum skips NaN, Spark's is NaN
+        nan = pc.or_(pc.fill_null(pc.is_nan(before), False), pc.fill_null(pc.is_nan(now), False))
+        merged = pc.if_else(nan, pa.scalar(float("nan"), before.type), merged)
+    return merged
 
 
 def _merge_columns(
     task: AggregateTask, store: StateStore, batches: list[pa.RecordBatch], late_rows: tuple[int, int] | None
 ) -> tuple[pa.Table, int] | None:
-    """Merge a batch's sum and count buffers into the store a column at a time, when
-    each key is in the batch once (as Spark's aggregation before the state step gives
-    them; were a key's buffers in it twice, they would be merged row by row, in order).
+    """Merge a batch's sum, count, min and max buffers into the store a column at a
+    time, when each key is in the batch once (as Spark's aggregation before the state
+    step gives them; were a key's buffers in it twice, they would be merged row by row,
+    in order).
     ``late_rows``: the index of the key's event time, and the watermark (microseconds)
     at or below which a row is late and dropped. Returns the merged rows as a table of
     the state's schema (keys, then buffers) and the number of late rows dropped, or
     None, having changed nothing, where the row-by-row merge must run.
 
     ``state + batch`` of a key is the one addition the row-by-row merge makes, so sums
-    of floats come out the same; a null buffer takes the other side's value."""
+    of floats come out the same; a null buffer takes the other side's value (for a
+    minimum or a maximum too)."""
     import pyarrow.compute as pc
 
     table = pa.Table.from_batches(batches)
@@ -415,11 +450,14 @@ def _merge_columns(
         return None
     previous = list(map(store.map.get, keys))
     value_columns = []
-    for i, f in enumerate(value_fields):
+    for i, (f, kind) in enumerate(zip(value_fields, task.merges, strict=True)):
         before = pa.array([None if p is None else p[i] for p in previous], type=f.type)
         now = table.column(f.name).combine_chunks()
-        add = pc.add_checked if pa.types.is_integer(f.type) else pc.add
-        value_columns.append(pc.coalesce(add(before, now), before, now))
+        if kind in ("min", "max"):
+            value_columns.append(_extreme(kind, before, now.cast(f.type)))
+        else:
+            add = pc.add_checked if pa.types.is_integer(f.type) else pc.add
+            value_columns.append(pc.coalesce(add(before, now), before, now))
     values = list(zip(*[batch_values(c) for c in value_columns]))
     rows = pa.Table.from_arrays(key_columns + value_columns, names=[f.name for f in key_fields + value_fields])
     store.put_columns(keys, values, rows)

@@ -1,6 +1,8 @@
-"""Sums and counts merged into the state a column at a time (``_merge_columns``).
+"""Sums, counts, minimums and maximums merged into the state a column at a time
+(``_merge_columns``).
 
-The aggregation's state step merges count, sum and avg buffers with Arrow instead of key
+The aggregation's state step merges count, sum and avg buffers, and min and max buffers
+of integers, with Arrow instead of key
 by key when each key is in the partition's input once (Spark's aggregation before the
 state step gives one row per key), and the store writes the merged columns as the
 delta. These tests check that it is the same step: against native Spark batch by batch
@@ -22,6 +24,7 @@ from pyspark.sql import functions as F
 
 from lockgate.plan import aggregate
 from lockgate.plan.aggregate import AggregateTask, run_aggregate_task
+from lockgate.plan.aggregate_functions import merge_buffers
 from lockgate.state.store import StateStore, StateStoreConf, read_state_table
 
 STEPS = [
@@ -29,7 +32,7 @@ STEPS = [
     [ev(6, "a", 0.1), ev(7, "d", 0.2), ev(8, "c", None)],
     [ev(9, "b", float("nan")), ev(10, "c", 4.0), ev(11, "e", -0.0)],
     [ev(12, "a", 1e300), ev(13, "a", 1e300), ev(14, "f", 2.0)],  # a's sum overflows to inf
-    [ev(15, "c", 5.0), ev(16, "d", 0.3), ev(3, "a", 1.0)],
+    [ev(15, "c", 5.0), ev(16, "d", 0.3), ev(3, "a", 1.0), ev(17, "e", 0.0)],  # e: 0.0 ties -0.0
 ]
 OTHER_STEPS = [
     [ev(1, "a", 7.0)],
@@ -64,6 +67,18 @@ def test_column_merge_matches_native_across_a_restart(spark, ls, tmp_path):
     bench.add("by_timestamp", lambda r: buffers(read(r, one).groupBy("ts")), "update", **sink)
     bench.add("two_inputs", lambda r: buffers(read(r, one).union(read(r, two)).groupBy("k")), "update", **sink)
     bench.add("no_keys", lambda r: buffers(read(r, one)), "update", **sink)
+
+    def extremes(df: Any) -> Any:  # integers: merged a column at a time
+        second = F.second("ts")
+        return df.agg(F.min(second).alias("lo"), F.max(second).alias("hi"), F.count("*").alias("n"),
+                      F.max(F.length("k")).alias("longest"), F.min("ts").alias("first"),
+                      F.max(F.to_date("ts")).alias("day"), F.min("v").alias("least"), F.max("v").alias("most"))
+
+    bench.add("extremes_by_key", lambda r: extremes(read(r, one).groupBy("k")), "update", **sink)
+    bench.add("extremes_complete", lambda r: extremes(read(r, one).union(read(r, two)).groupBy("k")), "complete", **sink)
+    # a string's: merged row by row
+    bench.add("string_extremes", lambda r: read(r, one).groupBy(F.second("ts") % 2).agg(F.min("k"), F.max("k")),
+              "update", **sink)
 
     def windows(reader: Any) -> Any:  # late rows dropped by the window's end
         return buffers(read(reader, one).withWatermark("ts", "3 seconds").groupBy(F.window("ts", "4 seconds"), "k"))
@@ -108,7 +123,14 @@ def _conf(root: Path, by_columns: bool) -> StateStoreConf:
     )
 
 
-def _run(root: Path, mode: str, by_columns: bool, monkeypatch: Any) -> tuple[list[list[Any]], list[pa.Table]]:
+SUMS = ("count", "sum", "count", "sum")
+EXTREMES = ("count", "sum", "max", "min")
+"""The buffers' merges: ``c`` and ``i`` as counts and sums, or as a maximum and a minimum."""
+
+
+def _run(
+    root: Path, mode: str, by_columns: bool, monkeypatch: Any, merges: tuple[str, ...] = SUMS
+) -> tuple[list[list[Any]], list[pa.Table]]:
     conf = _conf(root, by_columns)
     outputs, deltas = [], []
     with monkeypatch.context() as m:
@@ -117,7 +139,7 @@ def _run(root: Path, mode: str, by_columns: bool, monkeypatch: Any) -> tuple[lis
         for version, batches in enumerate(BATCHES, start=1):
             task = AggregateTask(
                 store=conf,
-                merges=("count", "sum", "count", "sum"),
+                merges=merges,
                 output_mode=mode,
                 version=version,
                 watermark_ms=None,
@@ -143,10 +165,11 @@ def _sorted(table: pa.Table) -> list[str]:
     return sorted(repr(r) for r in table.to_pylist())
 
 
+@pytest.mark.parametrize("merges", [SUMS, EXTREMES], ids=["sums", "extremes"])
 @pytest.mark.parametrize("mode", ["update", "complete"])
-def test_column_merge_gives_the_row_merges_output_state_and_deltas(mode, monkeypatch, tmp_path):
-    rows_out, rows_deltas = _run(tmp_path / "rows", mode, False, monkeypatch)
-    columns_out, columns_deltas = _run(tmp_path / "columns", mode, True, monkeypatch)
+def test_column_merge_gives_the_row_merges_output_state_and_deltas(mode, merges, monkeypatch, tmp_path):
+    rows_out, rows_deltas = _run(tmp_path / "rows", mode, False, monkeypatch, merges)
+    columns_out, columns_deltas = _run(tmp_path / "columns", mode, True, monkeypatch, merges)
     assert columns_out == rows_out
     assert [_sorted(d) for d in columns_deltas] == [_sorted(d) for d in rows_deltas]
     assert all(c.schema == r.schema for c, r in zip(columns_deltas, rows_deltas))
@@ -169,9 +192,42 @@ def test_column_merge_is_used_when_each_key_is_in_the_batch_once(monkeypatch, tm
         return result
 
     monkeypatch.setattr(aggregate, "_merge_columns", spy)
-    _run(tmp_path, "update", True, monkeypatch)
+    _run(tmp_path / "sums", "update", True, monkeypatch)
+    _run(tmp_path / "extremes", "update", True, monkeypatch, EXTREMES)
     # batch 3 has key a twice: merged row by row
-    assert calls == [True, True, False, True]
+    assert calls == [True, True, False, True] * 2
+
+
+def test_which_buffers_merge_a_column_at_a_time():
+    def task(merges: tuple[str, ...], value: pa.Schema) -> Any:
+        conf = StateStoreConf(root="/nonexistent", operator_id=0, num_partitions=1, key_schema=KEY, value_schema=value)
+        return AggregateTask(store=conf, merges=merges, output_mode="update", version=1, watermark_ms=None,
+                             late_watermark_ms=None, event_time_flat_index=None, out_schema=OUT,
+                             accumulator=_Acc(), operator_id=0)
+
+    def schema(*types: pa.DataType) -> pa.Schema:
+        return pa.schema([pa.field(f"b{i}", t) for i, t in enumerate(types)])
+
+    by_columns = aggregate._merges_by_columns
+    assert by_columns(task(("min", "max"), schema(pa.int64(), pa.int32())))
+    assert by_columns(task(("sum", "count", "min", "max"), schema(pa.float64(), pa.int64(), pa.float64(), pa.float32())))
+    assert by_columns(task(("max", "min"), schema(pa.timestamp("us", tz="UTC"), pa.date32())))
+    assert not by_columns(task(("max", "count"), schema(pa.string(), pa.int64())))
+    assert not by_columns(task(("sum", "count"), schema(pa.timestamp("us"), pa.int64())))
+    assert not by_columns(task(("first", "count"), schema(pa.int64(), pa.bool_())))
+
+
+@pytest.mark.parametrize("kind", ["min", "max"])
+def test_a_float_extreme_by_columns_is_the_row_merges(kind):
+    """Nulls give way, a tie keeps the state's value (-0.0 against 0.0), NaN orders above
+    every number: the same values, and signs, as the row-by-row merge."""
+    nan = float("nan")
+    state = [None, 1.0, nan, 2.0, -0.0, 0.0, nan, None, 3.0, 1.0]
+    batch = [1.0, None, 1.0, nan, 0.0, -0.0, nan, None, 1.0, 3.0]
+    merged = aggregate._extreme(kind, pa.array(state), pa.array(batch)).to_pylist()
+    rows = [merge_buffers((kind,), [a], [b])[0] for a, b in zip(state, batch)]
+    assert [repr(x) for x in merged] == [repr(x) for x in rows]
+    assert "nan" in repr(merged) and "-0.0" in repr(merged)
 
 
 @pytest.mark.parametrize(
