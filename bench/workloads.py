@@ -43,6 +43,8 @@ class Sizes:
     rows_per_file_6: int = 5_000
     files_per_trigger_6: int = 2
     recovery_after_7: int = 50
+    rows_8: int = 100_000
+    keys_8: int = 50_000
 
 
 FULL = Sizes()
@@ -60,6 +62,8 @@ SMOKE = Sizes(
     rows_per_file_6=500,
     files_per_trigger_6=2,
     recovery_after_7=4,
+    rows_8=1_000,
+    keys_8=500,
 )
 
 
@@ -120,6 +124,16 @@ def window_count(readers: Any, ctx: Context) -> Any:
 def keyed_count(readers: Any, ctx: Context) -> Any:
     df = rate(readers, ctx.rows_per_batch)
     return df.groupBy((F.col("value") % ctx.sizes.keys_3).alias("k")).count()
+
+
+# -- 8: several aggregates per key --------------------------------------------------------------
+def keyed_aggregates(readers: Any, ctx: Context) -> Any:
+    # Each key twice per batch (keys_8 = rows / 2), every key of the state updated
+    # every batch: the state step's merge of min, max, avg and count buffers.
+    df = rate(readers, ctx.rows_per_batch)
+    return df.groupBy((F.col("value") % ctx.sizes.keys_8).alias("k")).agg(
+        F.min("value").alias("lo"), F.max("value").alias("hi"), F.avg("value").alias("mean"), F.count("*").alias("n")
+    )
 
 
 # -- 4: dropDuplicates with watermark ---------------------------------------------------------
@@ -278,6 +292,14 @@ WORKLOADS: dict[str, Workload] = {
             lambda s: s.rows_3,
             output_mode="update",
             kind="recovery",
+        ),
+        Workload(
+            "8",
+            "several aggregates per key, update",
+            "groupBy(value % 50_000).agg(min, max, avg, count), update mode; every key updated every batch",
+            keyed_aggregates,
+            lambda s: s.rows_8,
+            output_mode="update",
         ),
     ]
 }
