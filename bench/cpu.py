@@ -156,10 +156,18 @@ class CpuProbe:
         got = tree_ticks(self.root, self.exclude)
         if got is None:
             return None
-        ticks, pids = got
+        total, pids = got
+        # The tree's ticks never count as going down: a process that leaves the tree
+        # unreaped by it (a lockgate host that exits) takes its ticks with it. (A child
+        # the tree reaps moves its ticks to its parent's cutime: no change.)
+        if not self.observations:
+            self._ticks = total
+        else:
+            self._ticks += max(0, total - self._last_total)
+        self._last_total = total
         # the calling thread's CPU since start(), this scan included, is the harness's
         self.harness_cpu_s = time.thread_time() - self._thread_cpu0
-        obs = Observation(batch_id, ticks / CLK_TCK - self.harness_cpu_s, time.perf_counter(), len(pids))
+        obs = Observation(batch_id, self._ticks / CLK_TCK - self.harness_cpu_s, time.perf_counter(), len(pids))
         self.observations.append(obs)
         return obs
 

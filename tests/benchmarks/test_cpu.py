@@ -154,3 +154,20 @@ def test_the_probe_counts_lockgate_hosts_that_left_the_tree():
         assert host not in lockgate_hosts([os.getppid()])
     finally:
         os.kill(host, 9)
+
+
+def test_a_process_leaving_the_tree_does_not_make_a_batch_cost_negative_cpu(monkeypatch):
+    """A lockgate host that exits takes its ticks out of the tree's total: the batch it
+    exits in counts none of the drop (the CI once saw -4.5 s for a batch after workload 7)."""
+    from bench import cpu
+
+    totals = iter([100, 300, 50, 80])
+    monkeypatch.setattr(cpu, "tree_ticks", lambda root, exclude=(): (next(totals), [root]))
+    probe = CpuProbe()
+    probe.start(first_batch=0)
+    for batch in range(3):
+        probe.observe(batch)
+    per = probe.per_batch()
+    assert per[0]["cpu_s"] >= 200 / CLK_TCK - 0.05
+    assert -0.05 <= per[1]["cpu_s"] < 0.05  # the drop counts as nothing
+    assert per[2]["cpu_s"] >= 30 / CLK_TCK - 0.05
