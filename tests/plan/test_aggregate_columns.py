@@ -2,7 +2,7 @@
 (``_merge_columns``).
 
 The aggregation's state step merges count, sum and avg buffers, and min and max buffers
-of integers, with Arrow instead of key
+of integers, floats, dates and timestamps, with Arrow instead of key
 by key when each key is in the partition's input once (Spark's aggregation before the
 state step gives one row per key), and the store writes the merged columns as the
 delta. These tests check that it is the same step: against native Spark batch by batch
