@@ -1,20 +1,124 @@
-"""``ls.read``: batch reads lockgate adds to Spark's, such as a query's state."""
+"""``ls.read``: Spark's ``spark.read``, which also reads a lockgate query's state.
+
+``ls.read.state(checkpoint, ...)`` and Spark's spelling of the same read,
+``ls.read.format("statestore").option(...).load(checkpoint)``, read the state of a
+lockgate checkpoint; every other format, option and method is Spark's
+``DataFrameReader``'s (``ls.read.parquet(path)``, ``ls.read.format("json")...``).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from lockgate.errors import NotSupportedYetError, OptionError
 from lockgate.state.reader import read_state
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, DataFrameReader
 
     from lockgate.api.session import StreamingSession
 
+STATE_FORMAT = "statestore"
+
+_STATE_OPTIONS = {
+    "path": "path",
+    "operatorid": "operatorId",
+    "batchid": "batchId",
+    "joinside": "joinSide",
+    "statevarname": "stateVarName",
+    "readregisteredtimers": "readRegisteredTimers",
+    "flattencollectiontypes": "flattenCollectionTypes",
+    "storename": "storeName",
+}
+"""The options of Spark's state data source that lockgate reads (lower case -> Spark's
+spelling); its others (``snapshotStartBatchId``, ``readChangeFeed``, ...) are refused."""
+
 
 class LockgateReader:
+    """Spark's ``DataFrameReader`` for the session, with the state of lockgate's
+    checkpoints behind ``state(...)`` and ``format("statestore")``."""
+
     def __init__(self, session: StreamingSession) -> None:
         self._session = session
+        self._reader: DataFrameReader = session.spark.read
+        self._format: str | None = None
+        self._options: dict[str, tuple[str, Any]] = {}
+        """Each option given, by its lower-cased name: (its name as given, its value)."""
+
+    # -- the builder: kept here too, for a state read ---------------------------------
+    def format(self, source: str) -> LockgateReader:
+        self._format = source
+        self._reader.format(source)
+        return self
+
+    def schema(self, schema: Any) -> LockgateReader:
+        self._reader.schema(schema)
+        return self
+
+    def option(self, key: str, value: Any) -> LockgateReader:
+        self._options[key.lower()] = (key, value)
+        self._reader.option(key, value)
+        return self
+
+    def options(self, **options: Any) -> LockgateReader:
+        for key, value in options.items():
+            self.option(key, value)
+        return self
+
+    def load(
+        self,
+        path: str | list[str] | None = None,
+        format: str | None = None,
+        schema: Any = None,
+        **options: Any,
+    ) -> DataFrame:
+        source = format if format is not None else self._format
+        if source is None or source.lower() != STATE_FORMAT:
+            return self._reader.load(path, format, schema, **options)
+        self.options(**options)
+        if schema is not None:
+            raise OptionError(
+                "The statestore source has a schema of its own (the operator's key and "
+                "value); do not give it one with schema().",
+                option="schema",
+            )
+        if path is not None:
+            self._options["path"] = ("path", path)
+        return self._state_from_options()
+
+    def _state_from_options(self) -> DataFrame:
+        given = {k: value for k, (_, value) in self._options.items()}
+        unknown = sorted(name for k, (name, _) in self._options.items() if k not in _STATE_OPTIONS)
+        if unknown:
+            raise NotSupportedYetError(
+                f"Option {unknown[0]!r} of the statestore source",
+                "lockgate's state reader takes "
+                + ", ".join(v for k, v in _STATE_OPTIONS.items() if k != "storename")
+                + ".",
+            )
+        path = given.get("path")
+        if not path or isinstance(path, (list, tuple)):
+            raise OptionError(
+                "The statestore source reads one checkpoint: give its location, "
+                "load(checkpointLocation) or option('path', checkpointLocation).",
+                option="path",
+            )
+        store = str(given.get("storename", "default")).strip()
+        if store != "default":
+            raise NotSupportedYetError(
+                f"storeName {store!r} of the statestore source",
+                "lockgate reads a join's state by joinSide ('left' or 'right').",
+            )
+        batch = given.get("batchid")
+        return self.state(
+            str(path),
+            operatorId=int(given.get("operatorid", 0)),
+            batchId=None if batch is None else int(batch),
+            joinSide=given.get("joinside"),
+            stateVarName=given.get("statevarname"),
+            readRegisteredTimers=given.get("readregisteredtimers", False),
+            flattenCollectionTypes=given.get("flattencollectiontypes", True),
+        )
 
     def state(
         self,
@@ -52,3 +156,10 @@ class LockgateReader:
             read_registered_timers=readRegisteredTimers,
             flatten_collection_types=flattenCollectionTypes,
         )
+
+    def __getattr__(self, name: str) -> Any:
+        """The rest is Spark's reader's (``parquet``, ``json``, ``table``, ``schema``,
+        ...), with the format and options given so far."""
+        if name.startswith("__") or name in ("_reader", "_session", "_format", "_options"):
+            raise AttributeError(name)
+        return getattr(self._reader, name)

@@ -54,7 +54,9 @@ def _hint_missing_conf(spark: SparkSession) -> None:
 
 
 class StreamingSession:
-    """Streaming on top of one SparkSession: ``readStream`` and ``streams``.
+    """Streaming on top of one SparkSession: ``readStream``, ``streams``, and ``sql``
+    and ``read`` that also know lockgate's views and state; every other attribute is the
+    SparkSession's, so code written against ``spark`` runs against ``ls``.
 
     Use :func:`lockgate.session` to get one; all calls for the same SparkSession share
     one query manager, as ``spark.streams`` does.
@@ -104,6 +106,14 @@ class StreamingSession:
     @property
     def streams(self) -> StreamingQueryManager:
         return self._streams
+
+    def __getattr__(self, name: str) -> Any:
+        """Everything else is the SparkSession's (``ls.createDataFrame``, ``ls.range``,
+        ``ls.conf``, ``ls.table``, ``ls.catalog``, ``ls.udf``, ``ls.sparkContext``, ...),
+        so ``ls`` stands wherever code used ``spark``."""
+        if name.startswith("__") or name in ("_spark", "_streams"):
+            raise AttributeError(name)
+        return getattr(self._spark, name)
 
     def __repr__(self) -> str:
         return f"lockgate.StreamingSession(spark={self._spark!r})"
