@@ -76,6 +76,11 @@ def test_column_merge_matches_native_across_a_restart(spark, ls, tmp_path):
 
     bench.add("extremes_by_key", lambda r: extremes(read(r, one).groupBy("k")), "update", **sink)
     bench.add("extremes_complete", lambda r: extremes(read(r, one).union(read(r, two)).groupBy("k")), "complete", **sink)
+    def spread(df: Any) -> Any:  # stddev and variance: (n, avg, m2) merged a column at a time
+        return df.agg(F.stddev("v").alias("sd"), F.var_pop("v").alias("vp"), F.stddev(F.second("ts")).alias("st"))
+
+    bench.add("moments_by_key", lambda r: spread(read(r, one).groupBy("k")), "update", **sink)
+    bench.add("moments_complete", lambda r: spread(read(r, one).union(read(r, two)).groupBy("k")), "complete", **sink)
     # a string's: merged row by row
     bench.add("string_extremes", lambda r: read(r, one).groupBy(F.second("ts") % 2).agg(F.min("k"), F.max("k")),
               "update", **sink)
@@ -277,3 +282,21 @@ def test_a_sum_that_overflows_fails_as_natives_and_writes_nothing(spark, ls, tmp
     with_a = [d.parent for d in state.rglob("1.delta") if pa.ipc.open_stream(d.read_bytes()).read_all().num_rows]
     assert len(with_a) == 1
     assert not (with_a[0] / "2.delta").exists()
+
+
+def test_moments_by_columns_are_the_row_merges():
+    """stddev's and variance's (n, avg, m2) buffers: every case of the row-by-row merge
+    (an empty side, nulls, -0.0, NaN, infinities, large counts), the same bits."""
+    import itertools
+
+    ns = [None, 0.0, -0.0, 1.0, 3.0, 1e6]
+    avgs = [None, 0.0, -0.0, 2.5, -1e300, float("nan"), float("inf")]
+    m2s = [None, 0.0, 0.75, 1e308]
+    sides = list(itertools.product(ns, avgs, m2s))
+    pairs = [pair for i, pair in enumerate(itertools.product(sides, sides)) if i % 7 == 0]
+    state = [pa.array([a[j] for a, _ in pairs], type=pa.float64()) for j in range(3)]
+    batch = [pa.array([b[j] for _, b in pairs], type=pa.float64()) for j in range(3)]
+    merged = list(zip(*[c.to_pylist() for c in aggregate._merge_moments(state, batch)]))
+    rows = [tuple(merge_buffers(("moments",) * 3, list(a), list(b))) for a, b in pairs]
+    assert len(pairs) > 1000
+    assert [repr(m) for m in merged] == [repr(r) for r in rows]
