@@ -374,8 +374,9 @@ def _overflow_as_sparks(store: StateStore) -> Iterator[None]:
 def _merges_by_columns(task: AggregateTask) -> bool:
     """Whether :func:`_merge_columns` can merge this task's buffers: sums and counts
     (count, sum, avg) of integers or floats, minimums and maximums of integers, floats,
-    dates or timestamps, and the (n, avg, m2) moments of stddev and variance, under keys
-    Arrow groups as the state does."""
+    dates or timestamps, the (n, avg, m2) moments of stddev and variance, and first and
+    last of numbers, strings, booleans, dates or timestamps, under keys Arrow groups as
+    the state does."""
     values = list(task.store.value_schema)
     return (
         bool(task.merges)
@@ -391,7 +392,26 @@ def _merges_a_column(merge: str, kind: pa.DataType) -> bool:
         return numeric
     if merge in ("min", "max"):
         return numeric or pa.types.is_timestamp(kind) or pa.types.is_date32(kind)
+    if merge in ("first", "last"):
+        return numeric or any(
+            test(kind)
+            for test in (pa.types.is_string, pa.types.is_boolean, pa.types.is_timestamp, pa.types.is_date32)
+        )
+    if merge == "flag":
+        return pa.types.is_boolean(kind)
     return merge == "moments" and pa.types.is_float64(kind)
+
+
+def _first_or_last(kind: str, state: tuple[pa.Array, pa.Array], batch: tuple[pa.Array, pa.Array]) -> list[pa.Array]:
+    """Spark's merge of First's or Last's (value, isSet) buffers, as the row-by-row
+    merge: first keeps the state's value once it is set, last takes the batch's when
+    the batch's is set; isSet is either side's. For keys already in the state."""
+    import pyarrow.compute as pc
+
+    (state_value, state_set), (batch_value, batch_set) = state, batch
+    state_set, batch_set = pc.fill_null(state_set, False), pc.fill_null(batch_set, False)
+    take_batch = pc.and_(pc.invert(state_set), batch_set) if kind == "first" else batch_set
+    return [pc.if_else(take_batch, batch_value, state_value), pc.or_(state_set, batch_set)]
 
 
 def _merge_moments(state: list[pa.Array], batch: list[pa.Array]) -> list[pa.Array]:
@@ -489,6 +509,10 @@ def _merge_columns(
             new_key = pa.array([p is None for p in previous], type=pa.bool_())
             merged = _merge_moments([before(j) for j in range(i, i + 3)], [now(j) for j in range(i, i + 3)])
             value_columns += [pc.if_else(new_key, now(j), m) for j, m in zip(range(i, i + 3), merged)]
+        elif kind in ("first", "last"):
+            new_key = pa.array([p is None for p in previous], type=pa.bool_())
+            merged = _first_or_last(kind, (before(i), before(i + 1)), (now(i), now(i + 1)))
+            value_columns += [pc.if_else(new_key, now(j), m) for j, m in zip((i, i + 1), merged)]
         elif kind in ("min", "max"):
             value_columns.append(_extreme(kind, before(i), now(i)))
         else:

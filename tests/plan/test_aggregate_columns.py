@@ -81,6 +81,12 @@ def test_column_merge_matches_native_across_a_restart(spark, ls, tmp_path):
 
     bench.add("moments_by_key", lambda r: spread(read(r, one).groupBy("k")), "update", **sink)
     bench.add("moments_complete", lambda r: spread(read(r, one).union(read(r, two)).groupBy("k")), "complete", **sink)
+    def firsts(df: Any) -> Any:  # first and last (value, isSet): merged a column at a time
+        return df.agg(F.first("v").alias("f"), F.last("v").alias("l"), F.first("v", ignorenulls=True).alias("fi"),
+                      F.last("k", ignorenulls=True).alias("lk"), F.last("ts").alias("lt"))
+
+    bench.add("firsts_by_key", lambda r: firsts(read(r, one).groupBy(F.second("ts") % 3)), "update", **sink)
+    bench.add("firsts_complete", lambda r: firsts(read(r, one).groupBy("k")), "complete", **sink)
     # a string's: merged row by row
     bench.add("string_extremes", lambda r: read(r, one).groupBy(F.second("ts") % 2).agg(F.min("k"), F.max("k")),
               "update", **sink)
@@ -299,4 +305,18 @@ def test_moments_by_columns_are_the_row_merges():
     merged = list(zip(*[c.to_pylist() for c in aggregate._merge_moments(state, batch)]))
     rows = [tuple(merge_buffers(("moments",) * 3, list(a), list(b))) for a, b in pairs]
     assert len(pairs) > 1000
+    assert [repr(m) for m in merged] == [repr(r) for r in rows]
+
+
+@pytest.mark.parametrize("kind", ["first", "last"])
+def test_first_and_last_by_columns_are_the_row_merges(kind):
+    """(value, isSet) of every pair of sides: unset, set to a value, set to null."""
+    import itertools
+
+    sides = [(None, None), (None, False), (None, True), (1.5, True), (2.5, False), (-0.0, True)]
+    pairs = list(itertools.product(sides, sides))
+    state = [pa.array([a[j] for a, _ in pairs], type=t) for j, t in enumerate((pa.float64(), pa.bool_()))]
+    batch = [pa.array([b[j] for _, b in pairs], type=t) for j, t in enumerate((pa.float64(), pa.bool_()))]
+    merged = list(zip(*[c.to_pylist() for c in aggregate._first_or_last(kind, tuple(state), tuple(batch))]))
+    rows = [tuple(merge_buffers((kind, "flag"), list(a), list(b))) for a, b in pairs]
     assert [repr(m) for m in merged] == [repr(r) for r in rows]
