@@ -65,7 +65,7 @@ def test_column_merge_matches_native_across_a_restart(spark, ls, tmp_path):
     bench.add("by_key", lambda r: buffers(read(r, one).groupBy("k")), "update", **sink)
     bench.add("by_two_keys", lambda r: buffers(read(r, one).groupBy("k", F.second("ts") % 2)), "complete", **sink)
     bench.add("by_timestamp", lambda r: buffers(read(r, one).groupBy("ts")), "update", **sink)
-    bench.add("two_inputs", lambda r: buffers(read(r, one).union(read(r, two)).groupBy("k")), "update", **sink)
+    bench.add("two_inputs", lambda r: buffers(read(r, one).union(read(r, two)).groupBy("k")), "update", restart_each_step=True, **sink)
     bench.add("no_keys", lambda r: buffers(read(r, one)), "update", **sink)
 
     def extremes(df: Any) -> Any:  # integers: merged a column at a time
@@ -75,12 +75,12 @@ def test_column_merge_matches_native_across_a_restart(spark, ls, tmp_path):
                       F.max(F.to_date("ts")).alias("day"), F.min("v").alias("least"), F.max("v").alias("most"))
 
     bench.add("extremes_by_key", lambda r: extremes(read(r, one).groupBy("k")), "update", **sink)
-    bench.add("extremes_complete", lambda r: extremes(read(r, one).union(read(r, two)).groupBy("k")), "complete", **sink)
+    bench.add("extremes_complete", lambda r: extremes(read(r, one).union(read(r, two)).groupBy("k")), "complete", restart_each_step=True, **sink)
     def spread(df: Any) -> Any:  # stddev and variance: (n, avg, m2) merged a column at a time
         return df.agg(F.stddev("v").alias("sd"), F.var_pop("v").alias("vp"), F.stddev(F.second("ts")).alias("st"))
 
     bench.add("moments_by_key", lambda r: spread(read(r, one).groupBy("k")), "update", **sink)
-    bench.add("moments_complete", lambda r: spread(read(r, one).union(read(r, two)).groupBy("k")), "complete", **sink)
+    bench.add("moments_complete", lambda r: spread(read(r, one).union(read(r, two)).groupBy("k")), "complete", restart_each_step=True, **sink)
     def firsts(df: Any) -> Any:  # first and last (value, isSet): merged a column at a time
         return df.agg(F.first("v").alias("f"), F.last("v").alias("l"), F.first("v", ignorenulls=True).alias("fi"),
                       F.last("k", ignorenulls=True).alias("lk"), F.last("ts").alias("lt"))
