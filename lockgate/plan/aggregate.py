@@ -373,8 +373,10 @@ def _overflow_as_sparks(store: StateStore) -> Iterator[None]:
 
 def _merges_by_columns(task: AggregateTask) -> bool:
     """Whether :func:`_merge_columns` can merge this task's buffers: sums and counts
-    (count, sum, avg) of integers or floats, and minimums and maximums of integers,
-    floats, dates or timestamps, under keys Arrow groups as the state does."""
+    (count, sum, avg) of integers or floats, minimums and maximums of integers, floats,
+    dates or timestamps, the (n, avg, m2) moments of stddev and variance, and first and
+    last of numbers, strings, booleans, dates or timestamps, under keys Arrow groups as
+    the state does."""
     values = list(task.store.value_schema)
     return (
         bool(task.merges)
@@ -390,7 +392,50 @@ def _merges_a_column(merge: str, kind: pa.DataType) -> bool:
         return numeric
     if merge in ("min", "max"):
         return numeric or pa.types.is_timestamp(kind) or pa.types.is_date32(kind)
-    return False
+    if merge in ("first", "last"):
+        return numeric or any(
+            test(kind)
+            for test in (pa.types.is_string, pa.types.is_boolean, pa.types.is_timestamp, pa.types.is_date32)
+        )
+    if merge == "flag":
+        return pa.types.is_boolean(kind)
+    return merge == "moments" and pa.types.is_float64(kind)
+
+
+def _first_or_last(kind: str, state: tuple[pa.Array, pa.Array], batch: tuple[pa.Array, pa.Array]) -> list[pa.Array]:
+    """Spark's merge of First's or Last's (value, isSet) buffers, as the row-by-row
+    merge: first keeps the state's value once it is set, last takes the batch's when
+    the batch's is set; isSet is either side's. For keys already in the state."""
+    import pyarrow.compute as pc
+
+    (state_value, state_set), (batch_value, batch_set) = state, batch
+    state_set, batch_set = pc.fill_null(state_set, False), pc.fill_null(batch_set, False)
+    take_batch = pc.and_(pc.invert(state_set), batch_set) if kind == "first" else batch_set
+    return [pc.if_else(take_batch, batch_value, state_value), pc.or_(state_set, batch_set)]
+
+
+def _merge_moments(state: list[pa.Array], batch: list[pa.Array]) -> list[pa.Array]:
+    """Spark's merge of CentralMomentAgg's (n, avg, m2) buffers, the row-by-row merge's
+    operations (:func:`~lockgate.plan.aggregate_functions.merge_buffers`) in its order
+    on whole columns: a null buffer is 0.0, and so is -0.0; a side with n == 0 gives its
+    mean way to the other's, and the deltas are 0.0 then. For keys already in the state
+    (a new key takes the batch's buffers as they are)."""
+    import numpy as np
+
+    def values(column: pa.Array) -> Any:
+        array = column.to_numpy(zero_copy_only=False).astype(np.float64)
+        array[np.isnan(array) & column.is_null().to_numpy(zero_copy_only=False)] = 0.0
+        return np.where(array == 0.0, 0.0, array)  # also -0.0, as Python's `x or 0.0`
+
+    (n1, avg1, m2_1), (n2, avg2, m2_2) = map(values, state), map(values, batch)
+    with np.errstate(all="ignore"):
+        n = n1 + n2
+        empty = (n1 == 0.0) | (n2 == 0.0)
+        delta = np.where(empty, 0.0, avg2 - avg1)
+        delta_n = np.where(n == 0.0, 0.0, delta / n)
+        avg = np.where(n1 == 0.0, avg2, np.where(n2 == 0.0, avg1, avg1 + delta_n * n2))
+        m2 = (m2_1 + m2_2) + (((delta * delta_n) * n1) * n2)
+    return [pa.array(column, type=pa.float64()) for column in (n, avg, m2)]
 
 
 def _extreme(kind: str, before: pa.Array, now: pa.Array) -> pa.Array:
@@ -449,15 +494,30 @@ def _merge_columns(
     if len(set(keys)) != len(keys):
         return None
     previous = list(map(store.map.get, keys))
-    value_columns = []
-    for i, (f, kind) in enumerate(zip(value_fields, task.merges, strict=True)):
-        before = pa.array([None if p is None else p[i] for p in previous], type=f.type)
-        now = table.column(f.name).combine_chunks()
-        if kind in ("min", "max"):
-            value_columns.append(_extreme(kind, before, now.cast(f.type)))
+
+    def before(i: int) -> pa.Array:
+        return pa.array([None if p is None else p[i] for p in previous], type=value_fields[i].type)
+
+    def now(i: int) -> pa.Array:
+        return table.column(value_fields[i].name).combine_chunks().cast(value_fields[i].type)
+
+    value_columns: list[pa.Array] = []
+    while len(value_columns) < len(value_fields):
+        i = len(value_columns)
+        kind, kind_type = task.merges[i], value_fields[i].type
+        if kind == "moments":
+            new_key = pa.array([p is None for p in previous], type=pa.bool_())
+            merged = _merge_moments([before(j) for j in range(i, i + 3)], [now(j) for j in range(i, i + 3)])
+            value_columns += [pc.if_else(new_key, now(j), m) for j, m in zip(range(i, i + 3), merged)]
+        elif kind in ("first", "last"):
+            new_key = pa.array([p is None for p in previous], type=pa.bool_())
+            merged = _first_or_last(kind, (before(i), before(i + 1)), (now(i), now(i + 1)))
+            value_columns += [pc.if_else(new_key, now(j), m) for j, m in zip((i, i + 1), merged)]
+        elif kind in ("min", "max"):
+            value_columns.append(_extreme(kind, before(i), now(i)))
         else:
-            add = pc.add_checked if pa.types.is_integer(f.type) else pc.add
-            value_columns.append(pc.coalesce(add(before, now), before, now))
+            add = pc.add_checked if pa.types.is_integer(kind_type) else pc.add
+            value_columns.append(pc.coalesce(add(before(i), now(i)), before(i), now(i)))
     values = list(zip(*[batch_values(c) for c in value_columns]))
     rows = pa.Table.from_arrays(key_columns + value_columns, names=[f.name for f in key_fields + value_fields])
     store.put_columns(keys, values, rows)

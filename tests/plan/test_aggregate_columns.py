@@ -65,7 +65,7 @@ def test_column_merge_matches_native_across_a_restart(spark, ls, tmp_path):
     bench.add("by_key", lambda r: buffers(read(r, one).groupBy("k")), "update", **sink)
     bench.add("by_two_keys", lambda r: buffers(read(r, one).groupBy("k", F.second("ts") % 2)), "complete", **sink)
     bench.add("by_timestamp", lambda r: buffers(read(r, one).groupBy("ts")), "update", **sink)
-    bench.add("two_inputs", lambda r: buffers(read(r, one).union(read(r, two)).groupBy("k")), "update", **sink)
+    bench.add("two_inputs", lambda r: buffers(read(r, one).union(read(r, two)).groupBy("k")), "update", restart_each_step=True, **sink)
     bench.add("no_keys", lambda r: buffers(read(r, one)), "update", **sink)
 
     def extremes(df: Any) -> Any:  # integers: merged a column at a time
@@ -75,7 +75,18 @@ def test_column_merge_matches_native_across_a_restart(spark, ls, tmp_path):
                       F.max(F.to_date("ts")).alias("day"), F.min("v").alias("least"), F.max("v").alias("most"))
 
     bench.add("extremes_by_key", lambda r: extremes(read(r, one).groupBy("k")), "update", **sink)
-    bench.add("extremes_complete", lambda r: extremes(read(r, one).union(read(r, two)).groupBy("k")), "complete", **sink)
+    bench.add("extremes_complete", lambda r: extremes(read(r, one).union(read(r, two)).groupBy("k")), "complete", restart_each_step=True, **sink)
+    def spread(df: Any) -> Any:  # stddev and variance: (n, avg, m2) merged a column at a time
+        return df.agg(F.stddev("v").alias("sd"), F.var_pop("v").alias("vp"), F.stddev(F.second("ts")).alias("st"))
+
+    bench.add("moments_by_key", lambda r: spread(read(r, one).groupBy("k")), "update", **sink)
+    bench.add("moments_complete", lambda r: spread(read(r, one).union(read(r, two)).groupBy("k")), "complete", restart_each_step=True, **sink)
+    def firsts(df: Any) -> Any:  # first and last (value, isSet): merged a column at a time
+        return df.agg(F.first("v").alias("f"), F.last("v").alias("l"), F.first("v", ignorenulls=True).alias("fi"),
+                      F.last("k", ignorenulls=True).alias("lk"), F.last("ts").alias("lt"))
+
+    bench.add("firsts_by_key", lambda r: firsts(read(r, one).groupBy(F.second("ts") % 3)), "update", **sink)
+    bench.add("firsts_complete", lambda r: firsts(read(r, one).groupBy("k")), "complete", **sink)
     # a string's: merged row by row
     bench.add("string_extremes", lambda r: read(r, one).groupBy(F.second("ts") % 2).agg(F.min("k"), F.max("k")),
               "update", **sink)
@@ -277,3 +288,35 @@ def test_a_sum_that_overflows_fails_as_natives_and_writes_nothing(spark, ls, tmp
     with_a = [d.parent for d in state.rglob("1.delta") if pa.ipc.open_stream(d.read_bytes()).read_all().num_rows]
     assert len(with_a) == 1
     assert not (with_a[0] / "2.delta").exists()
+
+
+def test_moments_by_columns_are_the_row_merges():
+    """stddev's and variance's (n, avg, m2) buffers: every case of the row-by-row merge
+    (an empty side, nulls, -0.0, NaN, infinities, large counts), the same bits."""
+    import itertools
+
+    ns = [None, 0.0, -0.0, 1.0, 3.0, 1e6]
+    avgs = [None, 0.0, -0.0, 2.5, -1e300, float("nan"), float("inf")]
+    m2s = [None, 0.0, 0.75, 1e308]
+    sides = list(itertools.product(ns, avgs, m2s))
+    pairs = [pair for i, pair in enumerate(itertools.product(sides, sides)) if i % 7 == 0]
+    state = [pa.array([a[j] for a, _ in pairs], type=pa.float64()) for j in range(3)]
+    batch = [pa.array([b[j] for _, b in pairs], type=pa.float64()) for j in range(3)]
+    merged = list(zip(*[c.to_pylist() for c in aggregate._merge_moments(state, batch)]))
+    rows = [tuple(merge_buffers(("moments",) * 3, list(a), list(b))) for a, b in pairs]
+    assert len(pairs) > 1000
+    assert [repr(m) for m in merged] == [repr(r) for r in rows]
+
+
+@pytest.mark.parametrize("kind", ["first", "last"])
+def test_first_and_last_by_columns_are_the_row_merges(kind):
+    """(value, isSet) of every pair of sides: unset, set to a value, set to null."""
+    import itertools
+
+    sides = [(None, None), (None, False), (None, True), (1.5, True), (2.5, False), (-0.0, True)]
+    pairs = list(itertools.product(sides, sides))
+    state = [pa.array([a[j] for a, _ in pairs], type=t) for j, t in enumerate((pa.float64(), pa.bool_()))]
+    batch = [pa.array([b[j] for _, b in pairs], type=t) for j, t in enumerate((pa.float64(), pa.bool_()))]
+    merged = list(zip(*[c.to_pylist() for c in aggregate._first_or_last(kind, tuple(state), tuple(batch))]))
+    rows = [tuple(merge_buffers((kind, "flag"), list(a), list(b))) for a, b in pairs]
+    assert [repr(m) for m in merged] == [repr(r) for r in rows]
