@@ -103,3 +103,32 @@ def map_in_arrow(df: DataFrame, call: Column) -> DataFrame:
     from pyspark.sql import DataFrame as PySparkDataFrame
 
     return PySparkDataFrame(df._jdf.mapInArrow(call._jc, False, None), df.sparkSession)
+
+
+class ArrowMapOver:
+    """:func:`map_in_arrow` of one UDF call over the DataFrames of a run, each batch's
+    ``MapInArrow`` node copied from the first one's over the batch's plan, so a batch
+    skips the analysis of a new Dataset (~10-20 ms of the driver's time a batch on a
+    2-core machine, ``docs/benchmarks.md``).
+
+    The copy is taken only when the batch's plan has the output the captured node was
+    analysed over (the same attributes: names, expression ids, types), as the plans of a
+    query reused batch after batch do (:mod:`lockgate.plan.template`); any other plan
+    gets a ``mapInArrow`` of its own, which is then the one copied."""
+
+    def __init__(self, call: Column) -> None:
+        self._call = call
+        self._node: Any = None
+        self._child_output: Any = None
+
+    def apply(self, df: DataFrame) -> DataFrame:
+        spark = df.sparkSession
+        plan = df._jdf.queryExecution().analyzed()
+        if self._node is not None and plan.output().equals(self._child_output):
+            jvm = spark.sparkContext._jvm
+            return analysed_frame(spark, self._node.withNewChildren(scala_list(jvm, [plan])))
+        mapped = map_in_arrow(df, self._call)
+        node = mapped._jdf.queryExecution().analyzed()
+        if node.getClass().getSimpleName() == "MapInArrow" and node.child().output().equals(plan.output()):
+            self._node, self._child_output = node, plan.output()
+        return mapped

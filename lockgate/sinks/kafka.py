@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from lockgate.jvm import ArrowMapOver
     from lockgate.options import Options
 
 logger = logging.getLogger(__name__)
@@ -548,7 +549,7 @@ class KafkaSink(Sink):
         self.options = options
         self._columns = validate_schema(context.schema, options.topic)
         self._query_id: str | None = None
-        self._udf_calls: dict[tuple[Any, ...], Any] = {}
+        self._udf_calls: dict[tuple[Any, ...], ArrowMapOver] = {}
         """The writer's UDF applied to the batch's columns, per input shape (one per run
         in practice): see ``_written``."""
         # The exactly-once writes (transactions) are lockgate's own; Spark's writer has none.
@@ -590,17 +591,18 @@ class KafkaSink(Sink):
         """``prepared.mapInArrow(writer, ...)`` with one UDF and one UDF call per input
         shape for the whole run (as ``lockgate.plan.state_udf.map_with_state``): a
         ``mapInArrow`` per batch would pickle the writer and register a new Python
-        function in the JVM every batch. What changes per batch is the batch id, which
-        the tasks read from a local property."""
-        from lockgate.jvm import arrow_map_call, map_in_arrow
+        function in the JVM every batch, and analyse a new Dataset (the node is copied
+        over each batch's plan instead, :class:`~lockgate.jvm.ArrowMapOver`). What
+        changes per batch is the batch id, which the tasks read from a local property."""
+        from lockgate.jvm import ArrowMapOver, arrow_map_call
 
         key = (names, tuple(sorted(columns.items())) if columns is not None else None)
-        call = self._udf_calls.get(key)
-        if call is None:
-            call = self._udf_calls[key] = arrow_map_call(
-                self.writer(columns), _SUMMARY_SCHEMA, names
+        mapping = self._udf_calls.get(key)
+        if mapping is None:
+            mapping = self._udf_calls[key] = ArrowMapOver(
+                arrow_map_call(self.writer(columns), _SUMMARY_SCHEMA, names)
             )
-        return map_in_arrow(prepared, call)
+        return mapping.apply(prepared)
 
     def addBatch(self, batchId: int, data: DataFrame) -> int | None:
         """Write the batch; the rows of the batch (the written and those a run before
