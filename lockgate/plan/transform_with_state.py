@@ -72,7 +72,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial as bind
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 from pyspark.sql import functions as F
@@ -386,13 +386,12 @@ class TransformWithState(StatefulOperator):
         self, new_input_watermark_ms: int, eviction_watermark_ms: int | None, output_mode: str
     ) -> bool:
         """Spark's: with processing time, always (a timer may be due at any trigger;
-        Spark does not track whether one is); with event time, when the watermark moves
-        on (due timers fire then)."""
+        Spark does not track whether one is); in the other time modes, when the input
+        has a watermark and it moves on (due event-time timers fire then; without any,
+        Spark still runs that batch)."""
         if self.time_mode == "processingTime":
             return True
-        if self.time_mode == "eventTime":
-            return self.watermark_advanced(new_input_watermark_ms, eviction_watermark_ms)
-        return False
+        return self.watermark_advanced(new_input_watermark_ms, eviction_watermark_ms)
 
     @property
     @override
@@ -563,6 +562,7 @@ class TwsTask:
     watermark_ms: int | None = None
     late_watermark_ms: int | None = None
     batch_timestamp_ms: int | None = None
+    deleted_variables: tuple[str, ...] = ()
 
 
 def _build(
@@ -639,6 +639,7 @@ def _build(
         timezone=tz,
         accumulator=ctx.accumulator,
         operator_id=operator_id,
+        deleted_variables=node.deleted_variables,
     )
     params = node.batch_params(ctx, batch_id)
     result = map_with_state(
@@ -759,10 +760,10 @@ class _Timers:
                 self.store.remove(key)
 
     def expired(self, threshold: int) -> Iterator[tuple[int, Any]]:
-        """Due timers (``ts < threshold``, as Spark's), earliest first; each is still
+        """Due timers (``ts <= threshold``, as Spark 4.3's), earliest first; each is still
         registered when it is handed out."""
         heap = self.index.heap
-        while heap and heap[0][0] < threshold:
+        while heap and heap[0][0] <= threshold:
             ts, _, key = heapq.heappop(heap)
             if ts in self.list(key):
                 yield ts, key
@@ -819,6 +820,8 @@ class _Handle:
 
     def _variable(self, name: str, kind: str) -> Any:
         variable = next((v for v in self.task.variables if v.name == name), None)
+        if variable is None and name in self.task.deleted_variables:
+            return _DeletedState(name, kind)  # declared, then deleted in init(): unusable
         if variable is None or variable.kind != kind:
             raise RuntimeError(
                 f"State variable {name!r} ({kind}) was not declared when init() ran on the driver: "
@@ -829,15 +832,18 @@ class _Handle:
         return variable
 
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
-        return ValueState(self, self._variable(stateName, "value"))
+        v = self._variable(stateName, "value")
+        return v if isinstance(v, _DeletedState) else ValueState(self, v)
 
     def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
-        return ListState(self, self._variable(stateName, "list"))
+        v = self._variable(stateName, "list")
+        return v if isinstance(v, _DeletedState) else ListState(self, v)
 
     def getMapState(
         self, stateName: str, userKeySchema: Any, valueSchema: Any, ttlDurationMs: int | None = None
     ) -> Any:
-        return MapState(self, self._variable(stateName, "map"))
+        v = self._variable(stateName, "map")
+        return v if isinstance(v, _DeletedState) else MapState(self, v)
 
     def _check_timers(self, operation: str) -> None:
         if self.task.time_mode == "none":
@@ -865,10 +871,43 @@ class _Handle:
     def deleteIfExists(self, stateName: str) -> None:
         store = self.stores.get(stateName)
         if store is None:
+            if stateName in self.task.deleted_variables:
+                self.metrics["numDeletedStateVars"] += 1
             return
         for key in list(store.map):
             store.remove(key)
         self.metrics["numDeletedStateVars"] += 1
+
+
+class _DeletedState:
+    """A state variable ``init`` declared and then deleted (``deleteIfExists``), as the
+    executor's ``init`` gets it again: every use fails as Spark's does ("Error checking
+    value state exists: ..."), since its state is gone and the name not declared."""
+
+    _VERBS: ClassVar[dict[str, str]] = {
+        "exists": "checking {k} state exists",
+        "get": "getting {k} state",
+        "update": "updating {k} state",
+        "clear": "clearing {k} state",
+    }
+
+    def __init__(self, name: str, kind: str) -> None:
+        self._name, self._kind = name, kind
+
+    def __getattr__(self, attr: str) -> Any:
+        from pyspark.errors import PySparkRuntimeError
+
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            verb = self._VERBS.get(attr, attr + " on {k} state").format(k=self._kind)
+            raise PySparkRuntimeError(
+                f"Error {verb}: state variable {self._name!r} was deleted in init() "
+                "(deleteIfExists) and not declared again."
+            )
+
+        return fail
 
 
 class _TTLIndex:
@@ -1161,7 +1200,7 @@ class _Converter:
 
     def rows(self, table: pa.Table) -> Any:
         if self.task.pandas:
-            pdf = table.to_pandas()
+            pdf = table.to_pandas(coerce_temporal_nanoseconds=True)
             for name in self.timestamp_columns:
                 series = pdf[name]
                 if getattr(series.dt, "tz", None) is not None:
@@ -1328,7 +1367,7 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
                 processor.handleInitialState(convert.key(key), state, timer_values)
     if tables:
         table = pa.concat_tables(tables)
-        if task.late_watermark_ms is not None and task.event_time_column is not None and task.event_time_column in table.column_names:
+        if task.time_mode == "eventTime" and task.late_watermark_ms is not None and task.event_time_column is not None and task.event_time_column in table.column_names:
             import pyarrow.compute as pc
 
             times = micros_array(table.column(task.event_time_column))

@@ -13,7 +13,7 @@ from lockgate.jvm import ArrowMapOver, arrow_map_call, map_in_arrow
 SUMMARY = pa.schema([("rows", pa.int64()), ("chars", pa.int64())])
 
 
-def _total(df):  # noqa: ANN001, ANN202
+def _total(df):
     return sorted(tuple(r) for r in df.collect())
 
 

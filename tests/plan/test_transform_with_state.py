@@ -898,3 +898,88 @@ def test_nested_state_schemas_with_a_restart(spark, ls, tmp_path):
         assert mine.schema == native.schema, options
         assert _ttl_rows(mine) == _ttl_rows(native), options
         assert mine.count() > 0, options
+
+
+class AtWatermark(StatefulProcessor):
+    """Registers a timer at the watermark it is handed (Spark fires a timer at the
+    watermark in the same batch), reports its rows' latest event time in whole seconds
+    from pandas' nanoseconds, and declares a variable in ``init`` that it then deletes
+    (whose use Spark refuses)."""
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.temp = handle.getValueState("temp", "t long")
+        handle.deleteIfExists("temp")
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        from pyspark.errors import PySparkRuntimeError
+
+        latest = max(int(pdf["ts"].astype("int64").max()) // 10**9 for pdf in rows)
+        try:
+            self.temp.exists()
+            refused = False
+        except PySparkRuntimeError as exc:
+            refused = "Error checking value state exists" in str(exc)
+        watermark = timerValues.getCurrentWatermarkInMs()
+        self.handle.registerTimer(watermark)
+        yield pd.DataFrame({"k": [key[0]], "latest": [latest], "refused": [refused], "fired": [-1]})
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
+        yield pd.DataFrame(
+            {"k": [key[0]], "latest": [-1], "refused": [False], "fired": [expiredTimerInfo.getExpiryTimeInMs()]}
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_timer_at_the_watermark_fires_in_its_batch_and_a_deleted_variable_refuses_use(spark, ls, tmp_path):
+    run = Run(
+        spark, ls, tmp_path,
+        lambda df: df.withWatermark("ts", "5 seconds").groupBy("k").transformWithStateInPandas(
+            AtWatermark(), "k string, latest long, refused boolean, fired long", "update", "EventTime"
+        ),
+        "update", "ts TIMESTAMP, k STRING, v LONG",
+    )
+    run.start()
+    run.step([ev(10, "a", 1), ev(12, "b", 1)])
+    run.step([ev(20, "a", 1), ev(30, "c", 1)])  # the timers at watermark 7 s are due at 25 s
+    run.step([ev(31, "b", 1)])
+    assert any(row["fired"] > 0 for _, rows in run.batches["lockgate"] for row in rows)
+    assert all(row["refused"] for _, rows in run.batches["lockgate"] for row in rows if row["fired"] < 0)
+    assert run.operators("lockgate") == run.operators("native")
+    run.stop()
+
+
+class CountsRows(StatefulProcessor):
+    """Counts each key's rows, late or not (outside event-time mode none is dropped)."""
+
+    def init(self, handle: Any) -> None:
+        self.count = handle.getValueState("count", "n long")
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        n = (self.count.get() or (0,))[0] + sum(len(pdf) for pdf in rows)
+        self.count.update((n,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+    def close(self) -> None:
+        pass
+
+
+def test_late_rows_reach_a_processor_that_is_not_in_event_time_mode(spark, ls, tmp_path):
+    """A watermark on the input drops late rows before the processor only in event-time
+    mode, as in Spark; in the other time modes every row reaches it. (Time mode "None":
+    in processing-time mode every trigger runs a batch, so a native query is never idle
+    for processAllAvailable.)"""
+    run = Run(
+        spark, ls, tmp_path,
+        lambda df: df.withWatermark("ts", "5 seconds").groupBy("k").transformWithStateInPandas(
+            CountsRows(), "k string, n long", "update", "None"
+        ),
+        "update", "ts TIMESTAMP, k STRING, v LONG",
+    )
+    run.start()
+    run.step([ev(20, "a", 1), ev(30, "b", 1)])
+    run.step([ev(1, "a", 1), ev(2, "a", 1), ev(40, "b", 1)])  # a's rows are behind the watermark (25 s)
+    assert [r["n"] for _, rows in run.batches["lockgate"] for r in rows if r["k"] == "a"][-1] == 3
+    run.stop()
