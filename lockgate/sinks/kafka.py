@@ -413,7 +413,7 @@ class PartitionWriter:
 
         producer = client.producer
         if client.last_batch is None or client.last_batch >= self.batch:
-            marker = client.consumer.committed([KTP(self.marker_topic, 0)], timeout=timeout)[0]
+            marker = committed_marker(client.consumer, KTP(self.marker_topic, 0), timeout)
             committed = marker.offset
             if committed is not None and committed > self.batch:
                 logger.info(
@@ -452,6 +452,31 @@ class PartitionWriter:
         client.in_transaction = False
         client.last_batch = self.batch
         return True
+
+
+_COORDINATOR_MOVING = frozenset({14, 15, 16})
+"""``COORDINATOR_LOAD_IN_PROGRESS``, ``COORDINATOR_NOT_AVAILABLE``, ``NOT_COORDINATOR``:
+the group's coordinator is starting or moving (a broker just started or restarted)."""
+
+
+def committed_marker(consumer: Any, partition: Any, timeout: float) -> Any:
+    """The marker's committed offset, asked again while the group's coordinator is
+    starting or moving (librdkafka reports those as errors of ``committed()`` instead of
+    retrying them), up to ``timeout`` seconds in all."""
+    import time
+
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.committed([partition], timeout=max(0.1, deadline - time.monotonic()))[0]
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            code = error.code() if hasattr(error, "code") else None
+            if code not in _COORDINATOR_MOVING or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
 
 
 ABORT_TIMEOUT_S = 5.0
