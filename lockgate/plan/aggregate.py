@@ -495,29 +495,28 @@ def _merge_columns(
         return None
     previous = list(map(store.map.get, keys))
 
-    def before(i: int) -> pa.Array:
-        return pa.array([None if p is None else p[i] for p in previous], type=value_fields[i].type)
-
-    def now(i: int) -> pa.Array:
-        return table.column(value_fields[i].name).combine_chunks().cast(value_fields[i].type)
+    # each buffer column of the state and of the batch, built once
+    before = [
+        pa.array([None if p is None else p[i] for p in previous], type=f.type) for i, f in enumerate(value_fields)
+    ]
+    now = [table.column(f.name).combine_chunks().cast(f.type) for f in value_fields]
+    new_key = pa.array([p is None for p in previous], type=pa.bool_())
 
     value_columns: list[pa.Array] = []
     while len(value_columns) < len(value_fields):
         i = len(value_columns)
         kind, kind_type = task.merges[i], value_fields[i].type
         if kind == "moments":
-            new_key = pa.array([p is None for p in previous], type=pa.bool_())
-            merged = _merge_moments([before(j) for j in range(i, i + 3)], [now(j) for j in range(i, i + 3)])
-            value_columns += [pc.if_else(new_key, now(j), m) for j, m in zip(range(i, i + 3), merged)]
+            merged = _merge_moments(before[i : i + 3], now[i : i + 3])
+            value_columns += [pc.if_else(new_key, now[j], m) for j, m in zip(range(i, i + 3), merged)]
         elif kind in ("first", "last"):
-            new_key = pa.array([p is None for p in previous], type=pa.bool_())
-            merged = _first_or_last(kind, (before(i), before(i + 1)), (now(i), now(i + 1)))
-            value_columns += [pc.if_else(new_key, now(j), m) for j, m in zip((i, i + 1), merged)]
+            merged = _first_or_last(kind, (before[i], before[i + 1]), (now[i], now[i + 1]))
+            value_columns += [pc.if_else(new_key, now[j], m) for j, m in zip((i, i + 1), merged)]
         elif kind in ("min", "max"):
-            value_columns.append(_extreme(kind, before(i), now(i)))
+            value_columns.append(_extreme(kind, before[i], now[i]))
         else:
             add = pc.add_checked if pa.types.is_integer(kind_type) else pc.add
-            value_columns.append(pc.coalesce(add(before(i), now(i)), before(i), now(i)))
+            value_columns.append(pc.coalesce(add(before[i], now[i]), before[i], now[i]))
     values = list(zip(*[batch_values(c) for c in value_columns]))
     rows = pa.Table.from_arrays(key_columns + value_columns, names=[f.name for f in key_fields + value_fields])
     store.put_columns(keys, values, rows)

@@ -831,19 +831,20 @@ class _Handle:
         self.metrics[f"num{kind.capitalize()}State{ttl}Vars"] += 1
         return variable
 
+    def _state(self, name: str, kind: str, make: Callable[[Any, Any], Any]) -> Any:
+        variable = self._variable(name, kind)
+        return variable if isinstance(variable, _DeletedState) else make(self, variable)
+
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
-        v = self._variable(stateName, "value")
-        return v if isinstance(v, _DeletedState) else ValueState(self, v)
+        return self._state(stateName, "value", ValueState)
 
     def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
-        v = self._variable(stateName, "list")
-        return v if isinstance(v, _DeletedState) else ListState(self, v)
+        return self._state(stateName, "list", ListState)
 
     def getMapState(
         self, stateName: str, userKeySchema: Any, valueSchema: Any, ttlDurationMs: int | None = None
     ) -> Any:
-        v = self._variable(stateName, "map")
-        return v if isinstance(v, _DeletedState) else MapState(self, v)
+        return self._state(stateName, "map", MapState)
 
     def _check_timers(self, operation: str) -> None:
         if self.task.time_mode == "none":
