@@ -65,8 +65,10 @@ the operator in time mode ``processingTime`` with an ``eventTimeColumnName``
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
+import math
 import pickle
 import time
 from collections.abc import Callable, Iterator
@@ -88,7 +90,8 @@ from pyspark.sql.types import (
 
 from lockgate.checkpoint.fs import resolve_filesystem
 from lockgate.compat import override
-from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.errors import AnalysisError, NotSupportedYetError, OptionError
+from lockgate.options import Options
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
 from lockgate.plan.state_udf import map_with_state, with_batch_params
@@ -102,6 +105,7 @@ from lockgate.state.schema import (
     OperatorStateSchema,
     read_schema_file,
     stored_schema,
+    variable_store_keys,
 )
 from lockgate.state.store import StateStore, StateStoreConf, column_values, hashable, micros_array
 
@@ -118,6 +122,8 @@ _OUTPUT_MODES = {"append": "append", "update": "update"}
 _KEY_PREFIX = "__lockgate_tws_key_"
 _INIT_PREFIX = "__lockgate_tws_init_"
 _INIT_MARK = "__lockgate_tws_initial"
+_UNLIMITED = 2**31 - 1
+"""Spark's ``Int.MaxValue``: no limit on a chunk's rows or bytes."""
 
 
 # -- state variables declared by init() ---------------------------------------------------
@@ -563,6 +569,43 @@ class TwsTask:
     late_watermark_ms: int | None = None
     batch_timestamp_ms: int | None = None
     deleted_variables: tuple[str, ...] = ()
+    max_records_per_chunk: int = _UNLIMITED
+    """A key's rows reach ``handleInputRows`` (pandas) in DataFrames of at most this
+    many rows: ``spark.sql.execution.arrow.maxRecordsPerBatch`` (<= 0: unlimited)."""
+    max_bytes_per_chunk: int = _UNLIMITED
+    """... and of about at most this many bytes (the input's average Arrow row size
+    times the rows): ``spark.sql.execution.arrow.maxBytesPerBatch``."""
+
+
+def _chunk_limits(spark: Any) -> tuple[int, int]:
+    """pyspark's transformWithStateInPandas worker splits each key's rows into
+    DataFrames by these two Arrow limits; lockgate splits them the same way."""
+    records_key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    bytes_key = "spark.sql.execution.arrow.maxBytesPerBatch"
+    conf = Options(
+        {records_key: spark.conf.get(records_key, "10000"), bytes_key: spark.conf.get(bytes_key, str(_UNLIMITED))},
+        owner="SQL conf",
+    )
+    records = conf.get_int(records_key, 10000)
+    size = conf.get_size_bytes(bytes_key, _UNLIMITED)
+    return (records if records > 0 else _UNLIMITED), (size if size > 0 else _UNLIMITED)
+
+
+def _chunk_rows(task: TwsTask, table: pa.Table) -> int:
+    """How many of a key's rows make one chunk, as pyspark's worker cuts them: a chunk
+    ends when it reaches ``max_records_per_chunk`` rows or its rows times the input's
+    average Arrow row size reach ``max_bytes_per_chunk``."""
+    rows = task.max_records_per_chunk
+    if task.max_bytes_per_chunk != _UNLIMITED and table.num_rows:
+        average = table.nbytes / table.num_rows
+        if average > 0:
+            rows = min(rows, max(1, math.ceil(task.max_bytes_per_chunk / average)))
+    return max(1, rows)
+
+
+def _chunks(indices: list[int], size: int) -> Iterator[pa.Array]:
+    for start in range(0, len(indices), size):
+        yield pa.array(indices[start : start + size], type=pa.int64())
 
 
 def _build(
@@ -599,16 +642,20 @@ def _build(
     ctx.schema_of(node, staged, "staged/initial" if initial_columns else "staged")
     tz = ctx.session_timezone
     key_arrow = schema_to_arrow(node.key_schema, tz)
+    store_keys = variable_store_keys(key_arrow)
 
     versions = _variables_since(node, ctx.state_root, operator_id, batch_id)
     since = versions.since
+    threshold = ctx.cache.get(
+        node, f"evolution/{versions.encoding}", lambda: _evolution_threshold(child.sparkSession, versions.encoding)
+    )
 
     def conf(name: str, value: StructType) -> StateStoreConf:
         return StateStoreConf(
             root=ctx.state_root,
             operator_id=operator_id,
             num_partitions=n,
-            key_schema=key_arrow,
+            key_schema=store_keys,
             value_schema=schema_to_arrow(value, tz),
             snapshot_interval=ctx.snapshot_interval,
             background_snapshot_min_rows=ctx.background_snapshot_min_rows,
@@ -617,6 +664,7 @@ def _build(
             checkpoint_id=ctx.checkpoint_id,
             first_version=since.get(name, 0),
             gap=tuple(versions.gaps[name]) if name in versions.gaps else None,  # type: ignore[arg-type]
+            values_by_name=threshold is not None and name != TIMERS,
         )
 
     stores = {v.name: conf(v.name, v.value_type()) for v in node.variables}
@@ -641,6 +689,9 @@ def _build(
         operator_id=operator_id,
         deleted_variables=node.deleted_variables,
     )
+    if node.pandas:
+        records, size = ctx.cache.get(node, "chunk_limits", lambda: _chunk_limits(child.sparkSession))
+        task = dataclasses.replace(task, max_records_per_chunk=records, max_bytes_per_chunk=size)
     params = node.batch_params(ctx, batch_id)
     result = map_with_state(
         staged, ctx, node, lambda: bind(run_tws_task, task), node.output_schema, operator_id, params, n
@@ -659,6 +710,7 @@ def _build(
         variables_removed=versions.removed,
         variables_gaps=versions.gaps,
         time_mode=node.time_mode,
+        evolution_threshold=threshold,
     )
 
 
@@ -667,6 +719,25 @@ class _VariableVersions:
     since: dict[str, int]
     removed: dict[str, list[int]]
     gaps: dict[str, list[int]]
+    encoding: str | None
+    """The state's encoding recorded in the checkpoint (None: no state yet)."""
+
+
+def _evolution_threshold(spark: Any, recorded: str | None) -> int | None:
+    """How many times a state variable's value schema may evolve: Spark's
+    ``valueStateSchemaEvolutionThreshold`` when the state is encoded as Avro (the
+    checkpoint's encoding, or on a first run ``spark.sql.streaming.stateStore.encodingFormat``),
+    else None: with Spark's default ``unsaferow`` a value schema may not change."""
+    encoding = recorded or str(spark.conf.get("spark.sql.streaming.stateStore.encodingFormat", "unsaferow"))
+    if encoding.strip().lower() != "avro":
+        if encoding.strip().lower() != "unsaferow":
+            raise OptionError(
+                f"spark.sql.streaming.stateStore.encodingFormat={encoding!r} is not a state "
+                "encoding: use 'unsaferow' (the default) or 'avro'."
+            )
+        return None
+    key = "spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold"
+    return Options({key: spark.conf.get(key, "16")}, owner="SQL conf").get_int(key, 16, minimum=0)
 
 
 def _variables_since(node: TransformWithState, state_root: str, operator_id: int, batch_id: int) -> _VariableVersions:
@@ -680,7 +751,7 @@ def _variables_since(node: TransformWithState, state_root: str, operator_id: int
     fs, path = resolve_filesystem(f"{state_root.rstrip('/')}/{operator_id}/_metadata/schema")
     stored = read_schema_file(fs, path, operator_id)
     if stored is None:
-        return _VariableVersions({}, {}, {})
+        return _VariableVersions({}, {}, {}, None)
     known = set(stored_schema(stored, "value").names)
     previous = stored.get("stateVariablesSince") or {}
     removed = {k: list(v) for k, v in (stored.get("stateVariablesRemoved") or {}).items()}
@@ -717,7 +788,7 @@ def _variables_since(node: TransformWithState, state_root: str, operator_id: int
             since[name] = batch_id
         elif previous.get(name):
             since[name] = int(previous[name])
-    return _VariableVersions(since, removed, gaps)
+    return _VariableVersions(since, removed, gaps, str(stored.get("encodingFormat") or "unsaferow"))
 
 
 def _grouping_column(item: Any) -> Any:
@@ -1361,10 +1432,14 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
         init_data = initial.select([f"{_INIT_PREFIX}{c}" for c in task.initial_columns]).rename_columns(
             list(task.initial_columns)
         )
+        size = _chunk_rows(task, initial)
         for key, indices in groups.items():
-            rows = convert.rows(init_data.take(pa.array(indices, type=pa.int64())))
             handle.key = key
-            for state in [rows] if task.pandas else rows:
+            if task.pandas:
+                for chunk in _chunks(indices, size):
+                    processor.handleInitialState(convert.key(key), convert.rows(init_data.take(chunk)), timer_values)
+                continue
+            for state in convert.rows(init_data.take(pa.array(indices, type=pa.int64()))):
                 processor.handleInitialState(convert.key(key), state, timer_values)
     if tables:
         table = pa.concat_tables(tables)
@@ -1380,11 +1455,15 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
         for i, key in enumerate(keys):
             groups.setdefault(key, []).append(i)
         data = table.select(list(task.input_columns))
+        size = _chunk_rows(task, table)
         for key, indices in groups.items():
-            rows = convert.rows(data.take(pa.array(indices, type=pa.int64())))
             handle.key = key
             user_key = convert.key(key)
-            results = processor.handleInputRows(user_key, iter([rows] if task.pandas else rows), timer_values)
+            if task.pandas:
+                rows = (convert.rows(data.take(chunk)) for chunk in _chunks(indices, size))
+            else:
+                rows = iter(convert.rows(data.take(pa.array(indices, type=pa.int64()))))
+            results = processor.handleInputRows(user_key, rows, timer_values)
             convert.collect(results, "handleInputRows", collected)
             if len(collected) >= _OUTPUT_CHUNK:
                 yield from _checked(task, convert.batches(collected))

@@ -31,6 +31,7 @@ from lockgate.state.schema import (
     TTL_LIST_COLUMN,
     read_schema_file,
     stored_schema,
+    variable_store_keys,
 )
 from lockgate.state.store import StateStoreConf, read_state_table
 
@@ -380,9 +381,10 @@ def _read_transform_with_state(
         root=fs.join(root, "state"),
         operator_id=operator_id,
         num_partitions=num_partitions,
-        key_schema=key_schema,
+        key_schema=variable_store_keys(key_schema),
         value_schema=pa.schema([stored.field(i) for i in range(stored.num_fields)]),
         store_name=store,
+        values_by_name=meta.get("encodingFormat") == "avro" and not timers,
     )
     tz = str(spark.conf.get("spark.sql.session.timeZone", "UTC"))
     out_arrow = schema_to_arrow(out, tz)
@@ -437,7 +439,7 @@ def _read_variable_partition(
             columns = [c.cast(out_schema.field(i + 1).type) for i, c in enumerate(columns)]
             num_rows = len(keys[0]) if keys else (len(columns[0]) if columns else 0)
             key = (
-                pa.StructArray.from_arrays(keys, names=key_names).cast(out_key)
+                pa.StructArray.from_arrays(keys, names=[f.name for f in out_key]).cast(out_key)
                 if keys
                 else pa.array([{}] * num_rows, type=out_key)
             )

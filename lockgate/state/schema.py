@@ -11,6 +11,7 @@ rewritten (:attr:`OperatorStateSchema.variables_since`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,15 @@ TTL_LIST_COLUMN = "$ttlExpirationsMs"
 """A ``ListState`` or ``MapState`` with TTL: each element's (map entry's) expiration."""
 
 
+def variable_store_keys(key_schema: pa.Schema) -> pa.Schema:
+    """The key columns of a transformWithState variable's store: the grouping keys under
+    reserved names, so that a grouping key may share its name with a field of the
+    variable's value (Spark keeps key and value apart; one flat table cannot). Files
+    written before under the grouping keys' own names read the same: key columns are
+    matched by position."""
+    return pa.schema([f.with_name(f"$key{i}") for i, f in enumerate(key_schema)])
+
+
 @dataclass(frozen=True)
 class OperatorStateSchema:
     operator_id: int
@@ -80,6 +90,14 @@ class OperatorStateSchema:
     time_mode: str | None = None
     """transformWithState: its ``timeMode`` (``none``, ``processingTime``,
     ``eventTime``), for the state reader (Spark's operator properties keep it)."""
+    evolution_threshold: int | None = None
+    """transformWithState with ``spark.sql.streaming.stateStore.encodingFormat=avro``:
+    a state variable's value schema may evolve by Avro's rules (:func:`avro_evolvable`)
+    at most this many times (``...stateStore.valueStateSchemaEvolutionThreshold``), its
+    files read by name (``StateStoreConf.values_by_name``). None: Spark's default
+    ``unsaferow`` encoding, where a value schema may not change."""
+    variables_evolutions: dict[str, int] | None = None
+    """How many times each state variable's value schema has evolved (avro)."""
 
     def to_json(self) -> str:
         extra: dict[str, Any] = {}
@@ -91,6 +109,10 @@ class OperatorStateSchema:
             extra["stateVariablesGaps"] = self.variables_gaps
         if self.time_mode is not None:
             extra["timeMode"] = self.time_mode
+        if self.evolution_threshold is not None:
+            extra["encodingFormat"] = "avro"
+        if self.variables_evolutions:
+            extra["stateVariablesEvolutions"] = self.variables_evolutions
         if self.key_nesting is not None:
             extra["keyNesting"] = [[name, None if parts is None else list(parts)] for name, parts in self.key_nesting]
         if self.value_names is not None:
@@ -218,6 +240,42 @@ def _check_or_write_schema(
             for f in schema.value_schema
             if f.name in old_names
         ]
+    evolutions = dict(stored.get("stateVariablesEvolutions") or {})
+    if schema.variables_since is not None and schema.evolution_threshold is not None:
+        # avro: each variable's value schema may evolve (Spark's Avro schema resolution)
+        old_values = stored_schema(stored, "value")
+        pairs[1:] = []
+        for f in schema.value_schema:
+            if f.name not in old_values.names or not check_schemas:
+                continue
+            old = old_values.field(f.name)
+            if schemas_compatible(pa.schema([old]), pa.schema([f])) and old.type.equals(f.type):
+                continue
+            if not avro_evolvable(old.type, f.type):
+                raise CheckpointError(
+                    "[STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION] Schema evolution is not "
+                    f"possible new_value_schema={spark_type_string(f.type)} and old_value_schema="
+                    f"{spark_type_string(old.type)}. Avro's schema resolution allows adding "
+                    "and removing nullable fields, reordering fields, and widening a type "
+                    "(int to long, float or double; long to float or double; float to double; "
+                    "string to binary and back). (The query's "
+                    f"{op} (state variable {f.name!r}), state schema file {path}.) Keep the "
+                    "field's type, give the variable a new name, or start the query with a "
+                    "new checkpoint location.",
+                    path=path,
+                )
+            evolutions[f.name] = int(evolutions.get(f.name, 0)) + 1
+            if evolutions[f.name] > schema.evolution_threshold:
+                raise CheckpointError(
+                    "[STATE_STORE_VALUE_SCHEMA_EVOLUTION_THRESHOLD_EXCEEDED] The number of "
+                    f"state schema evolutions {evolutions[f.name]} exceeds the maximum number "
+                    f"of state schema evolutions, {schema.evolution_threshold}, allowed for "
+                    f"this column family. Offending column family: {f.name}. Please set "
+                    "'spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold' to a "
+                    "higher number, or revert the state schema modification.",
+                    path=path,
+                )
+        schema = dataclasses.replace(schema, variables_evolutions=evolutions or None)
     for which, old_schema, new_schema, variable in pairs if check_schemas else []:
         error_class = f"STATE_STORE_{which.upper()}_SCHEMA_NOT_COMPATIBLE"
         if not schemas_compatible(old_schema, new_schema):
@@ -233,15 +291,73 @@ def _check_or_write_schema(
                 path=path,
             )
     if schema.variables_since is not None and (
-        stored_schema(stored, "value").names != schema.value_schema.names
+        not stored_schema(stored, "value").equals(schema.value_schema)
         or stored.get("stateVariablesSince") != schema.variables_since
         or stored.get("stateVariablesRemoved") != (schema.variables_removed or None)
         or stored.get("stateVariablesGaps") != (schema.variables_gaps or None)
         or stored.get("timeMode") != schema.time_mode
+        or stored.get("stateVariablesEvolutions") != schema.variables_evolutions
+        or stored.get("encodingFormat") != ("avro" if schema.evolution_threshold is not None else None)
     ):
-        # variables added or removed: the file now describes the query's (Spark writes a
-        # new schema file then)
+        # variables added, removed or evolved: the file now describes the query's (Spark
+        # writes a new schema file then)
         write_checked(fs, path, schema.to_json().encode("utf-8"), overwrite=True)
+
+
+_AVRO_WIDENINGS = {
+    "int8": ("int16", "int32", "int64", "float", "double"),
+    "int16": ("int32", "int64", "float", "double"),
+    "int32": ("int64", "float", "double"),
+    "int64": ("float", "double"),
+    "float": ("double",),
+    "string": ("binary",),
+    "binary": ("string",),
+}
+
+
+def avro_evolvable(old: pa.DataType, new: pa.DataType) -> bool:
+    """Whether state written as ``old`` reads as ``new`` by Avro's schema resolution,
+    which Spark applies to state encoded as Avro: struct fields matched by name (one
+    added reads as null, one removed is skipped), lists and maps element-wise, and a
+    type widened as Avro promotes it (Spark's bytes and shorts are Avro ints)."""
+    if pa.types.is_struct(old) and pa.types.is_struct(new):
+        before = {old.field(i).name: old.field(i).type for i in range(old.num_fields)}
+        return all(
+            avro_evolvable(before[f.name], f.type) if f.name in before else f.nullable for f in new
+        )
+    if pa.types.is_map(old) and pa.types.is_map(new):
+        return avro_evolvable(old.key_type, new.key_type) and avro_evolvable(old.item_type, new.item_type)
+    if pa.types.is_list(old) and pa.types.is_list(new):
+        return avro_evolvable(old.value_type, new.value_type)
+    if _types_compatible(old, new):
+        return True
+    return str(new) in _AVRO_WIDENINGS.get(str(old), ())
+
+
+def spark_type_string(t: pa.DataType) -> str:
+    """An Arrow type of state as Spark's Scala ``DataType.toString`` renders it
+    (``StructType(StructField(id,IntegerType,true))``), for Spark's error messages."""
+    if pa.types.is_struct(t):
+        fields = ",".join(
+            f"StructField({t.field(i).name},{spark_type_string(t.field(i).type)},{str(t.field(i).nullable).lower()})"
+            for i in range(t.num_fields)
+        )
+        return f"StructType({fields})"
+    if pa.types.is_map(t):
+        return f"MapType({spark_type_string(t.key_type)},{spark_type_string(t.item_type)},{str(t.item_field.nullable).lower()})"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"ArrayType({spark_type_string(t.value_type)},{str(t.value_field.nullable).lower()})"
+    if pa.types.is_decimal(t):
+        return f"DecimalType({t.precision},{t.scale})"
+    if pa.types.is_timestamp(t):
+        return "TimestampType" if t.tz is not None else "TimestampNTZType"
+    names = {
+        "int8": "ByteType", "int16": "ShortType", "int32": "IntegerType", "int64": "LongType",
+        "float": "FloatType", "double": "DoubleType", "string": "StringType", "large_string": "StringType",
+        "binary": "BinaryType", "large_binary": "BinaryType", "bool": "BooleanType", "date32[day]": "DateType",
+        "null": "NullType",
+    }
+    return names.get(str(t), str(t))
 
 
 def stored_schema(meta: dict, which: str) -> pa.Schema:  # type: ignore[type-arg]

@@ -137,6 +137,12 @@ class StateStoreConf:
     the worker after the task has committed, as Spark's maintenance task does, so the
     batch does not wait for the whole partition to be written; a smaller partition (or
     every partition, when None) writes it in the task."""
+    values_by_name: bool = False
+    """Read the value columns of files by name, as Avro reads a record written with an
+    older schema (``spark.sql.streaming.stateStore.encodingFormat=avro``): a field the
+    file lacks reads as null, one the query dropped is left out, and a widened type is
+    cast (int to long, float to double, ...); nested structs alike. Key columns are
+    matched by position either way."""
     timestamps_as_micros: bool = False
     """Hold top-level timestamp columns of keys and values in memory as ``int``
     microseconds since the epoch instead of ``datetime`` objects (the files keep their
@@ -164,10 +170,16 @@ def _partition_dir(conf: StateStoreConf, partition: int) -> str:
 # -- worker-level cache ----------------------------------------------------------------
 _CacheEntry = tuple[int, dict[Key, Value], Any]
 """(version, map, auxiliary index of the operator or None)."""
-_cache: collections.OrderedDict[tuple[str, str, int, int, str | None], _CacheEntry] = (
+_cache: collections.OrderedDict[tuple[str, str, int, int, str | None, pa.Schema], _CacheEntry] = (
     collections.OrderedDict()
 )
 _cache_lock = threading.Lock()
+
+
+def _cache_key(conf: StateStoreConf, partition: int) -> tuple[str, str, int, int, str | None, pa.Schema]:
+    """A cached partition serves only the same value schema: a restart that evolved a
+    state variable's schema reads its state again from the files, in the new layout."""
+    return (conf.checkpoint_id, conf.root, conf.operator_id, partition, conf.store_name, conf.value_schema)
 
 
 def _cache_take(conf: StateStoreConf, partition: int, version: int) -> _CacheEntry | None:
@@ -177,7 +189,7 @@ def _cache_take(conf: StateStoreConf, partition: int, version: int) -> _CacheEnt
     map behind. An older cached version is caught up from the deltas after it, which
     costs what those batches changed, not the size of the state.
     """
-    key = (conf.checkpoint_id, conf.root, conf.operator_id, partition, conf.store_name)
+    key = _cache_key(conf, partition)
     with _cache_lock:
         entry = _cache.pop(key, None)
     if entry is not None and entry[0] <= version:
@@ -188,7 +200,7 @@ def _cache_take(conf: StateStoreConf, partition: int, version: int) -> _CacheEnt
 def _cache_put(
     conf: StateStoreConf, partition: int, version: int, state: dict[Key, Value], aux: Any = None
 ) -> None:
-    key = (conf.checkpoint_id, conf.root, conf.operator_id, partition, conf.store_name)
+    key = _cache_key(conf, partition)
     with _cache_lock:
         _cache[key] = (version, state, aux)
         _cache.move_to_end(key)
@@ -290,7 +302,9 @@ def _write_table(fs: CheckpointFileSystem, path: str, table: pa.Table, kind: str
     write_checked(fs, path, sink.getvalue().to_pybytes(), overwrite=True, algorithm=CRC32)
 
 
-def _read_table(fs: CheckpointFileSystem, path: str, expected: pa.Schema, where: str) -> pa.Table:
+def _read_table(
+    fs: CheckpointFileSystem, path: str, expected: pa.Schema, where: str, key_count: int | None = None
+) -> pa.Table:
     """One state file, verified against its checksum, under the names of ``expected``
     (the key and value columns); ``where`` names the operator and partition for the
     errors."""
@@ -324,7 +338,73 @@ def _read_table(fs: CheckpointFileSystem, path: str, expected: pa.Schema, where:
             f"lockgate reads format {FORMAT_VERSION!r}. {_FIX_CORRUPT}",
             path=path,
         )
+    if key_count is not None:
+        return _values_by_name(table, expected, key_count, path, where)
     return _as_columns(table, expected, path, where)
+
+
+def _values_by_name(table: pa.Table, expected: pa.Schema, key_count: int, path: str, where: str) -> pa.Table:
+    """A state file's table with its first ``key_count`` columns matched to the query's
+    keys by position and its value columns by name (:attr:`StateStoreConf.values_by_name`)."""
+    names = [n for n in table.schema.names if n != _OP_COLUMN]
+    ops = [table.column(_OP_COLUMN)] if _OP_COLUMN in table.schema.names else []
+    if len(names) < key_count:
+        raise StateStoreError(
+            f"State file {path} of {where} has columns {names}, expected {key_count} key "
+            "columns first: the state was written by a different query. Start this query "
+            "with a new checkpoint location.",
+            path=path,
+        )
+    values = dict(zip(names[key_count:], range(key_count, len(names))))
+    columns = []
+    try:
+        for i, f in enumerate(expected):
+            if i < key_count:
+                columns.append(evolve_array(table.column(i).combine_chunks(), f.type))
+            elif f.name in values:
+                columns.append(evolve_array(table.column(values[f.name]).combine_chunks(), f.type))
+            else:
+                columns.append(pa.nulls(table.num_rows, f.type))
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        raise StateStoreError(
+            f"State file {path} of {where} has schema {table.schema.remove_metadata()}, which "
+            f"cannot be read as {expected}: {exc}. Start this query with a new checkpoint "
+            "location.",
+            path=path,
+        ) from exc
+    fields = [f.with_nullable(True) for f in expected] + [table.schema.field(_OP_COLUMN)] * len(ops)
+    return pa.Table.from_arrays(
+        columns + [c.combine_chunks() for c in ops], schema=pa.schema(fields, metadata=table.schema.metadata)
+    )
+
+
+def evolve_array(array: pa.Array, target: pa.DataType) -> pa.Array:
+    """``array`` read as ``target`` by Avro's rules of schema resolution: struct fields by
+    name (missing ones null, extra ones dropped), lists and maps element-wise, and any
+    other type cast (a widening: :func:`lockgate.state.schema.avro_evolvable` checked it)."""
+    if array.type.equals(target):
+        return array
+    mask = array.is_null() if array.null_count else None
+    if pa.types.is_struct(target) and pa.types.is_struct(array.type):
+        present = {array.type.field(i).name: i for i in range(array.type.num_fields)}
+        children = [
+            evolve_array(array.field(present[f.name]), f.type) if f.name in present else pa.nulls(len(array), f.type)
+            for f in target
+        ]
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
+    if pa.types.is_map(target) and pa.types.is_map(array.type):
+        return pa.MapArray.from_arrays(
+            array.offsets,
+            evolve_array(array.keys, target.key_type),
+            evolve_array(array.items, target.item_type),
+            type=target,
+            mask=mask,
+        )
+    if pa.types.is_list(target) and pa.types.is_list(array.type):
+        return pa.ListArray.from_arrays(
+            array.offsets, evolve_array(array.values, target.value_type), type=target, mask=mask
+        )
+    return array.cast(target)
 
 
 def _as_columns(table: pa.Table, expected: pa.Schema, path: str, where: str) -> pa.Table:
@@ -585,7 +665,8 @@ class StateStore:
 
     def _read(self, path: str) -> pa.Table:
         expected = pa.schema(list(self.conf.key_schema) + list(self.conf.value_schema))
-        return _read_table(self.fs, path, expected, self.where)
+        by_name = len(self.conf.key_schema) if self.conf.values_by_name else None
+        return _read_table(self.fs, path, expected, self.where, by_name)
 
     def _version_tables(self, base: int, version: int) -> list[pa.Table]:
         """Snapshot ``base`` (if any) and the deltas after it up to ``version``, in order."""
