@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lockgate.errors import NotSupportedYetError, OptionError
-from lockgate.state.reader import read_state
+from lockgate.state.reader import read_state, read_state_metadata
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, DataFrameReader
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from lockgate.api.session import StreamingSession
 
 STATE_FORMAT = "statestore"
+STATE_METADATA_FORMAT = "state-metadata"
 
 _STATE_OPTIONS = {
     "path": "path",
@@ -73,6 +74,17 @@ class LockgateReader:
         **options: Any,
     ) -> DataFrame:
         source = format if format is not None else self._format
+        if source is not None and source.lower() == STATE_METADATA_FORMAT:
+            # Spark's state-metadata source, over lockgate's checkpoint files
+            self.options(**options)
+            location = path if path is not None else self._options.get("path", (None, None))[1]
+            if not location or isinstance(location, (list, tuple)):
+                raise OptionError(
+                    "The state-metadata source reads one checkpoint: give its location, "
+                    "load(checkpointLocation) or option('path', checkpointLocation).",
+                    option="path",
+                )
+            return read_state_metadata(self._session.spark, str(location))
         if source is None or source.lower() != STATE_FORMAT:
             return self._reader.load(path, format, schema, **options)
         self.options(**options)

@@ -10,6 +10,7 @@ settings into a :class:`QuerySpec`; :func:`create_query` does the rest.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -167,6 +168,50 @@ def check_cluster_by(
             )
 
 
+@functools.cache
+def _query_session_class() -> type:
+    from pyspark.sql import SparkSession
+
+    class QuerySession(SparkSession):
+        """The query's clone of the user's session, the session of the DataFrames a
+        ``foreachBatch`` function gets (``batch_df.sparkSession``): Spark's, except that
+        its ``read`` also reads a lockgate checkpoint's state (``format("statestore")``,
+        ``format("state-metadata")``) as ``ls.read`` does: Spark's own readers of those
+        formats cannot read lockgate's state files."""
+
+        @property
+        def read(self) -> Any:
+            from lockgate.api.read import LockgateReader
+
+            return LockgateReader(_PlainSession(self))  # type: ignore[arg-type]
+
+    return QuerySession
+
+
+class _PlainSession:
+    """What :class:`~lockgate.api.read.LockgateReader` takes of a session: ``spark``, a
+    SparkSession whose ``read`` is Spark's own ``DataFrameReader``."""
+
+    def __init__(self, session: Any) -> None:
+        self.spark = _SparkReads(session)
+
+
+class _SparkReads:
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    @property
+    def read(self) -> Any:
+        from pyspark.sql.readwriter import DataFrameReader
+
+        return DataFrameReader(self._session)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_session":
+            raise AttributeError(name)
+        return getattr(self._session, name)
+
+
 def stream_session(spark: Any) -> Any:
     """A clone of the user's session for the query's batch work.
 
@@ -174,9 +219,7 @@ def stream_session(spark: Any) -> Any:
     off (they would change the partitioning that state relies on), without touching
     the user's own session conf.
     """
-    from pyspark.sql import SparkSession
-
-    clone = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
+    clone = _query_session_class()(spark.sparkContext, spark._jsparkSession.cloneSession())
     clone.conf.set("spark.sql.adaptive.enabled", "false")
     clone.conf.set("spark.sql.cbo.enabled", "false")
     return clone

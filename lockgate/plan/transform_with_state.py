@@ -711,6 +711,7 @@ def _build(
         variables_gaps=versions.gaps,
         time_mode=node.time_mode,
         evolution_threshold=threshold,
+        output_mode=node.output_mode,
     )
 
 

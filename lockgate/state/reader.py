@@ -445,3 +445,59 @@ def _read_variable_partition(
             )
             parts = pa.array([int(pid)] * num_rows, type=pa.int32())
             yield pa.RecordBatch.from_arrays([key, *columns, parts], schema=out_schema)
+
+
+_TIME_MODE_NAMES = {"none": "NoTime", "processingTime": "ProcessingTime", "eventTime": "EventTime"}
+_TIMER_STATE_NAMES = {"processingTime": "$procTimers_keyToTimestamp", "eventTime": "$eventTimers_keyToTimestamp"}
+_VARIABLE_TYPES = {"value": "ValueState", "list": "ListState", "map": "MapState"}
+
+
+def _transform_with_state_properties(meta: dict[str, Any]) -> str:
+    """Spark's ``TransformWithStateOperatorProperties`` (the ``operatorPropertiesJson``
+    of its ``OperatorStateMetadataV2``) from lockgate's state schema file: the time mode,
+    the output mode, and each state variable (the timers as Spark's ``TimerState``)."""
+    import json
+
+    time_mode = str(meta.get("timeMode") or "none")
+    variables = []
+    timers = _TIMER_STATE_NAMES.get(time_mode)
+    if timers is not None:
+        variables.append({"stateName": timers, "stateVariableType": "TimerState", "ttlEnabled": False})
+    value_schema = _stored_schema(meta, "value")
+    for f in value_schema:
+        if f.name == TIMERS_STORE:
+            continue
+        kind, ttl = _variable_kind(f.type)
+        variables.append({"stateName": f.name, "stateVariableType": _VARIABLE_TYPES[kind], "ttlEnabled": ttl})
+    properties: dict[str, Any] = {"timeMode": _TIME_MODE_NAMES.get(time_mode, time_mode)}
+    if meta.get("outputMode"):
+        properties["outputMode"] = str(meta["outputMode"]).capitalize()
+    properties["stateVariables"] = variables
+    return json.dumps(properties, separators=(",", ":"))
+
+
+def read_state_metadata(spark: SparkSession, checkpoint_location: str) -> DataFrame:
+    """Spark's ``state-metadata`` source over a lockgate checkpoint. Spark's own source
+    reads the operator metadata files lockgate writes in its format (operators, stores,
+    partitions, batch range); what it cannot know is a transformWithState's
+    ``operatorProperties`` (Spark keeps them in a V2 metadata file, with schema files
+    lockgate does not write), so that column is filled from lockgate's state schema
+    file: Spark's JSON of the time mode, output mode and state variables."""
+    from pyspark.sql import functions as F
+
+    fs, root = resolve_filesystem(checkpoint_location)
+    state_dir = fs.join(root, "state")
+    properties = {}
+    for name in fs.list_names(state_dir) if fs.exists(state_dir) else []:
+        if not name.isdigit():
+            continue
+        meta = read_schema_file(fs, fs.join(state_dir, name, "_metadata", "schema"), int(name))
+        if meta is not None and meta.get("operatorName") == TRANSFORM_WITH_STATE_NAME:
+            properties[int(name)] = _transform_with_state_properties(meta)
+    table = spark.read.format("state-metadata").load(checkpoint_location)
+    if not properties:
+        return table
+    filled = F.col("operatorProperties")
+    for op, text in sorted(properties.items()):
+        filled = F.when(F.col("operatorId") == op, F.lit(text)).otherwise(filled)
+    return table.withColumn("operatorProperties", filled)

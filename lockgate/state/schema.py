@@ -98,6 +98,9 @@ class OperatorStateSchema:
     ``unsaferow`` encoding, where a value schema may not change."""
     variables_evolutions: dict[str, int] | None = None
     """How many times each state variable's value schema has evolved (avro)."""
+    output_mode: str | None = None
+    """transformWithState: its ``outputMode`` (``append``, ``update``), for Spark's
+    ``state-metadata`` source's ``operatorProperties`` (:func:`read_state_metadata`)."""
 
     def to_json(self) -> str:
         extra: dict[str, Any] = {}
@@ -109,6 +112,8 @@ class OperatorStateSchema:
             extra["stateVariablesGaps"] = self.variables_gaps
         if self.time_mode is not None:
             extra["timeMode"] = self.time_mode
+        if self.output_mode is not None:
+            extra["outputMode"] = self.output_mode
         if self.evolution_threshold is not None:
             extra["encodingFormat"] = "avro"
         if self.variables_evolutions:
@@ -296,6 +301,7 @@ def _check_or_write_schema(
         or stored.get("stateVariablesRemoved") != (schema.variables_removed or None)
         or stored.get("stateVariablesGaps") != (schema.variables_gaps or None)
         or stored.get("timeMode") != schema.time_mode
+        or stored.get("outputMode") != schema.output_mode
         or stored.get("stateVariablesEvolutions") != schema.variables_evolutions
         or stored.get("encodingFormat") != ("avro" if schema.evolution_threshold is not None else None)
     ):

@@ -266,3 +266,85 @@ def test_avro_resolution_rules():
         None,
         [],
     ]
+
+
+# -- Spark's state-metadata source, and state read inside foreachBatch ------------------------
+class Declares(StatefulProcessor):
+    """A value, a list (with TTL) and a map state, and event-time timers."""
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.count = handle.getValueState("count", "n long")
+        self.seen = handle.getListState("seen", "v long")
+        self.last = handle.getMapState("last", "v long", "n long")
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        vs = [int(v) for pdf in rows for v in pdf["v"]]
+        n = (self.count.get() or (0,))[0] + len(vs)
+        self.count.update((n,))
+        self.seen.appendList([(v,) for v in vs])
+        self.last.updateValue((vs[-1],), (n,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("time_mode", ["None", "EventTime"])
+def test_state_metadata_of_a_transform_with_state_query_reads_as_natives(spark, ls, tmp_path, time_mode):
+    """``format("state-metadata")`` over lockgate's checkpoint gives native's rows for
+    native's checkpoint, ``operatorProperties`` (time mode, output mode, state variables
+    and timers as Spark's JSON) included; and a ``foreachBatch`` function reading its own
+    query's state through ``batch_df.sparkSession.read`` reads lockgate's state."""
+    import json
+
+    def build(df: Any) -> Any:
+        if time_mode == "EventTime":
+            df = df.withWatermark("ts", "5 seconds")
+        return df.groupBy("k").transformWithStateInPandas(Declares(), "k string, n long", "Update", time_mode)
+
+    run = Run(spark, ls, tmp_path, build, "update", "ts TIMESTAMP, k STRING, v LONG")
+    run.start()
+    run.step([{"ts": "2024-01-01T00:00:10", "k": "a", "v": 1}, {"ts": "2024-01-01T00:00:12", "k": "b", "v": 2}])
+    run.step([{"ts": "2024-01-01T00:00:20", "k": "a", "v": 3}])
+    run.stop()
+    native_ck, mine_ck = str(tmp_path / "native" / "ck"), str(tmp_path / "lockgate" / "ck")
+    native = spark.read.format("state-metadata").load(native_ck)
+    mine = ls.read.format("state-metadata").load(mine_ck)
+    assert mine.schema == native.schema
+    expected, got = _metadata_rows(native), _metadata_rows(mine)
+    assert got == expected, json.dumps([got, expected])
+
+    # the same reads from inside a foreachBatch function, through the batch's session
+    # (Spark's own readers there would fail on lockgate's state files)
+    def read_back(df: Any, batch_id: int) -> None:
+        session = df.sparkSession
+        seen.append(_metadata_rows(session.read.format("state-metadata").load(mine_ck)))
+        seen.append(sorted(map(repr, session.read.format("statestore").option("stateVarName", "count").load(mine_ck).collect())))
+
+    seen: list[Any] = []
+    inp = tmp_path / "in2"
+    write_json(inp, [{"ts": "2024-01-01T00:00:30", "k": "c", "v": 1}])
+    q = (
+        build(ls.readStream.schema(run.schema).json(str(inp))).writeStream.outputMode("update")
+        .option("checkpointLocation", str(tmp_path / "lockgate" / "ck2"))
+        .foreachBatch(read_back).start()
+    )
+    q.processAllAvailable()
+    q.stop()
+    outside = ls.read.format("statestore").option("stateVarName", "count").load(mine_ck).collect()
+    assert seen[:2] == [got, sorted(map(repr, outside))], seen
+    assert len(outside) == 2
+
+
+def _metadata_rows(df: Any) -> list[dict[str, Any]]:
+    """The rows of the state-metadata source, the properties parsed (Spark lists the
+    state variables in the order of a hash map of their names: sorted by name here)."""
+    import json
+
+    rows = [r.asDict() for r in df.collect()]
+    for row in rows:
+        if row["operatorProperties"] is not None:
+            row["operatorProperties"] = json.loads(row["operatorProperties"])
+            row["operatorProperties"]["stateVariables"].sort(key=lambda v: v["stateName"])
+    return rows
