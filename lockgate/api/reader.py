@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.types import StructType
 
 from lockgate.api.dataframe import StreamingDataFrame
-from lockgate.errors import AnalysisError, NotSupportedYetError
+from lockgate.errors import AnalysisError
 from lockgate.options import Options, to_option_string
 from lockgate.plan.catalog import file_table
 from lockgate.plan.nodes import StreamingRelation
@@ -21,26 +21,35 @@ if TYPE_CHECKING:
 SOURCE_EVOLUTION_CONF = "spark.sql.streaming.queryEvolution.enableSourceEvolution"
 
 
+def source_evolution_enabled(spark: Any) -> bool:
+    return str(spark.conf.get(SOURCE_EVOLUTION_CONF, "false")).strip().lower() == "true"
+
+
+def check_sources_named(spark: Any, relations: list[StreamingRelation]) -> tuple[str, ...] | None:
+    """With source evolution on, every source of a query must be named, as in Spark
+    (checked when the query starts); returns the names, in the plan's source order.
+    None when it is off."""
+    if not source_evolution_enabled(spark):
+        return None
+    unnamed = [
+        f"Leaf position {i} - {r.source_name}" for i, r in enumerate(relations) if r.user_name is None
+    ]
+    if unnamed:
+        raise AnalysisError.spark(
+            "STREAMING_QUERY_EVOLUTION_ERROR.UNNAMED_STREAMING_SOURCES_WITH_ENFORCEMENT",
+            {"sourceInfo": ", ".join(unnamed)},
+        )
+    return tuple(r.user_name for r in relations if r.user_name is not None)
+
+
 def check_source_evolution(spark: Any, source_name: str | None) -> None:
-    """Spark refuses a named source unless source evolution is on; with it on, Spark
-    keys the offsets log (v2) and ``sources/`` by name, which lockgate does not write yet,
-    so such a query refuses to start. ``source_name`` None: a query being started (Spark
-    then requires every source named)."""
-    enabled = str(spark.conf.get(SOURCE_EVOLUTION_CONF, "false")).strip().lower() == "true"
-    if not enabled:
-        if source_name is not None:
-            raise AnalysisError.spark(
-                "STREAMING_QUERY_EVOLUTION_ERROR.SOURCE_NAMING_NOT_SUPPORTED", {"name": source_name}
-            )
-        return
-    if source_name is not None:
-        return  # defining a named source is fine, as in Spark; start() refuses the query
-    raise NotSupportedYetError(
-        f"Source evolution ({SOURCE_EVOLUTION_CONF}=true)",
-        "With it, Spark writes the offsets log in its v2 format keyed by source name and "
-        "source metadata under sources/<name>/; lockgate writes the v1 format keyed by "
-        f"source position. Unset {SOURCE_EVOLUTION_CONF} (and drop readStream.name(...)).",
-    )
+    """Spark refuses a named source unless source evolution is on. With it on, a query
+    keys the offsets log (v2) and ``sources/`` by source name, and every source must be
+    named (checked when the query's sources are set up, ``MicroBatchExecution``)."""
+    if source_name is not None and not source_evolution_enabled(spark):
+        raise AnalysisError.spark(
+            "STREAMING_QUERY_EVOLUTION_ERROR.SOURCE_NAMING_NOT_SUPPORTED", {"name": source_name}
+        )
 
 
 class DataStreamReader:
@@ -128,12 +137,19 @@ class DataStreamReader:
             provider = lookup_source(name, self._session.spark)
         opts = Options(self._options, owner=f"{name} source option")
         schema_out = provider.sourceSchema(self._session.spark, opts, self._schema)
+        if self._source_name is None and source_evolution_enabled(self._session.spark):
+            # Spark refuses an unnamed source already here (and again when a query starts)
+            raise AnalysisError.spark(
+                "STREAMING_QUERY_EVOLUTION_ERROR.UNNAMED_STREAMING_SOURCES_WITH_ENFORCEMENT",
+                {"sourceInfo": f"Leaf position 0 - {name}"},
+            )
         relation = StreamingRelation(
             provider=provider,
             source_name=name,
             options=tuple(self._options.items()),
             schema=schema_out,
             user_schema=self._schema,
+            user_name=self._source_name,
         )
         return StreamingDataFrame._from_plan(self._session, relation)
 

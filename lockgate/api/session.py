@@ -107,6 +107,14 @@ class StreamingSession:
     def streams(self) -> StreamingQueryManager:
         return self._streams
 
+    @property
+    def _streamingCheckpointManager(self) -> Any:
+        """PySpark's ``spark._streamingCheckpointManager`` for lockgate's checkpoints:
+        ``repartition()`` rewrites lockgate's state (Spark's own manager cannot read it)."""
+        from lockgate.api.checkpoint_manager import StreamingCheckpointManager
+
+        return StreamingCheckpointManager(self._spark)
+
     def __getattr__(self, name: str) -> Any:
         """Everything else is the SparkSession's (``ls.createDataFrame``, ``ls.range``,
         ``ls.conf``, ``ls.table``, ``ls.catalog``, ``ls.udf``, ``ls.sparkContext``, ...),

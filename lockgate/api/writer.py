@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lockgate.api.reader import check_source_evolution
 from lockgate.clock import Clock
 from lockgate.errors import NotSupportedYetError, OptionError
 from lockgate.execution.assembly import QuerySpec, check_cluster_by, create_query
@@ -207,7 +206,10 @@ class DataStreamWriter:
         return self._start()
 
     def _start(self) -> StreamingQuery:
-        check_source_evolution(self._spark, None)
+        from lockgate.api.reader import check_sources_named
+        from lockgate.plan.nodes import source_relations
+
+        check_sources_named(self._spark, source_relations(self._df._plan))
         streams = self._df._session.streams
         spec = QuerySpec(
             spark=self._spark,

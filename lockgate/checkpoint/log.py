@@ -91,7 +91,7 @@ class MetadataLog(Generic[T]):
 
     def add(self, batch_id: int, entry: T) -> None:
         """Write entry ``batch_id``; refuse when it exists (a concurrent writer)."""
-        text = f"v{self.VERSION}\n{self.serialize(entry)}"
+        text = f"v{self.version_of(entry)}\n{self.serialize(entry)}"
         write_checked(self.fs, self.batch_path(batch_id), text.encode("utf-8"))
 
     def read_path(self, path: str) -> T | None:
@@ -111,7 +111,15 @@ class MetadataLog(Generic[T]):
             raise CheckpointError(
                 f"Log file {path} is not UTF-8 text: it is corrupt. {CORRUPT_LOG_FIX}", path=path
             ) from exc
-        _, body = parse_version_line(text, self.VERSION, path)
+        version, body = parse_version_line(text, self.VERSION, path)
+        return self.deserialize_version(version, body, path)
+
+    def version_of(self, entry: T) -> int:
+        """The format version ``entry`` is written in (at most ``VERSION``)."""
+        return self.VERSION
+
+    def deserialize_version(self, version: int, body: str, path: str) -> T:
+        """Parse the body of a file written in format ``version`` (at most ``VERSION``)."""
         return self.deserialize(body, path)
 
     def get(self, batch_id: int) -> T | None:

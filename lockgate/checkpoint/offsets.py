@@ -6,6 +6,13 @@ Format::
     {"batchWatermarkMs":0,"batchTimestampMs":1700000000000,"conf":{...}}
     <offset JSON of source 0, or "-" when it has none>
     <offset JSON of source 1>
+
+With source evolution (``spark.sql.streaming.queryEvolution.enableSourceEvolution``),
+Spark 4.3's v2 format keys each offset by the source's name (``readStream.name``)::
+
+    v2
+    {"batchWatermarkMs":0,"batchTimestampMs":1700000000000,"conf":{...},"sourceMetadataInfo":{}}
+    <name of a source>:<its offset JSON, or "-">
 """
 
 from __future__ import annotations
@@ -27,15 +34,15 @@ class OffsetSeqMetadata:
     batchTimestampMs: int = 0
     conf: dict[str, str] = field(default_factory=dict)
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "batchWatermarkMs": self.batchWatermarkMs,
-                "batchTimestampMs": self.batchTimestampMs,
-                "conf": self.conf,
-            },
-            separators=(",", ":"),
-        )
+    def to_json(self, v2: bool = False) -> str:
+        data: dict[str, object] = {
+            "batchWatermarkMs": self.batchWatermarkMs,
+            "batchTimestampMs": self.batchTimestampMs,
+            "conf": self.conf,
+        }
+        if v2:
+            data["sourceMetadataInfo"] = {}
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str, path: str = "<offsets>") -> OffsetSeqMetadata:
@@ -58,13 +65,52 @@ class OffsetSeq:
 
     offsets: tuple[str | None, ...]
     metadata: OffsetSeqMetadata
+    names: tuple[str, ...] | None = None
+    """The sources' names (v2, source evolution), one per offset; None: by position (v1)."""
+
+    def in_order(self, names: tuple[str, ...] | None) -> list[str | None]:
+        """The offsets of the sources ``names`` (None: by position), in that order; a
+        source this batch has no offset for gets None."""
+        if self.names is None or names is None:
+            return list(self.offsets)
+        by_name = dict(zip(self.names, self.offsets))
+        return [by_name.get(name) for name in names]
 
 
 class OffsetSeqLog(MetadataLog[OffsetSeq]):
+    VERSION = 2
+
+    def version_of(self, entry: OffsetSeq) -> int:
+        """v2 for offsets keyed by source name (source evolution), else Spark's v1."""
+        return 1 if entry.names is None else 2
+
     def serialize(self, entry: OffsetSeq) -> str:
+        if entry.names is not None:
+            lines = [entry.metadata.to_json(v2=True)]
+            lines += [
+                f"{name}:{VOID_OFFSET if o is None else o}" for name, o in zip(entry.names, entry.offsets)
+            ]
+            return "\n".join(lines)
         lines = [entry.metadata.to_json()]
         lines += [VOID_OFFSET if o is None else o for o in entry.offsets]
         return "\n".join(lines)
+
+    def deserialize_version(self, version: int, body: str, path: str) -> OffsetSeq:
+        entry = self.deserialize(body, path)
+        if version < 2:
+            return entry
+        names: list[str] = []
+        offsets: list[str | None] = []
+        for line in entry.offsets:
+            name, sep, offset = ("-" if line is None else line).partition(":")
+            if not sep:
+                raise CheckpointError(
+                    f"Offsets log file {path} (v2) has a line without a source name: {line!r}.",
+                    path=path,
+                )
+            names.append(name)
+            offsets.append(None if offset == VOID_OFFSET else offset)
+        return OffsetSeq(tuple(offsets), entry.metadata, tuple(names))
 
     def deserialize(self, body: str, path: str) -> OffsetSeq:
         lines = body.split("\n")

@@ -237,8 +237,10 @@ class MicroBatchExecution(StreamExecution):
     # -- sources ---------------------------------------------------------------------
     def _init_sources(self) -> None:
         relations = source_relations(self.plan)
+        self._source_names = _source_names(self.spark, relations)
         for index, relation in enumerate(relations):
-            metadata_path = self.fs.join(self.checkpoint_root, "sources", str(index))
+            directory = str(index) if self._source_names is None else self._source_names[index]
+            metadata_path = self.fs.join(self.checkpoint_root, "sources", directory)
             context = SourceContext(
                 spark=self.spark,
                 options=Options(dict(relation.options), owner=f"{relation.source_name} source option"),
@@ -399,7 +401,7 @@ class MicroBatchExecution(StreamExecution):
         self._check_source_count(offset_seq, latest_batch_id)
         self.current_batch_id = latest_batch_id
         self._constructed = True
-        self.available = list(offset_seq.offsets)
+        self.available = offset_seq.in_order(self._source_names)
         self.offset_metadata = offset_seq.metadata
         self._pin_confs(offset_seq.metadata.conf)
         self.watermark_tracker.set_watermark(offset_seq.metadata.batchWatermarkMs)
@@ -411,7 +413,7 @@ class MicroBatchExecution(StreamExecution):
                     f"{self.offset_log.path}: the checkpoint is incomplete.",
                     path=self.offset_log.path,
                 )
-            self.committed = list(previous.offsets)
+            self.committed = previous.in_order(self._source_names)
         latest_commit = self.commit_log.get_latest()
         if latest_commit is not None:
             committed_id, commit_metadata = latest_commit
@@ -435,6 +437,8 @@ class MicroBatchExecution(StreamExecution):
         )
 
     def _check_source_count(self, offset_seq: OffsetSeq, batch_id: int) -> None:
+        if offset_seq.names is not None and self._source_names is not None:
+            return  # sources matched by name (source evolution)
         if len(offset_seq.offsets) != len(self._slots):
             raise CheckpointError(
                 f"There are [{len(offset_seq.offsets)}] sources in the checkpoint offsets and "
@@ -504,7 +508,8 @@ class MicroBatchExecution(StreamExecution):
         with self.progress.time("walCommit"):
             try:
                 self.offset_log.add(
-                    self.current_batch_id, OffsetSeq(tuple(self.available), self.offset_metadata)
+                    self.current_batch_id,
+                    OffsetSeq(tuple(self.available), self.offset_metadata, self._source_names),
                 )
             except ConcurrentWriteError as exc:
                 raise ConcurrentWriteError(
@@ -519,8 +524,9 @@ class MicroBatchExecution(StreamExecution):
             if self.current_batch_id != 0:
                 previous = self.offset_log.get(self.current_batch_id - 1)
                 if previous is not None:
+                    ends = previous.in_order(self._source_names)
                     for slot in self._slots:
-                        end = previous.offsets[slot.index]
+                        end = ends[slot.index]
                         if end is not None:
                             slot.source.commit(slot.source.deserializeOffset(end))
             if self.min_batches_to_retain < self.current_batch_id:
@@ -943,3 +949,12 @@ def _json_value(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
+
+
+def _source_names(spark: Any, relations: list[Any]) -> tuple[str, ...] | None:
+    """With source evolution on, the sources' names (``readStream.name``), which key the
+    offsets log (v2) and ``sources/<name>``; None when it is off: sources are keyed by
+    position."""
+    from lockgate.api.reader import check_sources_named
+
+    return check_sources_named(spark, relations)

@@ -55,6 +55,9 @@ class StreamingRelation(PlanNode):
     options: tuple[tuple[str, str], ...]
     schema: StructType
     user_schema: StructType | None = None
+    user_name: str | None = None
+    """``readStream.name(...)``: with source evolution on, the source's key in the
+    offsets log (v2) and its directory ``sources/<name>``."""
 
     def describe(self) -> str:
         cols = ", ".join(f.name for f in self.schema.fields)

@@ -172,14 +172,28 @@ def test_source_name_as_spark(spark, ls, name):
     )
 
 
-def test_source_evolution_on_is_refused_clearly(spark, ls):
+def test_source_evolution_as_spark(spark, ls, tmp_path):
+    """With source evolution on, every source must be named (Spark's error at start()),
+    and a named source's offsets go to the v2 offsets log keyed by name, its files
+    under sources/<name>, as Spark 4.3 writes them."""
+    from pyspark.errors import AnalysisException
+
     with spark_conf(spark, "spark.sql.streaming.queryEvolution.enableSourceEvolution", "true"):
-        # defining a named source works, as in Spark (PySpark's reader-name tests do only that)
-        named = ls.readStream.format("rate").name("a").load()
-        assert named.isStreaming and spark.readStream.format("rate").name("a").load().isStreaming
-        for sdf in (named, ls.readStream.format("rate").load()):
-            with pytest.raises(lockgate.NotSupportedYetError, match="Source evolution"):
-                sdf.writeStream.format("noop").start()
+        for session in (spark, ls):
+            with pytest.raises(AnalysisException, match="UNNAMED_STREAMING_SOURCES_WITH_ENFORCEMENT"):
+                session.readStream.format("rate").load()
+        checkpoint = tmp_path / "named"
+        q = (
+            ls.readStream.format("rate").name("src_a").load()
+            .writeStream.format("noop").option("checkpointLocation", str(checkpoint)).start()
+        )
+        try:
+            q.processAllAvailable()
+        finally:
+            q.stop()
+        lines = (checkpoint / "offsets" / "0").read_text().split("\n")
+        assert lines[0] == "v2" and lines[2].startswith("src_a:")
+        assert (checkpoint / "sources" / "src_a").is_dir()
 
 
 def test_cluster_by_with_a_file_sink_writes_the_same_rows(spark, ls, tmp_path):

@@ -332,13 +332,14 @@ def test_concurrent_writers_of_one_batch_exactly_one_wins(tmp_path):
 @pytest.mark.parametrize("log_cls", [OffsetSeqLog, CommitLog, _IntLog])
 def test_newer_log_version_is_rejected_naming_the_path(fs, tmp_path, log_cls):
     path = tmp_path / "log" / "0"
-    _write_raw(str(path), b'v2\n{"nextBatchWatermarkMs":0}\n0')
+    newer = log_cls.VERSION + 1  # the offsets log reads v2 (source evolution)
+    _write_raw(str(path), f'v{newer}\n{{"nextBatchWatermarkMs":0}}\n0'.encode())
     log = log_cls(fs, str(tmp_path / "log"))
     with pytest.raises(CheckpointError) as info:
         log.get(0)
     message = str(info.value)
     assert "UnsupportedLogVersion" in message
-    assert "v1" in message and "v2" in message
+    assert f"v{log_cls.VERSION}" in message and f"v{newer}" in message
     assert str(path) in message
     assert info.value.path == str(path)
 
@@ -514,3 +515,20 @@ def test_non_local_uri_goes_through_pyarrow():
 
 def test_qualified_uri_for_local_paths():
     assert qualified_uri(LocalFileSystem(), "/tmp/ck/sources/0") == "file:///tmp/ck/sources/0"
+
+
+def test_offsets_log_v2_keys_offsets_by_source_name(fs, tmp_path):
+    """Spark 4.3's v2 offsets log (source evolution): ``name:offset`` lines, read back
+    in any source order."""
+    from lockgate.checkpoint.offsets import OffsetSeq, OffsetSeqMetadata
+
+    log = OffsetSeqLog(fs, str(tmp_path / "offsets"))
+    entry = OffsetSeq(('{"logOffset":1}', None), OffsetSeqMetadata(0, 5, {}), ("src_a", "src_b"))
+    log.add(0, entry)
+    text = (tmp_path / "offsets" / "0").read_text()
+    assert text.startswith("v2\n") and 'src_a:{"logOffset":1}' in text and "src_b:-" in text
+    read = log.get(0)
+    assert read == entry
+    assert read.in_order(("src_b", "src_a", "src_c")) == [None, '{"logOffset":1}', None]
+    log.add(1, OffsetSeq(("7",), OffsetSeqMetadata(0, 5, {})))
+    assert (tmp_path / "offsets" / "1").read_text().startswith("v1\n")

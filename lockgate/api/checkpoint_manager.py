@@ -1,0 +1,184 @@
+"""``ls._streamingCheckpointManager``: PySpark 4.2+'s ``StreamingCheckpointManager`` for
+lockgate's checkpoints (offline state repartitioning).
+
+Spark's own manager (``spark._streamingCheckpointManager``) runs its
+``OfflineStateRepartitionRunner`` in the JVM, which reads state through Spark's state
+data source: it cannot read lockgate's state files (Arrow IPC, ``docs/state-store.md``)
+and fails with ``STDS_FAILED_TO_READ_STATE_SCHEMA``. This manager repartitions a
+checkpoint whose state lockgate wrote, as Spark does: if the last committed batch is
+``N``, it writes batch ``N + 1`` (the offsets of batch ``N``, with
+``spark.sql.shuffle.partitions`` set to the new count, and a commit), and state version
+``N + 2`` of every stateful operator as one snapshot per new partition, each key in
+partition ``pmod(hash(key columns), numPartitions)`` as lockgate's batches place it. The
+next run of the query starts at batch ``N + 2``.
+
+Checkpoints without lockgate state, and invalid arguments, go to Spark's manager (its
+``STATE_REPARTITION_INVALID_*`` errors).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lockgate.checkpoint.checksum import write_checked
+from lockgate.checkpoint.commits import CommitLog
+from lockgate.checkpoint.fs import CheckpointFileSystem, resolve_filesystem
+from lockgate.checkpoint.offsets import OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
+from lockgate.errors import CheckpointError, NotSupportedYetError
+from lockgate.state.operator_metadata import OperatorMetadata, write_operator_metadata
+from lockgate.state.schema import (
+    SESSION_WINDOW_NAME,
+    STREAM_JOIN_NAME,
+    TRANSFORM_WITH_STATE_NAME,
+    read_schema_file,
+    stored_schema,
+)
+from lockgate.state.store import StateStoreConf, _partition_dir, _write_table, read_state_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+_NOT_YET = (STREAM_JOIN_NAME, SESSION_WINDOW_NAME, TRANSFORM_WITH_STATE_NAME)
+
+
+def _operator_ids(fs: CheckpointFileSystem, state_root: str) -> list[int]:
+    if not fs.exists(state_root):
+        return []
+    return sorted(int(n) for n in fs.list_names(state_root) if n.isdigit())
+
+
+def _partition_ids(spark: SparkSession, keys: pa.Table, num_partitions: int) -> pa.Array:
+    """``pmod(hash(key columns), num_partitions)`` of each row of ``keys``, in row order:
+    Spark's Murmur3 ``hash``, the expression lockgate's stateful operators partition by."""
+    from pyspark.sql import functions as F
+
+    names = [f"k{i}" for i in range(keys.num_columns)]
+    table = keys.rename_columns(names).append_column("__row", pa.array(range(keys.num_rows), pa.int64()))
+    # one chunk per column: PySpark 4.3.0's createDataFrame(pa.Table) loses the rows of a
+    # table whose columns are chunked differently (as a concatenation of partitions is)
+    df = spark.createDataFrame(table.combine_chunks())
+    pid = F.pmod(F.hash(*[F.col(n) for n in names]), F.lit(num_partitions)).cast("int")
+    out = df.select("__row", pid.alias("pid")).toArrow().sort_by("__row")
+    return out.column("pid").combine_chunks()
+
+
+class StreamingCheckpointManager:
+    """What ``spark._streamingCheckpointManager`` is, for a lockgate session."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._spark = spark
+
+    def _spark_manager(self) -> Any:
+        return self._spark._streamingCheckpointManager
+
+    def repartition(
+        self, checkpoint_location: str, num_partitions: int, enforce_exactly_once_sink: bool = True
+    ) -> None:
+        if (
+            not isinstance(checkpoint_location, str)
+            or not checkpoint_location.strip()
+            or not isinstance(num_partitions, int)
+            or num_partitions <= 0
+        ):
+            # Spark's STATE_REPARTITION_INVALID_PARAMETER.*
+            return self._spark_manager().repartition(checkpoint_location, num_partitions, enforce_exactly_once_sink)
+        fs, root = resolve_filesystem(checkpoint_location)
+        state_root = fs.join(root, "state")
+        operators = {
+            op: meta
+            for op in _operator_ids(fs, state_root)
+            if (meta := read_schema_file(fs, fs.join(state_root, str(op), "_metadata", "schema"), op)) is not None
+        }
+        commits = CommitLog(fs, fs.join(root, "commits"))
+        offsets = OffsetSeqLog(fs, fs.join(root, "offsets"))
+        last = commits.get_latest_batch_id()
+        if not operators or last is None or offsets.get(last) is None:
+            # not lockgate's state, or Spark's NO_COMMITTED_BATCH / NO_BATCH_FOUND
+            return self._spark_manager().repartition(checkpoint_location, num_partitions, enforce_exactly_once_sink)
+        latest_offsets = offsets.get_latest_batch_id()
+        if latest_offsets is not None and latest_offsets > last and enforce_exactly_once_sink:
+            raise CheckpointError(
+                f"Cannot repartition checkpoint {checkpoint_location}: batch {latest_offsets} "
+                f"was planned but never committed (the last committed batch is {last}). Run "
+                "the query once to finish it, or pass enforce_exactly_once_sink=False to "
+                "drop it.",
+                path=root,
+            )
+        entry = offsets.get(last)
+        assert entry is not None
+        old_partitions = int(entry.metadata.conf.get(SHUFFLE_PARTITIONS, "0") or 0)
+        for op, meta in operators.items():
+            if meta.get("operatorName") in _NOT_YET:
+                raise NotSupportedYetError(
+                    f"Repartitioning the state of a {meta.get('operatorName')} operator",
+                    f"stateful operator {op} of checkpoint {checkpoint_location} keeps its "
+                    "state in several stores or by session; lockgate repartitions "
+                    "aggregations, deduplications and applyInPandasWithState.",
+                )
+        if old_partitions == num_partitions:
+            raise CheckpointError(
+                f"Cannot repartition checkpoint {checkpoint_location}: its state already has "
+                f"{num_partitions} partitions.",
+                path=root,
+            )
+
+        new_batch = last + 1
+        read_version, write_version = last + 1, new_batch + 1
+        plans: list[tuple[int, dict[str, Any], StateStoreConf, list[pa.Table] | None]] = []
+        for op, meta in operators.items():
+            key_schema, value_schema = stored_schema(meta, "key"), stored_schema(meta, "value")
+            stored_partitions = int(meta["numPartitions"])
+            keyed = len(key_schema) > 0 and stored_partitions == old_partitions
+            old = StateStoreConf(
+                root=state_root, operator_id=op, num_partitions=stored_partitions,
+                key_schema=key_schema, value_schema=value_schema,
+            )
+            if not keyed:
+                plans.append((op, meta, old, None))  # one partition whatever the count
+                continue
+            whole = pa.concat_tables(
+                [read_state_table(old, p, read_version) for p in range(stored_partitions)]
+            ).combine_chunks()
+            key_names = [f.name for f in key_schema]
+            pids = (
+                _partition_ids(self._spark, whole.select(key_names), num_partitions)
+                if whole.num_rows
+                else pa.array([], pa.int32())
+            )
+            parts = [whole.filter(pc.equal(pids, p)) for p in range(num_partitions)]
+            new = StateStoreConf(
+                root=state_root, operator_id=op, num_partitions=num_partitions,
+                key_schema=key_schema, value_schema=value_schema,
+            )
+            plans.append((op, meta, new, parts))
+
+        # batch N + 1: batch N's offsets under the new partition count
+        conf = dict(entry.metadata.conf)
+        conf[SHUFFLE_PARTITIONS] = str(num_partitions)
+        metadata = OffsetSeqMetadata(entry.metadata.batchWatermarkMs, entry.metadata.batchTimestampMs, conf)
+        offsets.purge_after(last)
+        offsets.add(new_batch, OffsetSeq(entry.offsets, metadata, entry.names))
+        for op, meta, store, parts in plans:
+            if parts is not None:
+                for p, table in enumerate(parts):
+                    path_fs, directory = resolve_filesystem(_partition_dir(store, p))
+                    path_fs.mkdirs(directory)
+                    _write_table(path_fs, f"{directory}/{write_version}.snapshot", table, "snapshot")
+                meta = dict(meta, numPartitions=num_partitions)
+                schema_path = fs.join(state_root, str(op), "_metadata", "schema")
+                write_checked(fs, schema_path, json.dumps(meta, indent=1).encode("utf-8"), overwrite=True)
+            write_operator_metadata(
+                fs, state_root, OperatorMetadata(op, str(meta.get("operatorName")), num_partitions)
+            )
+        previous = commits.get(last)
+        assert previous is not None
+        commits.add(new_batch, previous)
+        return None
+
+
+__all__ = ["StreamingCheckpointManager"]
