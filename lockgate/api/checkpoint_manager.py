@@ -52,19 +52,69 @@ def _operator_ids(fs: CheckpointFileSystem, state_root: str) -> list[int]:
     return sorted(int(n) for n in fs.list_names(state_root) if n.isdigit())
 
 
-def _partition_ids(spark: SparkSession, keys: pa.Table, num_partitions: int) -> pa.Array:
-    """``pmod(hash(key columns), num_partitions)`` of each row of ``keys``, in row order:
-    Spark's Murmur3 ``hash``, the expression lockgate's stateful operators partition by."""
-    from pyspark.sql import functions as F
+def _read_partitions(old: StateStoreConf, version: int, out: pa.Schema, batches: Any) -> Any:
+    """The rows of the old partitions a task is given (runs on an executor)."""
+    for batch in batches:
+        for pid in batch.column(0).to_pylist():
+            table = read_state_table(old, int(pid), version)
+            yield from table.rename_columns(out.names).cast(out).to_batches()
 
-    names = [f"k{i}" for i in range(keys.num_columns)]
-    table = keys.rename_columns(names).append_column("__row", pa.array(range(keys.num_rows), pa.int64()))
-    # one chunk per column: PySpark 4.3.0's createDataFrame(pa.Table) loses the rows of a
-    # table whose columns are chunked differently (as a concatenation of partitions is)
-    df = spark.createDataFrame(table.combine_chunks())
-    pid = F.pmod(F.hash(*[F.col(n) for n in names]), F.lit(num_partitions)).cast("int")
-    out = df.select("__row", pid.alias("pid")).toArrow().sort_by("__row")
-    return out.column("pid").combine_chunks()
+
+def _write_partitions(new: StateStoreConf, version: int, key_count: int, batches: Any) -> Any:
+    """Each new partition's rows (all of them in this task: the rows are partitioned by
+    their new partition id) as one snapshot at ``version`` (runs on an executor); yields
+    the partitions written."""
+    rows = [b for b in batches if b.num_rows]
+    written: list[int] = []
+    if rows:
+        table = pa.Table.from_batches(rows)
+        pids = table.column(table.num_columns - 1)
+        data = table.select(list(range(table.num_columns - 1)))
+        data = data.rename_columns([f.name for f in new.key_schema] + [f.name for f in new.value_schema])
+        target = pa.schema(list(new.key_schema) + list(new.value_schema))
+        for pid in pc.unique(pids).to_pylist():
+            part = data.filter(pc.equal(pids, pid)).cast(target)
+            _write_snapshot(new, int(pid), version, part)
+            written.append(int(pid))
+    yield pa.RecordBatch.from_pydict({"pid": pa.array(written, pa.int32())})
+
+
+def _write_snapshot(conf: StateStoreConf, partition: int, version: int, table: pa.Table) -> None:
+    path_fs, directory = resolve_filesystem(_partition_dir(conf, partition))
+    path_fs.mkdirs(directory)
+    _write_table(path_fs, f"{directory}/{version}.snapshot", table, "snapshot")
+
+
+def _move_state(
+    spark: SparkSession, old: StateStoreConf, new: StateStoreConf, read_version: int, write_version: int
+) -> None:
+    """The state of ``old`` at ``read_version`` written as ``new``'s at ``write_version``,
+    each key in partition ``pmod(hash(key columns), new partitions)`` as lockgate's
+    batches place it: Spark jobs, the rows read and written by the executors. A new
+    partition no key falls in gets an empty snapshot."""
+    from functools import partial
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    from lockgate.state.arrow_types import schema_to_arrow
+    from lockgate.state.reader import _arrow_field_to_spark
+
+    stored = pa.schema(list(old.key_schema) + list(old.value_schema))
+    columns = [f"c{i}" for i in range(len(stored))]
+    spark_schema = StructType([_arrow_field_to_spark(f.with_name(c)) for f, c in zip(stored, columns)])
+    out = schema_to_arrow(spark_schema, str(spark.conf.get("spark.sql.session.timeZone", "UTC")))
+    ids = spark.range(0, old.num_partitions, 1, old.num_partitions).selectExpr("cast(id as int) as id")
+    rows = ids.mapInArrow(partial(_read_partitions, old, read_version, out), spark_schema)
+    keys = [F.col(c) for c in columns[: len(old.key_schema)]]
+    pid = F.pmod(F.hash(*keys), F.lit(new.num_partitions)).cast("int").alias("__pid")
+    spread = rows.select(*columns, pid).repartition(new.num_partitions, "__pid")
+    done = spread.mapInArrow(partial(_write_partitions, new, write_version, len(old.key_schema)), "pid int")
+    written = {r.pid for r in done.collect()}
+    empty = pa.Table.from_batches([], schema=pa.schema(list(new.key_schema) + list(new.value_schema)))
+    for p in range(new.num_partitions):
+        if p not in written:
+            _write_snapshot(new, p, write_version, empty)
 
 
 class StreamingCheckpointManager:
@@ -129,7 +179,7 @@ class StreamingCheckpointManager:
 
         new_batch = last + 1
         read_version, write_version = last + 1, new_batch + 1
-        plans: list[tuple[int, dict[str, Any], StateStoreConf, list[pa.Table] | None]] = []
+        plans: list[tuple[int, dict[str, Any], StateStoreConf, tuple[StateStoreConf, StateStoreConf] | None]] = []
         for op, meta in operators.items():
             key_schema, value_schema = stored_schema(meta, "key"), stored_schema(meta, "value")
             stored_partitions = int(meta["numPartitions"])
@@ -141,20 +191,11 @@ class StreamingCheckpointManager:
             if not keyed:
                 plans.append((op, meta, old, None))  # one partition whatever the count
                 continue
-            whole = pa.concat_tables(
-                [read_state_table(old, p, read_version) for p in range(stored_partitions)]
-            ).combine_chunks()
-            key_names = [f.name for f in key_schema]
-            pids = (
-                _partition_ids(self._spark, whole.select(key_names), num_partitions)
-                if whole.num_rows
-                else pa.array([], pa.int32())
-            )
-            parts = [whole.filter(pc.equal(pids, p)) for p in range(num_partitions)]
             new = StateStoreConf(
                 root=state_root, operator_id=op, num_partitions=num_partitions,
                 key_schema=key_schema, value_schema=value_schema,
             )
+            parts = (old, new)
             plans.append((op, meta, new, parts))
 
         # batch N + 1: batch N's offsets under the new partition count
@@ -165,10 +206,7 @@ class StreamingCheckpointManager:
         offsets.add(new_batch, OffsetSeq(entry.offsets, metadata, entry.names))
         for op, meta, store, parts in plans:
             if parts is not None:
-                for p, table in enumerate(parts):
-                    path_fs, directory = resolve_filesystem(_partition_dir(store, p))
-                    path_fs.mkdirs(directory)
-                    _write_table(path_fs, f"{directory}/{write_version}.snapshot", table, "snapshot")
+                _move_state(self._spark, parts[0], parts[1], read_version, write_version)
                 meta = dict(meta, numPartitions=num_partitions)
                 schema_path = fs.join(state_root, str(op), "_metadata", "schema")
                 write_checked(fs, schema_path, json.dumps(meta, indent=1).encode("utf-8"), overwrite=True)

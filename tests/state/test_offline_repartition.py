@@ -25,7 +25,12 @@ def _dedup(df: Any) -> Any:
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 """Spark repartitions only RocksDB state: the native queries run with it."""
 
-QUERIES = {"aggregation": (_aggregation, "update"), "dedup": (_dedup, "append")}
+def _window(df: Any) -> Any:
+    # a struct key of timestamps: the window
+    return df.groupBy(F.window(F.timestamp_seconds("v"), "4 seconds"), "k").count()
+
+
+QUERIES = {"aggregation": (_aggregation, "update"), "dedup": (_dedup, "append"), "window": (_window, "update")}
 
 
 @pytest.mark.parametrize("name", list(QUERIES))
