@@ -33,7 +33,7 @@ from lockgate.state.operator_metadata import OperatorMetadata, write_operator_me
 from lockgate.state.schema import (
     SESSION_WINDOW_NAME,
     STREAM_JOIN_NAME,
-    TRANSFORM_WITH_STATE_NAME,
+    TRANSFORM_WITH_STATE_NAMES,
     read_schema_file,
     stored_schema,
 )
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
-_NOT_YET = (STREAM_JOIN_NAME, SESSION_WINDOW_NAME, TRANSFORM_WITH_STATE_NAME)
+_NOT_YET = (STREAM_JOIN_NAME, SESSION_WINDOW_NAME, *TRANSFORM_WITH_STATE_NAMES)
 
 
 def _operator_ids(fs: CheckpointFileSystem, state_root: str) -> list[int]:

@@ -1,6 +1,6 @@
 """``groupBy(...).transformWithStateInPandas`` and ``transformWithState``: explicit state
 kept by the user's ``StatefulProcessor`` (Spark's ``TransformWithStateInPySparkExec``,
-``transformWithStateInPandasExec`` in progress).
+``transformWithStateInPandasExec`` in progress; the Row-based one ``transformWithStateInPySparkExec``).
 
 The batch is hash-partitioned by the grouping keys into the state's partitions (as
 every stateful operator's); each state task opens, per partition, one
@@ -100,6 +100,7 @@ from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import (
     TIMERS_STORE,
     TRANSFORM_WITH_STATE_NAME,
+    TRANSFORM_WITH_STATE_ROW_NAME,
     TTL_COLUMN,
     TTL_LIST_COLUMN,
     OperatorStateSchema,
@@ -356,7 +357,7 @@ class TransformWithState(StatefulOperator):
     @property
     @override
     def operator_name(self) -> str:
-        return TRANSFORM_WITH_STATE_NAME
+        return TRANSFORM_WITH_STATE_NAME if self.pandas else TRANSFORM_WITH_STATE_ROW_NAME
 
     @override
     def build_state(

@@ -26,7 +26,7 @@ from lockgate.state.schema import (
     SESSION_WINDOW_NAME,
     STREAM_JOIN_NAME,
     TIMERS_STORE,
-    TRANSFORM_WITH_STATE_NAME,
+    TRANSFORM_WITH_STATE_NAMES,
     TTL_COLUMN,
     TTL_LIST_COLUMN,
     read_schema_file,
@@ -141,7 +141,7 @@ def read_state(
     key_schema, value_schema = _stored_schema(meta, "key"), _stored_schema(meta, "value")
     num_partitions = int(meta["numPartitions"])
     operator_name = meta.get("operatorName")
-    if operator_name == TRANSFORM_WITH_STATE_NAME:
+    if operator_name in TRANSFORM_WITH_STATE_NAMES:
         return _read_transform_with_state(
             spark, fs, root, meta, operator_id, batch_id, var_name, timers, flatten
         )
@@ -492,7 +492,7 @@ def read_state_metadata(spark: SparkSession, checkpoint_location: str) -> DataFr
         if not name.isdigit():
             continue
         meta = read_schema_file(fs, fs.join(state_dir, name, "_metadata", "schema"), int(name))
-        if meta is not None and meta.get("operatorName") == TRANSFORM_WITH_STATE_NAME:
+        if meta is not None and meta.get("operatorName") in TRANSFORM_WITH_STATE_NAMES:
             properties[int(name)] = _transform_with_state_properties(meta)
     table = spark.read.format("state-metadata").load(checkpoint_location)
     if not properties:

@@ -32,8 +32,11 @@ def _fields(schema: pa.Schema) -> list[list[str]]:
 
 
 TRANSFORM_WITH_STATE_NAME = "transformWithStateInPandasExec"
-"""The operator name of ``transformWithState(InPandas)`` (Spark's, in progress and the
+"""The operator name of ``transformWithStateInPandas`` (Spark's, in progress and the
 state schema file)."""
+TRANSFORM_WITH_STATE_ROW_NAME = "transformWithStateInPySparkExec"
+"""... and of the Row-based ``transformWithState`` (pyspark 4.3's)."""
+TRANSFORM_WITH_STATE_NAMES = frozenset({TRANSFORM_WITH_STATE_NAME, TRANSFORM_WITH_STATE_ROW_NAME})
 STREAM_JOIN_NAME = "symmetricHashJoin"
 """Spark's ``shortName`` of StreamingSymmetricHashJoinExec (progress, state schema)."""
 SESSION_WINDOW_NAME = "sessionWindowStateStoreSaveExec"
@@ -215,7 +218,9 @@ def _check_or_write_schema(
         )
     op = f"stateful operator {schema.operator_id} ({schema.operator_name})"
     differences = []
-    if stored.get("operatorName") != schema.operator_name:
+    renamed = (stored.get("operatorName"), schema.operator_name) == (TRANSFORM_WITH_STATE_NAME, TRANSFORM_WITH_STATE_ROW_NAME)
+    # (lockgate named the Row-based transformWithState as the pandas one before)
+    if stored.get("operatorName") != schema.operator_name and not renamed:
         differences.append(
             f"the operator was {stored.get('operatorName')!r} and is now {schema.operator_name!r}"
         )
@@ -296,7 +301,8 @@ def _check_or_write_schema(
                 path=path,
             )
     if schema.variables_since is not None and (
-        not stored_schema(stored, "value").equals(schema.value_schema)
+        renamed
+        or not stored_schema(stored, "value").equals(schema.value_schema)
         or stored.get("stateVariablesSince") != schema.variables_since
         or stored.get("stateVariablesRemoved") != (schema.variables_removed or None)
         or stored.get("stateVariablesGaps") != (schema.variables_gaps or None)

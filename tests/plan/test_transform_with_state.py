@@ -371,7 +371,23 @@ def test_row_based_transform_with_state(spark, ls, tmp_path):
     run.start()
     run.step([{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "a", "v": 3}])
     run.step([{"k": "a", "v": 4}])
+    # Spark names the Row-based operator transformWithStateInPySparkExec
+    assert run.operators("lockgate") == run.operators("native")
     run.stop()
+    # a checkpoint an earlier lockgate wrote under the pandas operator's name restarts
+    schema_file = tmp_path / "lockgate" / "ck" / "state" / "0" / "_metadata" / "schema"
+    meta = json.loads(schema_file.read_text())
+    assert meta["operatorName"] == "transformWithStateInPySparkExec"
+    meta["operatorName"] = "transformWithStateInPandasExec"
+    from lockgate.checkpoint.checksum import write_checked
+    from lockgate.checkpoint.fs import resolve_filesystem
+
+    fs, path = resolve_filesystem(str(schema_file))
+    write_checked(fs, path, json.dumps(meta).encode(), overwrite=True)
+    run.start()
+    run.step([{"k": "a", "v": 5}, {"k": "c", "v": 6}])
+    run.stop()
+    assert json.loads(schema_file.read_text())["operatorName"] == "transformWithStateInPySparkExec"
 
 
 def test_ttl_needs_processing_time_and_a_positive_duration(ls, tmp_path):
