@@ -37,7 +37,7 @@ from lockgate.state.schema import (
     read_schema_file,
     stored_schema,
 )
-from lockgate.state.store import StateStoreConf, _partition_dir, _write_table, read_state_table
+from lockgate.state.store import StateStoreConf, read_state_table, write_snapshot
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -74,15 +74,9 @@ def _write_partitions(new: StateStoreConf, version: int, key_count: int, batches
         target = pa.schema(list(new.key_schema) + list(new.value_schema))
         for pid in pc.unique(pids).to_pylist():
             part = data.filter(pc.equal(pids, pid)).cast(target)
-            _write_snapshot(new, int(pid), version, part)
+            write_snapshot(new, int(pid), version, part)
             written.append(int(pid))
     yield pa.RecordBatch.from_pydict({"pid": pa.array(written, pa.int32())})
-
-
-def _write_snapshot(conf: StateStoreConf, partition: int, version: int, table: pa.Table) -> None:
-    path_fs, directory = resolve_filesystem(_partition_dir(conf, partition))
-    path_fs.mkdirs(directory)
-    _write_table(path_fs, f"{directory}/{version}.snapshot", table, "snapshot")
 
 
 def _move_state(
@@ -98,11 +92,11 @@ def _move_state(
     from pyspark.sql.types import StructType
 
     from lockgate.state.arrow_types import schema_to_arrow
-    from lockgate.state.reader import _arrow_field_to_spark
+    from lockgate.state.reader import arrow_field_to_spark
 
     stored = pa.schema(list(old.key_schema) + list(old.value_schema))
     columns = [f"c{i}" for i in range(len(stored))]
-    spark_schema = StructType([_arrow_field_to_spark(f.with_name(c)) for f, c in zip(stored, columns)])
+    spark_schema = StructType([arrow_field_to_spark(f.with_name(c)) for f, c in zip(stored, columns)])
     out = schema_to_arrow(spark_schema, str(spark.conf.get("spark.sql.session.timeZone", "UTC")))
     ids = spark.range(0, old.num_partitions, 1, old.num_partitions).selectExpr("cast(id as int) as id")
     rows = ids.mapInArrow(partial(_read_partitions, old, read_version, out), spark_schema)
@@ -114,7 +108,7 @@ def _move_state(
     empty = pa.Table.from_batches([], schema=pa.schema(list(new.key_schema) + list(new.value_schema)))
     for p in range(new.num_partitions):
         if p not in written:
-            _write_snapshot(new, p, write_version, empty)
+            write_snapshot(new, p, write_version, empty)
 
 
 class StreamingCheckpointManager:

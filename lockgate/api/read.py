@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lockgate.errors import NotSupportedYetError, OptionError
+from lockgate.execution import assembly
 from lockgate.state.reader import read_state, read_state_metadata
 
 if TYPE_CHECKING:
@@ -175,3 +176,35 @@ class LockgateReader:
         if name.startswith("__") or name in ("_reader", "_session", "_format", "_options"):
             raise AttributeError(name)
         return getattr(self._reader, name)
+
+
+class _PlainSession:
+    """What :class:`LockgateReader` takes of a session: ``spark``, a SparkSession whose
+    ``read`` is Spark's own ``DataFrameReader`` (a batch session's own ``read`` is this
+    reader)."""
+
+    def __init__(self, session: Any) -> None:
+        self.spark = _SparkReads(session)
+
+
+class _SparkReads:
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    @property
+    def read(self) -> Any:
+        from pyspark.sql.readwriter import DataFrameReader
+
+        return DataFrameReader(self._session)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_session":
+            raise AttributeError(name)
+        return getattr(self._session, name)
+
+
+def _batch_reader(session: Any) -> LockgateReader:
+    return LockgateReader(_PlainSession(session))  # type: ignore[arg-type]
+
+
+assembly.BATCH_READER = _batch_reader

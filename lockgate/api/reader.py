@@ -11,35 +11,11 @@ from lockgate.api.dataframe import StreamingDataFrame
 from lockgate.errors import AnalysisError
 from lockgate.options import Options, to_option_string
 from lockgate.plan.catalog import file_table
-from lockgate.plan.nodes import StreamingRelation
+from lockgate.plan.nodes import StreamingRelation, source_evolution_enabled
 from lockgate.sources import SourceProvider, lookup_source
 
 if TYPE_CHECKING:
     from lockgate.api.session import StreamingSession
-
-
-SOURCE_EVOLUTION_CONF = "spark.sql.streaming.queryEvolution.enableSourceEvolution"
-
-
-def source_evolution_enabled(spark: Any) -> bool:
-    return str(spark.conf.get(SOURCE_EVOLUTION_CONF, "false")).strip().lower() == "true"
-
-
-def check_sources_named(spark: Any, relations: list[StreamingRelation]) -> tuple[str, ...] | None:
-    """With source evolution on, every source of a query must be named, as in Spark
-    (checked when the query starts); returns the names, in the plan's source order.
-    None when it is off."""
-    if not source_evolution_enabled(spark):
-        return None
-    unnamed = [
-        f"Leaf position {i} - {r.source_name}" for i, r in enumerate(relations) if r.user_name is None
-    ]
-    if unnamed:
-        raise AnalysisError.spark(
-            "STREAMING_QUERY_EVOLUTION_ERROR.UNNAMED_STREAMING_SOURCES_WITH_ENFORCEMENT",
-            {"sourceInfo": ", ".join(unnamed)},
-        )
-    return tuple(r.user_name for r in relations if r.user_name is not None)
 
 
 def check_source_evolution(spark: Any, source_name: str | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from lockgate.api import read as _read  # noqa: F401 - a batch session's reader (assembly.BATCH_READER)
 from lockgate.clock import Clock
 from lockgate.errors import NotSupportedYetError, OptionError
 from lockgate.execution.assembly import QuerySpec, check_cluster_by, create_query
@@ -206,8 +207,7 @@ class DataStreamWriter:
         return self._start()
 
     def _start(self) -> StreamingQuery:
-        from lockgate.api.reader import check_sources_named
-        from lockgate.plan.nodes import source_relations
+        from lockgate.plan.nodes import check_sources_named, source_relations
 
         check_sources_named(self._spark, source_relations(self._df._plan))
         streams = self._df._session.streams

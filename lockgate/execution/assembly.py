@@ -168,6 +168,12 @@ def check_cluster_by(
             )
 
 
+BATCH_READER: Callable[[Any], Any] | None = None
+"""What a batch session's ``read`` gives for that session: set by :mod:`lockgate.api.read`
+to its reader, which also reads lockgate's state (``format("statestore")``,
+``format("state-metadata")``); None: Spark's own ``DataFrameReader``."""
+
+
 @functools.cache
 def _query_session_class() -> type:
     from pyspark.sql import SparkSession
@@ -175,41 +181,16 @@ def _query_session_class() -> type:
     class QuerySession(SparkSession):
         """The query's clone of the user's session, the session of the DataFrames a
         ``foreachBatch`` function gets (``batch_df.sparkSession``): Spark's, except that
-        its ``read`` also reads a lockgate checkpoint's state (``format("statestore")``,
-        ``format("state-metadata")``) as ``ls.read`` does: Spark's own readers of those
-        formats cannot read lockgate's state files."""
+        its ``read`` is :data:`BATCH_READER`'s (Spark's own readers of the state formats
+        cannot read lockgate's state files)."""
 
         @property
         def read(self) -> Any:
-            from lockgate.api.read import LockgateReader
-
-            return LockgateReader(_PlainSession(self))  # type: ignore[arg-type]
+            if BATCH_READER is None:
+                return super().read
+            return BATCH_READER(self)
 
     return QuerySession
-
-
-class _PlainSession:
-    """What :class:`~lockgate.api.read.LockgateReader` takes of a session: ``spark``, a
-    SparkSession whose ``read`` is Spark's own ``DataFrameReader``."""
-
-    def __init__(self, session: Any) -> None:
-        self.spark = _SparkReads(session)
-
-
-class _SparkReads:
-    def __init__(self, session: Any) -> None:
-        self._session = session
-
-    @property
-    def read(self) -> Any:
-        from pyspark.sql.readwriter import DataFrameReader
-
-        return DataFrameReader(self._session)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_session":
-            raise AttributeError(name)
-        return getattr(self._session, name)
 
 
 def stream_session(spark: Any) -> Any:

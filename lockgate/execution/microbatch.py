@@ -955,6 +955,6 @@ def _source_names(spark: Any, relations: list[Any]) -> tuple[str, ...] | None:
     """With source evolution on, the sources' names (``readStream.name``), which key the
     offsets log (v2) and ``sources/<name>``; None when it is off: sources are keyed by
     position."""
-    from lockgate.api.reader import check_sources_named
+    from lockgate.plan.nodes import check_sources_named
 
     return check_sources_named(spark, relations)

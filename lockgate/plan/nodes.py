@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from lockgate.errors import AnalysisError
 from lockgate.plan.current_time import CurrentTimeRewriter, mentions_current_time
 
 if TYPE_CHECKING:
@@ -200,3 +201,27 @@ def observed_nodes(plan: PlanNode) -> list[Observed]:
 
 def watermark_nodes(plan: PlanNode) -> list[EventTimeWatermark]:
     return distinct_nodes(plan, EventTimeWatermark)
+
+
+SOURCE_EVOLUTION_CONF = "spark.sql.streaming.queryEvolution.enableSourceEvolution"
+
+
+def source_evolution_enabled(spark: Any) -> bool:
+    return str(spark.conf.get(SOURCE_EVOLUTION_CONF, "false")).strip().lower() == "true"
+
+
+def check_sources_named(spark: Any, relations: list[StreamingRelation]) -> tuple[str, ...] | None:
+    """With source evolution on, every source of a query must be named, as in Spark
+    (checked when the query starts); returns the names, in the plan's source order.
+    None when it is off."""
+    if not source_evolution_enabled(spark):
+        return None
+    unnamed = [
+        f"Leaf position {i} - {r.source_name}" for i, r in enumerate(relations) if r.user_name is None
+    ]
+    if unnamed:
+        raise AnalysisError.spark(
+            "STREAMING_QUERY_EVOLUTION_ERROR.UNNAMED_STREAMING_SOURCES_WITH_ENFORCEMENT",
+            {"sourceInfo": ", ".join(unnamed)},
+        )
+    return tuple(r.user_name for r in relations if r.user_name is not None)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
-def _arrow_field_to_spark(field: pa.Field) -> Any:
+def arrow_field_to_spark(field: pa.Field) -> Any:
     from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import StructField
 
@@ -211,8 +211,8 @@ def read_state(
                 children = [next(rest).with_name(str(p)) for p in parts]
                 nested.append(pa.field(str(name), pa.struct(children)))
         key_fields = nested
-    key_type = StructType([_arrow_field_to_spark(f) for f in key_fields])
-    value_type = StructType([_arrow_field_to_spark(f) for f in value_fields])
+    key_type = StructType([arrow_field_to_spark(f) for f in key_fields])
+    value_type = StructType([arrow_field_to_spark(f) for f in value_fields])
     out = StructType(
         [
             StructField("key", key_type, True),
@@ -336,10 +336,10 @@ def _read_transform_with_state(
         )
     stored = variables[store]
     kind, ttl = ("timers", False) if timers else _variable_kind(stored)
-    key_type = StructType([_arrow_field_to_spark(f) for f in key_schema])
+    key_type = StructType([arrow_field_to_spark(f) for f in key_schema])
 
     def spark_type(t: pa.DataType) -> Any:
-        return _arrow_field_to_spark(pa.field("x", t)).dataType
+        return arrow_field_to_spark(pa.field("x", t)).dataType
 
     def with_ttl(t: Any) -> Any:
         # Spark keeps a value with TTL as struct<value, ttlExpirationMs> and shows it so

@@ -1035,6 +1035,14 @@ def _arrow_value(value: Any, t: pa.DataType) -> Any:
     return value
 
 
+def write_snapshot(conf: StateStoreConf, partition: int, version: int, table: pa.Table) -> None:
+    """Write ``table`` (the state's columns) as partition ``partition``'s snapshot of
+    ``version`` (offline tools: a repartitioned checkpoint's new partitions)."""
+    fs, directory = resolve_filesystem(_partition_dir(conf, partition))
+    fs.mkdirs(directory)
+    _write_table(fs, f"{directory}/{version}.snapshot", table, "snapshot")
+
+
 def read_state_table(conf: StateStoreConf, partition: int, version: int) -> pa.Table:
     """The whole map of one partition at ``version`` as an Arrow table (for the state reader)."""
     store = StateStore(conf, partition, version)
@@ -1057,4 +1065,5 @@ __all__ = [
     "micros_array",
     "read_state_table",
     "wait_for_background_snapshots",
+    "write_snapshot",
 ]
