@@ -60,7 +60,7 @@ def _read_partitions(old: StateStoreConf, version: int, out: pa.Schema, batches:
             yield from table.rename_columns(out.names).cast(out).to_batches()
 
 
-def _write_partitions(new: StateStoreConf, version: int, key_count: int, batches: Any) -> Any:
+def _write_partitions(new: StateStoreConf, version: int, batches: Any) -> Any:
     """Each new partition's rows (all of them in this task: the rows are partitioned by
     their new partition id) as one snapshot at ``version`` (runs on an executor); yields
     the partitions written."""
@@ -103,7 +103,7 @@ def _move_state(
     keys = [F.col(c) for c in columns[: len(old.key_schema)]]
     pid = F.pmod(F.hash(*keys), F.lit(new.num_partitions)).cast("int").alias("__pid")
     spread = rows.select(*columns, pid).repartition(new.num_partitions, "__pid")
-    done = spread.mapInArrow(partial(_write_partitions, new, write_version, len(old.key_schema)), "pid int")
+    done = spread.mapInArrow(partial(_write_partitions, new, write_version), "pid int")
     written = {r.pid for r in done.collect()}
     empty = pa.Table.from_batches([], schema=pa.schema(list(new.key_schema) + list(new.value_schema)))
     for p in range(new.num_partitions):

@@ -343,10 +343,25 @@ def _read_table(
     return _as_columns(table, expected, path, where)
 
 
+def _unreadable(table: pa.Table, expected: pa.Schema, path: str, where: str, exc: Exception) -> StateStoreError:
+    return StateStoreError(
+        f"State file {path} of {where} has schema {table.schema.remove_metadata()}, which "
+        f"cannot be read as {expected}: {exc}. Start this query with a new checkpoint "
+        "location.",
+        path=path,
+    )
+
+
 def _values_by_name(table: pa.Table, expected: pa.Schema, key_count: int, path: str, where: str) -> pa.Table:
     """A state file's table with its first ``key_count`` columns matched to the query's
-    keys by position and its value columns by name (:attr:`StateStoreConf.values_by_name`)."""
+    keys by position and its value columns by name (:attr:`StateStoreConf.values_by_name`).
+    A file written with the query's own value schema (every file until a schema evolves)
+    is read as by position."""
     names = [n for n in table.schema.names if n != _OP_COLUMN]
+    if names[key_count:] == expected.names[key_count:] and all(
+        table.schema.field(n).type.equals(f.type) for n, f in zip(names[key_count:], list(expected)[key_count:])
+    ):
+        return _as_columns(table, expected, path, where)
     ops = [table.column(_OP_COLUMN)] if _OP_COLUMN in table.schema.names else []
     if len(names) < key_count:
         raise StateStoreError(
@@ -366,12 +381,7 @@ def _values_by_name(table: pa.Table, expected: pa.Schema, key_count: int, path: 
             else:
                 columns.append(pa.nulls(table.num_rows, f.type))
     except (pa.ArrowException, ValueError, TypeError) as exc:
-        raise StateStoreError(
-            f"State file {path} of {where} has schema {table.schema.remove_metadata()}, which "
-            f"cannot be read as {expected}: {exc}. Start this query with a new checkpoint "
-            "location.",
-            path=path,
-        ) from exc
+        raise _unreadable(table, expected, path, where, exc) from exc
     fields = [f.with_nullable(True) for f in expected] + [table.schema.field(_OP_COLUMN)] * len(ops)
     return pa.Table.from_arrays(
         columns + [c.combine_chunks() for c in ops], schema=pa.schema(fields, metadata=table.schema.metadata)
@@ -433,12 +443,7 @@ def _as_columns(table: pa.Table, expected: pa.Schema, path: str, where: str) -> 
     try:
         return renamed.cast(target)  # nested field names differ
     except (pa.ArrowException, ValueError, TypeError) as exc:
-        raise StateStoreError(
-            f"State file {path} of {where} has schema {table.schema.remove_metadata()}, which "
-            f"cannot be read as {expected}: {exc}. Start this query with a new checkpoint "
-            "location.",
-            path=path,
-        ) from exc
+        raise _unreadable(table, expected, path, where, exc) from exc
 
 
 def micros_array(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
