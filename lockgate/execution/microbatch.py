@@ -10,6 +10,7 @@ again with the same offsets, batch timestamp and watermark.
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +121,14 @@ HOST_ABOVE_ROWS = 50_000
 """Under ``stateHosts=auto``, a batch that reads at least this many rows (when its sources
 count them ahead) runs every state step in the state hosts, and an operator whose last
 batch with data updated at least this many state rows does so from the next batch on ..."""
+DEDUP_BY_ROW_BELOW = 0.25
+"""A deduplication whose last batch had at most this share of duplicate rows sends the
+next batch's rows to its state step as they are (``_choose_dedup_grouping``) ..."""
+DEDUP_GROUPED_ABOVE = 0.5
+"""... and grouped by key again once a batch has at least this share."""
+DEDUP_MIN_ROWS = 1_000
+"""Batches of fewer rows leave the choice as it was."""
+
 HOST_BELOW_ROWS = 10_000
 """... and back in the Python workers once a batch with data updates fewer than this.
 
@@ -208,10 +217,10 @@ class MicroBatchExecution(StreamExecution):
         self.last_execution: IncrementalExecution | None = None
         self.plan_cache = PlanCache()
         self._reuse_plans = _reuse_plans(self.spark) and reusable(plan)
-        self._templates: dict[frozenset[int], tuple[PlanTemplate, set[ObservationRole]] | None] = {}
+        self._templates: dict[Hashable, tuple[PlanTemplate, set[ObservationRole]] | None] = {}
         """Shape (empty sources) -> the analysed plan later batches of that shape reuse
         and its observations; None when it cannot be reused."""
-        self._pushdown_probed: set[frozenset[int]] = set()
+        self._pushdown_probed: set[Hashable] = set()
         """Shapes whose first build was searched for filters Spark applies below an
         observation (:mod:`lockgate.plan.pushdown`)."""
         self.reused_plans = 0
@@ -227,6 +236,7 @@ class MicroBatchExecution(StreamExecution):
         self._max_state_tasks = _max_state_tasks(self.spark) if self._stateful_ops else None
         self._state_hosts = _state_hosts(self.spark) if self._stateful_ops else "false"
         self._hosted_ops: set[int] = set()
+        self._dedups_by_row: set[int] = set()
         self._background_snapshot_min_rows = (
             _background_snapshot_min_rows(self.spark) if self._stateful_ops else None
         )
@@ -554,7 +564,7 @@ class MicroBatchExecution(StreamExecution):
             for op in self._stateful_ops
         )
 
-    def _stateful_context(self, empty_sources: frozenset[int]) -> StatefulContext | None:
+    def _stateful_context(self, shape: Hashable) -> StatefulContext | None:
         if not self._stateful_ops:
             return None
         conf = self.spark.conf
@@ -575,7 +585,8 @@ class MicroBatchExecution(StreamExecution):
             late_events_watermark_ms=self._previous_batch_watermark() if self._watermark_nodes else None,
             checkpoint_id=self.id,
             cache=self.plan_cache,
-            shape=empty_sources,
+            shape=shape,
+            dedups_by_row=frozenset(self._dedups_by_row),
             operator_watermarks=self._operator_watermarks() if self._watermark_nodes else None,
             max_state_tasks=self._max_state_tasks,
             state_hosts=self._state_hosts != "false",
@@ -625,6 +636,25 @@ class MicroBatchExecution(StreamExecution):
                 self._hosted_ops.add(op_id)
             elif updated < HOST_BELOW_ROWS:
                 self._hosted_ops.discard(op_id)
+
+    def _choose_dedup_grouping(self, progress: list[dict[str, Any]]) -> None:
+        """After a batch with data: which deduplications send their rows as they are
+        next batch. Grouping a batch by key in Spark first (``lockgate.plan.dedup``)
+        costs two aggregations and a shuffle more, and pays when keys repeat within a
+        batch; over keys that are nearly all new (a guid per event) it only costs. Keys
+        of a batch with at most :data:`DEDUP_BY_ROW_BELOW` of its rows duplicates go row
+        by row; at least :data:`DEDUP_GROUPED_ABOVE`, grouped again."""
+        for op_id, op in enumerate(progress):
+            if op.get("operatorName") not in ("dedupe", "dedupeWithinWatermark"):
+                continue
+            duplicates = int((op.get("customMetrics") or {}).get("numDroppedDuplicateRows") or 0)
+            rows = duplicates + int(op.get("numRowsUpdated") or 0)
+            if rows < DEDUP_MIN_ROWS:
+                continue
+            if duplicates <= DEDUP_BY_ROW_BELOW * rows:
+                self._dedups_by_row.add(op_id)
+            elif duplicates >= DEDUP_GROUPED_ABOVE * rows:
+                self._dedups_by_row.discard(op_id)
 
     def _state_operator_progress(self, stateful: StatefulContext | None) -> list[dict[str, Any]]:
         if stateful is None:
@@ -685,7 +715,8 @@ class MicroBatchExecution(StreamExecution):
             empty_sources = frozenset(
                 slot.relation_id for slot in self._slots if counts.get(slot.index) == 0
             )
-            stateful = self._stateful_context(empty_sources)
+            shape = (empty_sources, frozenset(self._dedups_by_row))
+            stateful = self._stateful_context(shape)
             execution = IncrementalExecution(
                 self.plan,
                 frames,
@@ -700,7 +731,7 @@ class MicroBatchExecution(StreamExecution):
                 cache=self.plan_cache,
                 empty_sources=empty_sources,
             )
-            result, output_obs = self._plan_batch(execution, frames, empty_sources)
+            result, output_obs = self._plan_batch(execution, frames, shape)
         self.last_execution = execution
         params_key = property_key(self.id)
         if stateful is not None:
@@ -724,6 +755,7 @@ class MicroBatchExecution(StreamExecution):
         self._last_state_progress = self._state_operator_progress(stateful)
         if any(counts.values()):
             self._choose_hosted(self._last_state_progress)
+            self._choose_dedup_grouping(self._last_state_progress)
         if output_obs is None:  # the sink counted them (Sink.counts_output_rows)
             num_output_rows = -1 if written is None else int(written)
         else:
@@ -752,7 +784,7 @@ class MicroBatchExecution(StreamExecution):
         return frame
 
     def _plan_batch(
-        self, execution: IncrementalExecution, frames: dict[int, DataFrame], shape: frozenset[int]
+        self, execution: IncrementalExecution, frames: dict[int, DataFrame], shape: Hashable
     ) -> tuple[DataFrame, Observation | None]:
         """The batch's DataFrame, observed for its output rows unless the sink counts
         them (None then): from the plan of an earlier batch of the same shape when there

@@ -13,14 +13,13 @@ emits a row only the first time its key appears (Spark's StreamingDeduplicateExe
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial as bind
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -231,6 +230,58 @@ def _grouped_rows(rows: Any, late: Any) -> tuple[pa.Array, list[int]]:
     return pa.array(on_time), rows[on_time].tolist()
 
 
+def _expiry_times(task: DedupTask, batch: pa.RecordBatch, rows: pa.Array) -> Any:
+    """When the keys of the batch's ``rows`` expire (numpy int64 microseconds), or None
+    when keys never expire. Within the watermark: the row's event time (0 when null)
+    plus the delay; else the event time in the key (a window by its end), with nulls
+    marked by :func:`_null_times`."""
+    import numpy as np
+
+    if task.within_watermark:
+        if task.event_time_column is None:
+            return np.full(len(rows), task.delay_ms * 1000, dtype=np.int64)
+        event = _event_micros_array(batch.column(task.event_time_column).take(rows))
+        return pc_fill_zero(event) + task.delay_ms * 1000
+    if task.event_time_key is None:
+        return None
+    return pc_fill_zero(_event_micros_array(batch.column(task.key_columns[task.event_time_key]).take(rows)))
+
+
+def _null_times(task: DedupTask, batch: pa.RecordBatch, rows: pa.Array) -> Any:
+    """Which of the batch's ``rows`` have no event time in their key (never expire)."""
+    column = batch.column(task.key_columns[task.event_time_key])  # type: ignore[index]
+    return column.take(rows).is_null().to_numpy(zero_copy_only=False)
+
+
+def pc_fill_zero(micros: Any) -> Any:
+    """An int64 Arrow array as numpy, nulls as 0."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(micros, 0).to_numpy(zero_copy_only=False)
+
+
+def _put_new(
+    task: DedupTask, store: StateStore, batch: pa.RecordBatch, rows: pa.Array, keys: list[Key], times: Any
+) -> None:
+    """Put ``keys`` (new, all different: the keys of the batch's ``rows``) in the store:
+    with their expiry within the watermark, else as seen. Keys of columns Arrow holds
+    as the state does go in as columns too, which the commit writes as they are."""
+    if task.within_watermark:
+        values = [[t] for t in times.tolist()]
+        column = pa.array(times, type=pa.int64())
+    else:
+        values = [[True] for _ in keys]
+        column = pa.array(np.ones(len(keys), dtype=bool))
+    if not all(groups_like_state_keys(batch.schema.field(k).type) for k in task.key_columns):
+        store.put_many(list(zip(keys, values)))
+        return
+    table = pa.Table.from_arrays(
+        [batch.column(k).take(rows) for k in task.key_columns] + [column],
+        names=[*store.key_names, *store.value_names],
+    )
+    store.put_columns(keys, values, table)
+
+
 def _late_rows(event_micros: Any, watermark_us: int) -> Any:
     """A numpy bool mask of the rows whose event time is at or below the watermark."""
     import pyarrow.compute as pc
@@ -240,35 +291,61 @@ def _late_rows(event_micros: Any, watermark_us: int) -> Any:
 
 
 class _ExpiryIndex:
-    """A min-heap of (event time, key) over the store's keys, kept with the map in the
-    worker cache, so eviction pops the expired keys instead of scanning the whole state.
-    It follows the map when the map is caught up from deltas (``catch_up``).
+    """The store's keys by expiry time (int microseconds), kept with the map in the
+    worker cache, so eviction takes the expired keys instead of scanning the whole
+    state. It follows the map when the map is caught up from deltas (``catch_up``).
 
-    An entry is checked against the map when popped: a key removed and put again has a
-    newer entry, and the older one is skipped."""
+    Keys are held in runs, one per batch: a run's times sorted (numpy) and its keys in
+    that order, so eviction cuts each run at the watermark with a binary search instead
+    of a heap operation per key. A taken key is checked against the map: a key removed
+    and put again has a newer entry, and the older one is skipped."""
 
-    def __init__(self, entries: list[tuple[int, int, Key]], time_of: Callable[[Key, Any], int | None]) -> None:
-        heapq.heapify(entries)
-        self.heap = entries
+    MAX_RUNS = 32
+    """More runs than this are merged into one (out-of-order data leaves runs behind)."""
+
+    def __init__(self, time_of: Callable[[Key, Any], int | None]) -> None:
+        self.runs: list[tuple[Any, list[Key]]] = []
         self.time_of = time_of
 
-    def push(self, t: int, key: Key) -> None:
-        heapq.heappush(self.heap, (t, next(_SEQUENCE), key))
+    def add(self, times: Any, keys: list[Key]) -> None:
+        """Index ``keys`` expiring at ``times`` (a numpy int64 array or a list)."""
+        import numpy as np
+
+        if not keys:
+            return
+        times = np.asarray(times, dtype=np.int64)
+        if len(keys) > 1 and bool((times[1:] < times[:-1]).any()):
+            order = np.argsort(times, kind="stable")
+            times = times[order]
+            keys = [keys[i] for i in order.tolist()]
+        self.runs.append((times, keys))
+        if len(self.runs) > self.MAX_RUNS:
+            merged_times = np.concatenate([t for t, _ in self.runs])
+            merged_keys = [k for _, run in self.runs for k in run]
+            self.runs = []
+            self.add(merged_times, merged_keys)
 
     def catch_up(self, upserts: list[tuple[Key, Any]], removed: list[Key], previous: list[Any]) -> None:
-        for key, value in upserts:  # removed keys' entries are skipped when popped
-            t = self.time_of(key, value)
-            if t is not None:
-                self.push(t, key)
+        timed = [(self.time_of(key, value), key) for key, value in upserts]
+        timed = [(t, key) for t, key in timed if t is not None]  # removed keys are skipped when taken
+        self.add([t for t, _ in timed], [key for _, key in timed])
 
-    def pop_expired(self, watermark_us: int) -> Iterator[tuple[int, Key]]:
-        heap = self.heap
-        while heap and heap[0][0] <= watermark_us:
-            t, _, key = heapq.heappop(heap)
-            yield t, key
+    def take_expired(self, watermark_us: int) -> tuple[list[int], list[Key]]:
+        """The entries expiring at or before ``watermark_us``, out of the index."""
+        import numpy as np
 
-
-_SEQUENCE = itertools.count()
+        times: list[int] = []
+        keys: list[Key] = []
+        kept = []
+        for run_times, run_keys in self.runs:
+            cut = int(np.searchsorted(run_times, watermark_us, side="right"))
+            if cut:
+                times.extend(run_times[:cut].tolist())
+                keys.extend(run_keys[:cut])
+            if cut < len(run_keys):
+                kept.append((run_times[cut:], run_keys[cut:]) if cut else (run_times, run_keys))
+        self.runs = kept
+        return times, keys
 
 
 def _expiry_time_function(task: DedupTask) -> Callable[[Key, Any], int | None]:
@@ -290,13 +367,8 @@ def _key_micros(value: Any) -> Any:
 def _expiry_index(task: DedupTask, store: Any) -> _ExpiryIndex:
     if isinstance(store.aux, _ExpiryIndex):
         return store.aux
-    time_of = _expiry_time_function(task)
-    entries = []
-    for key, value in store.map.items():
-        t = time_of(key, value)
-        if t is not None:
-            entries.append((t, next(_SEQUENCE), key))
-    index = _ExpiryIndex(entries, time_of)
+    index = _ExpiryIndex(_expiry_time_function(task))
+    index.catch_up(list(store.map.items()), [], [])
     store.aux = index
     return index
 
@@ -339,38 +411,34 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
         keys = list(
             zip(*[column_values(batch.column(k).take(firsts), micros=True) for k in task.key_columns])
         )
-        expires: list[Any] = []
-        if task.within_watermark and task.event_time_column is not None:
-            # the late-row column is the event-time column here: one conversion serves both
-            expires = column_values(late_times.take(firsts))
-        keep: list[int] = []
-        for j, (key, i, n) in enumerate(zip(keys, firsts.to_pylist(), counts)):
-            if key in state:
-                dropped_dup += n
-                continue
-            dropped_dup += n - 1
-            if task.within_watermark:
-                t = (expires[j] or 0) + task.delay_ms * 1000
-                store.put(key, [t])
-            else:
-                t = _key_micros(key[task.event_time_key]) if task.event_time_key is not None else None
-                store.put(key, [True])
-            if index is not None and t is not None:
-                index.push(t, key)
-            updated += 1
-            keep.append(i)
-        if keep:
-            taken = batch.select(names).take(pa.array(keep, type=pa.int64()))
-            yield pa.RecordBatch.from_arrays(taken.columns, schema=task.out_schema)
+        # a batch's keys are all different: the new ones are put together after the loop
+        new = [j for j, key in enumerate(keys) if key not in state]
+        dropped_dup += sum(counts) - len(new)
+        if not new:
+            continue
+        fresh = firsts.take(pa.array(new, type=pa.int64()))
+        new_keys = [keys[j] for j in new]
+        times = _expiry_times(task, batch, fresh)
+        _put_new(task, store, batch, fresh, new_keys, times)
+        if index is not None and times is not None:
+            timed = None if task.within_watermark else np.flatnonzero(~_null_times(task, batch, fresh))
+            if timed is None or len(timed) == len(new_keys):
+                index.add(times, new_keys)
+            else:  # a key without event time never expires
+                index.add(times[timed], [new_keys[j] for j in timed.tolist()])
+        updated += len(new)
+        taken = batch.select(names).take(fresh)
+        yield pa.RecordBatch.from_arrays(taken.columns, schema=task.out_schema)
     update_ms = (time.perf_counter() - t0) * 1000
     t1 = time.perf_counter()
     removed = 0
     if watermark_us is not None and index is not None:
-        for t, key in index.pop_expired(watermark_us):
-            value = state.get(key)
-            if value is not None and index.time_of(key, value) == t:
-                store.remove(key)
-                removed += 1
+        times, candidates = index.take_expired(watermark_us)
+        if task.within_watermark:  # a key put again after its removal expires later
+            expired = [k for t, k in zip(times, candidates) if (v := state.get(k)) is not None and v[0] == t]
+        else:  # the event time is in the key: only whether it is still there counts
+            expired = [k for k in candidates if k in state]
+        removed = store.remove_many(expired)
     remove_ms = (time.perf_counter() - t1) * 1000
     store.commit()
     op = task.operator_id
@@ -416,7 +484,7 @@ def build_deduplicate(
     key_cols, pid = ctx.cache.get(node, f"partitioning/{n}", partitioning)
     java_keys = ctx.cache.java_columns(node, f"partitioning/{n}", lambda: key_cols)
     tasks = ctx.state_tasks(n)
-    grouped = pre_aggregates(node, child.schema)
+    grouped = pre_aggregates(node, child.schema) and operator_id not in ctx.dedups_by_row
     rows = _pre_aggregated(node, child, ctx) if grouped else child
     staged = frame(rows, rows._jdf.repartition(tasks, java_keys))
     if grouped:

@@ -222,7 +222,7 @@ def map_with_state(
     from lockgate.jvm import arrow_map_call, map_in_arrow
 
     ctx.batch_params[operator_id] = params
-    shape = ",".join(str(s) for s in sorted(ctx.shape))  # type: ignore[type-var]
+    shape = repr(ctx.shape)
 
     tasks = ctx.state_tasks(num_partitions)
     # at most one host per core: with more tasks than cores (one task per partition), the

@@ -263,7 +263,12 @@ class StatefulContext:
     cache: PlanCache = field(default_factory=PlanCache)
     """Expressions and schemas shared by the run's batches (:mod:`lockgate.plan.cache`)."""
     shape: Hashable = frozenset()
-    """Which sources have an empty batch: the key of cached schemas."""
+    """Which sources have an empty batch, and ``dedups_by_row``: the key of cached
+    schemas and of the batch plans later batches reuse."""
+    dedups_by_row: frozenset[int] = frozenset()
+    """The deduplications (operator ids) that send the batch's rows to their state step
+    as they are this batch, instead of grouped by key in Spark first: the engine's
+    choice from their last batch's duplicates (``MicroBatchExecution``)."""
     batch_params: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Operator id -> this batch's values for its state step, which the engine hands to
     the tasks as a local property (:mod:`lockgate.plan.state_udf`)."""

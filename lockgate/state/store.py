@@ -55,6 +55,7 @@ _OP_REMOVE = 1
 
 Key = tuple[Any, ...]
 Value = list[Any]
+_ABSENT = object()
 
 
 class CatchUpIndex(Protocol):
@@ -818,24 +819,50 @@ class StateStore:
     def put_columns(self, keys: list[Key], values: list[Value], table: pa.Table) -> None:
         """:meth:`put` of each of ``keys`` (all different) with its value, given also as
         ``table``: the same rows, in the state's schema, built by the caller from its
-        columns. When these are the version's only changes, :meth:`commit` writes
-        ``table`` as the delta instead of turning the rows back into columns."""
-        first = not self.updated and not self.removed
+        columns. While every upsert of this version came this way, :meth:`commit` writes
+        these tables (and the removals) as the delta instead of turning the rows back
+        into columns."""
+        earlier = self._updated_table
+        whole = earlier is not None or not self.updated
+        before = len(self.updated)
         self.put_many(list(zip(keys, values)))
-        if first and table.num_rows == len(self.updated):
-            names = self._key_names + self._value_names
-            self._updated_table = table.select(names).cast(
-                pa.schema(list(self.conf.key_schema) + list(self.conf.value_schema))
-            )
+        if not whole or table.num_rows != len(keys) or len(self.updated) != before + len(keys):
+            return  # a key put before in this version: the tables no longer tell
+        names = self._key_names + self._value_names
+        added = table.select(names).cast(pa.schema(list(self.conf.key_schema) + list(self.conf.value_schema)))
+        self._updated_table = added if earlier is None else pa.concat_tables([earlier, added])
 
     def remove(self, key: Key) -> None:
-        self._updated_table = None
         if self.map.pop(key, None) is not None or key in self.updated:
-            self.updated.pop(key, None)
+            if self.updated.pop(key, _ABSENT) is not _ABSENT:
+                self._updated_table = None
             self.removed.add(key)
+
+    def remove_many(self, keys: Iterable[Key]) -> int:
+        """:meth:`remove` of each of ``keys``; how many the state held. The upserts'
+        tables of :meth:`put_columns` stay good unless a key put in this version goes."""
+        state, updated, removed = self.map, self.updated, self.removed
+        count = 0
+        for key in keys:
+            if state.pop(key, None) is not None or key in updated:
+                if updated.pop(key, _ABSENT) is not _ABSENT:
+                    self._updated_table = None
+                removed.add(key)
+                count += 1
+        return count
 
     def items(self) -> Iterator[tuple[Key, Value]]:
         return iter(list(self.map.items()))
+
+    @property
+    def key_names(self) -> list[str]:
+        """The state's key columns, in order (its files' first columns)."""
+        return self._key_names
+
+    @property
+    def value_names(self) -> list[str]:
+        """The state's value columns, in order."""
+        return self._value_names
 
     def __len__(self) -> int:
         return len(self.map)
@@ -872,6 +899,8 @@ class StateStore:
         if self._updated_table is not None:
             ops = pa.array([_OP_UPSERT] * self._updated_table.num_rows, type=pa.int8())
             table = self._updated_table.append_column(pa.field(_OP_COLUMN, pa.int8()), ops)
+            if self.removed:
+                table = pa.concat_tables([table, self._table((), self.removed, True)])
         else:
             table = self._table(self.updated, self.removed, True)
         _write_table(self.fs, f"{self.dir}/{new_version}.delta", table, "delta")
