@@ -111,6 +111,21 @@ def _move_state(
             write_snapshot(new, p, write_version, empty)
 
 
+def _unfinished_repartition(offsets: OffsetSeqLog, last: int) -> int | None:
+    """The partition count of a repartition that planned batch ``last + 1`` (the last
+    committed batch's offsets under another partition count) and stopped before its
+    commit, else None. Doing it again finishes it: the old partitions' files at the
+    version it reads are untouched, an operator whose schema file already has the new
+    count was moved whole (the schema file is written after its state), and the others'
+    new snapshots are written again."""
+    planned, committed = offsets.get(last + 1), offsets.get(last)
+    if planned is None or committed is None or planned.offsets != committed.offsets:
+        return None
+    before = committed.metadata.conf.get(SHUFFLE_PARTITIONS)
+    after = planned.metadata.conf.get(SHUFFLE_PARTITIONS)
+    return int(after) if after is not None and before is not None and after != before else None
+
+
 class StreamingCheckpointManager:
     """What ``spark._streamingCheckpointManager`` is, for a lockgate session."""
 
@@ -145,7 +160,15 @@ class StreamingCheckpointManager:
             # not lockgate's state, or Spark's NO_COMMITTED_BATCH / NO_BATCH_FOUND
             return self._spark_manager().repartition(checkpoint_location, num_partitions, enforce_exactly_once_sink)
         latest_offsets = offsets.get_latest_batch_id()
-        if latest_offsets is not None and latest_offsets > last and enforce_exactly_once_sink:
+        unfinished = _unfinished_repartition(offsets, last)
+        if unfinished is not None and unfinished != num_partitions:
+            raise CheckpointError(
+                f"Cannot repartition checkpoint {checkpoint_location} to {num_partitions} "
+                f"partitions: a repartition to {unfinished} partitions stopped before it "
+                f"finished. Run repartition(..., {unfinished}) to finish it first.",
+                path=root,
+            )
+        if unfinished is None and latest_offsets is not None and latest_offsets > last and enforce_exactly_once_sink:
             raise CheckpointError(
                 f"Cannot repartition checkpoint {checkpoint_location}: batch {latest_offsets} "
                 f"was planned but never committed (the last committed batch is {last}). Run "

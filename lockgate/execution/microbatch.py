@@ -439,11 +439,34 @@ class MicroBatchExecution(StreamExecution):
                     committed_id,
                     latest_batch_id,
                 )
+        if self.current_batch_id == latest_batch_id and latest_batch_id > 0:
+            self._check_unfinished_repartition(latest_batch_id, offset_seq)
         logger.info(
             "Resuming at batch %s with committed offsets %s and available offsets %s",
             self.current_batch_id,
             self.committed,
             self.available,
+        )
+
+    def _check_unfinished_repartition(self, batch_id: int, offset_seq: OffsetSeq) -> None:
+        """Refuse to run an uncommitted batch that changes the state's partition count:
+        only an offline repartition (``_streamingCheckpointManager.repartition``) plans
+        one, and a repartition that stopped before its commit may have moved part of
+        the state. Running the batch would read the old layout as the new one."""
+        previous = self.offset_log.get(batch_id - 1)
+        if not self._stateful_ops or previous is None:
+            return
+        key = "spark.sql.shuffle.partitions"
+        before, after = previous.metadata.conf.get(key), offset_seq.metadata.conf.get(key)
+        if before is None or after is None or before == after:
+            return
+        raise CheckpointError(
+            f"Batch {batch_id} of checkpoint {self.checkpoint_root} is an offline repartition "
+            f"of the state from {before} to {after} partitions that never finished (it has no "
+            "commit), so the state may be partly moved. Finish it with "
+            f"_streamingCheckpointManager.repartition({self.checkpoint_root!r}, {after}), then "
+            "start the query again.",
+            path=self.offset_log.batch_path(batch_id),
         )
 
     def _check_source_count(self, offset_seq: OffsetSeq, batch_id: int) -> None:

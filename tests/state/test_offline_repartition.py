@@ -92,3 +92,63 @@ def test_repartition_refuses_what_it_cannot_move(spark, ls, tmp_path):
     with pytest.raises(lockgate.NotSupportedYetError, match="symmetricHashJoin"):
         ls._streamingCheckpointManager.repartition(str(tmp_path / "ck"), 3)
     assert sorted(p.name for p in (tmp_path / "ck" / "offsets").iterdir()) == before
+
+
+@pytest.mark.parametrize("crash", ["before_move", "after_move"])
+def test_a_repartition_cut_short_is_refused_then_finished(spark, ls, tmp_path, monkeypatch, crash):
+    """A repartition that stops after planning its batch (before or after moving an
+    operator's state, before its commit): starting the query is refused with the fix,
+    the same repartition again finishes it, and the query then gives the rows of a
+    checkpoint repartitioned in one go."""
+    from lockgate.api import checkpoint_manager
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    batches: dict[str, list[Any]] = {"whole": [], "cut": []}
+
+    def start(name: str) -> Any:
+        def collect(df: Any, batch_id: int) -> None:
+            batches[name].append((batch_id, canonical(df.collect())))
+
+        return (
+            _aggregation(ls.readStream.schema("k STRING, v LONG").json(str(inp)))
+            .writeStream.outputMode("update")
+            .option("checkpointLocation", str(tmp_path / name))
+            .foreachBatch(collect)
+            .start()
+        )
+
+    def run(name: str) -> None:
+        q = start(name)
+        try:
+            q.processAllAvailable()
+        finally:
+            q.stop()
+
+    write_json(inp, [{"k": k, "v": i} for i, k in enumerate("abcdefgh")])
+    run("whole")
+    run("cut")
+    ls._streamingCheckpointManager.repartition(str(tmp_path / "whole"), 3)
+    move = checkpoint_manager._move_state
+
+    def cut_short(*args: Any) -> None:
+        if crash == "after_move":
+            move(*args)
+        raise KeyboardInterrupt("the repartition stopped here")
+
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint_manager, "_move_state", cut_short)
+        with pytest.raises(KeyboardInterrupt):
+            ls._streamingCheckpointManager.repartition(str(tmp_path / "cut"), 3)
+    write_json(inp, [{"k": k, "v": 10 + i} for i, k in enumerate("aceg")])
+    q = start("cut")
+    with pytest.raises(Exception, match=r"never finished.*repartition\(.*3\)"):
+        q.processAllAvailable()
+    q.stop()
+    with pytest.raises(lockgate.CheckpointError, match="to 3 partitions stopped"):
+        ls._streamingCheckpointManager.repartition(str(tmp_path / "cut"), 2)
+    ls._streamingCheckpointManager.repartition(str(tmp_path / "cut"), 3)
+    run("whole")
+    run("cut")
+    assert batches["cut"] == batches["whole"]
+    assert [b for b, _ in batches["cut"]] == [0, 2]  # batch 1 is the repartition's
