@@ -45,6 +45,7 @@ class Sizes:
     recovery_after_7: int = 50
     rows_8: int = 100_000
     keys_8: int = 50_000
+    rows_9: int = 100_000
 
 
 FULL = Sizes()
@@ -64,6 +65,7 @@ SMOKE = Sizes(
     recovery_after_7=4,
     rows_8=1_000,
     keys_8=500,
+    rows_9=1_000,
 )
 
 
@@ -147,6 +149,15 @@ def dedup(readers: Any, ctx: Context) -> Any:
         .withColumn("k", F.col("value") % ctx.sizes.dedup_keys_4)
         .dropDuplicates(["k", "timestamp"])
     )
+
+
+# -- 9: dropDuplicates of new keys -------------------------------------------------------------
+def dedup_new_keys(readers: Any, ctx: Context) -> Any:
+    # Spark's own example of a deduplication: a guid per event with its event time
+    # (dropDuplicates(["guid", "eventTime"])). Every key is new; each leaves the state
+    # when the watermark (2 s = 2 batches) passes its batch's timestamp.
+    df = rate(readers, ctx.rows_per_batch)
+    return df.withWatermark("timestamp", "2 seconds").dropDuplicates(["value", "timestamp"])
 
 
 # -- 5: stream-stream inner join with watermarks ------------------------------------------------
@@ -300,6 +311,13 @@ WORKLOADS: dict[str, Workload] = {
             keyed_aggregates,
             lambda s: s.rows_8,
             output_mode="update",
+        ),
+        Workload(
+            "9",
+            "dropDuplicates of new keys with eviction",
+            "withWatermark(2 s).dropDuplicates([value, timestamp]), append; every key new, evicted 2 batches later",
+            dedup_new_keys,
+            lambda s: s.rows_9,
         ),
     ]
 }

@@ -31,9 +31,12 @@ _STATE_OPTIONS = {
     "readregisteredtimers": "readRegisteredTimers",
     "flattencollectiontypes": "flattenCollectionTypes",
     "storename": "storeName",
+    "readchangefeed": "readChangeFeed",
+    "changestartbatchid": "changeStartBatchId",
+    "changeendbatchid": "changeEndBatchId",
 }
 """The options of Spark's state data source that lockgate reads (lower case -> Spark's
-spelling); its others (``snapshotStartBatchId``, ``readChangeFeed``, ...) are refused."""
+spelling); its others (``snapshotStartBatchId``, ``snapshotPartitionId``) are refused."""
 
 
 class LockgateReader:
@@ -131,6 +134,9 @@ class LockgateReader:
             stateVarName=given.get("statevarname"),
             readRegisteredTimers=given.get("readregisteredtimers", False),
             flattenCollectionTypes=given.get("flattencollectiontypes", True),
+            readChangeFeed=given.get("readchangefeed", False),
+            changeStartBatchId=_long_option(given, "changestartbatchid"),
+            changeEndBatchId=_long_option(given, "changeendbatchid"),
         )
 
     def state(
@@ -142,6 +148,9 @@ class LockgateReader:
         stateVarName: str | None = None,
         readRegisteredTimers: bool | str = False,
         flattenCollectionTypes: bool | str = True,
+        readChangeFeed: bool | str = False,
+        changeStartBatchId: int | None = None,
+        changeEndBatchId: int | None = None,
     ) -> DataFrame:
         """The keys and values of stateful operator ``operatorId`` after batch ``batchId``
         (default: the last committed batch), as columns ``key``, ``value``,
@@ -158,6 +167,13 @@ class LockgateReader:
         ``list_value`` with ``flattenCollectionTypes=False``; ``key``, ``user_map_key``,
         ``user_map_value`` for a ``MapState``, or ``map_value``), ``readRegisteredTimers``
         its timers (``key``, ``expiration_timestamp_ms``); then ``partition_id``.
+
+        ``readChangeFeed`` with ``changeStartBatchId`` (and ``changeEndBatchId``, default
+        the last committed batch) gives instead the changes each batch made, as Spark's
+        option of that name: ``batch_id``, ``change_type`` (``update``: a key put,
+        ``delete``: a key removed, its ``value`` null), ``key``, ``value``,
+        ``partition_id``; for aggregations, deduplications, limits and
+        applyInPandasWithState.
         """
         return read_state(
             self._session.spark,
@@ -168,6 +184,9 @@ class LockgateReader:
             state_var_name=stateVarName,
             read_registered_timers=readRegisteredTimers,
             flatten_collection_types=flattenCollectionTypes,
+            read_change_feed=readChangeFeed,
+            change_start_batch_id=changeStartBatchId,
+            change_end_batch_id=changeEndBatchId,
         )
 
     def __getattr__(self, name: str) -> Any:
@@ -176,6 +195,11 @@ class LockgateReader:
         if name.startswith("__") or name in ("_reader", "_session", "_format", "_options"):
             raise AttributeError(name)
         return getattr(self._reader, name)
+
+
+def _long_option(given: dict[str, Any], name: str) -> int | None:
+    value = given.get(name)
+    return None if value is None else int(value)
 
 
 class _PlainSession:

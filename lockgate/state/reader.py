@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from lockgate.checkpoint import CommitLog
 from lockgate.checkpoint.fs import resolve_filesystem
-from lockgate.errors import CheckpointError, StateDataSourceError
+from lockgate.errors import CheckpointError, NotSupportedYetError, StateDataSourceError
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import (
     SESSION_WINDOW_NAME,
@@ -33,7 +33,7 @@ from lockgate.state.schema import (
     stored_schema,
     variable_store_keys,
 )
-from lockgate.state.store import StateStoreConf, read_state_table
+from lockgate.state.store import StateStoreConf, read_changes, read_state_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -62,6 +62,44 @@ def _field_types(schema: pa.Schema, struct: str) -> dict[str, pa.DataType]:
     return {fields.field(i).name: fields.field(i).type for i in range(fields.num_fields)}
 
 
+def _key_value(
+    table: pa.Table,
+    out_schema: pa.Schema,
+    sessions: bool,
+    columns: tuple[list[str], list[str]] | None,
+    key_groups: list[int | None] | None,
+    key_names: list[str],
+    value_names: list[str],
+) -> tuple[pa.Array, pa.Array]:
+    """The ``key`` and ``value`` structs of a state table's rows, as Spark's reader shows
+    them (``out_schema``'s key and value)."""
+    if columns is not None:
+        key_names, value_names = columns
+    if sessions:
+        # Session windows keep a list of sessions per key; show one row per
+        # session keyed by (keys, session start), as Spark's state reader does.
+        table = _explode_sessions(table, key_names, value_names)
+        key_names, value_names = key_names + value_names[:1], value_names[1:]
+        types = {**_field_types(out_schema, "key"), **_field_types(out_schema, "value")}
+        table = pa.table({n: table.column(n).cast(types[n]) for n in table.column_names})
+    out_key, out_value = out_schema.field("key").type, out_schema.field("value").type
+    key_columns = [table.column(n).combine_chunks() for n in key_names]
+    if key_groups is not None:
+        key_columns = _nest(key_columns, key_groups, out_key)
+    key = pa.StructArray.from_arrays(
+        key_columns,
+        names=[out_key.field(i).name for i in range(out_key.num_fields)],
+    ) if key_names else pa.array([{}] * table.num_rows)
+    value = pa.StructArray.from_arrays(
+        [
+            pa.nulls(table.num_rows) if pa.types.is_null(out_value.field(i).type) else table.column(n).combine_chunks()
+            for i, n in enumerate(value_names)
+        ],
+        names=[out_value.field(i).name for i in range(out_value.num_fields)],
+    ) if value_names else pa.nulls(table.num_rows, out_value)
+    return key, value
+
+
 def _read_partition(
     conf: Any,
     version: int,
@@ -71,34 +109,46 @@ def _read_partition(
     columns: tuple[list[str], list[str]] | None = None,
     key_groups: list[int | None] | None = None,
 ) -> Any:
+    key_names = [f.name for f in conf.key_schema]
+    value_names = [f.name for f in conf.value_schema]
     for batch in batches:
         for pid in batch.column(0).to_pylist():
             table = read_state_table(conf, int(pid), version)
-            key_names = [f.name for f in conf.key_schema]
-            value_names = [f.name for f in conf.value_schema]
-            if columns is not None:
-                key_names, value_names = columns
-            if sessions:
-                # Session windows keep a list of sessions per key; show one row per
-                # session keyed by (keys, session start), as Spark's state reader does.
-                table = _explode_sessions(table, key_names, value_names)
-                key_names, value_names = key_names + value_names[:1], value_names[1:]
-                types = {**_field_types(out_schema, "key"), **_field_types(out_schema, "value")}
-                table = pa.table({n: table.column(n).cast(types[n]) for n in table.column_names})
-            out_key, out_value = out_schema.field("key").type, out_schema.field("value").type
-            key_columns = [table.column(n).combine_chunks() for n in key_names]
-            if key_groups is not None:
-                key_columns = _nest(key_columns, key_groups, out_key)
-            key = pa.StructArray.from_arrays(
-                key_columns,
-                names=[out_key.field(i).name for i in range(out_key.num_fields)],
-            ) if key_names else pa.array([{}] * table.num_rows)
-            value = pa.StructArray.from_arrays(
-                [table.column(n).combine_chunks() for n in value_names],
-                names=[out_value.field(i).name for i in range(out_value.num_fields)],
-            ) if value_names else pa.nulls(table.num_rows, out_value)
+            key, value = _key_value(table, out_schema, sessions, columns, key_groups, key_names, value_names)
             parts = pa.array([int(pid)] * table.num_rows, type=pa.int32())
             yield pa.RecordBatch.from_arrays([key, value, parts], schema=out_schema)
+
+
+def _read_partition_changes(
+    conf: Any,
+    first_batch: int,
+    last_batch: int,
+    out_schema: pa.Schema,
+    batches: Any,
+    key_groups: list[int | None] | None = None,
+) -> Any:
+    """The change feed of the partitions a task is given: each batch's delta file, a row
+    per key it put (``update``) or removed (``delete``, value null)."""
+    import pyarrow.compute as pc
+
+    key_names = [f.name for f in conf.key_schema]
+    value_names = [f.name for f in conf.value_schema]
+    for batch in batches:
+        for pid in batch.column(0).to_pylist():
+            for batch_id in range(first_batch, last_batch + 1):
+                table, removed = read_changes(conf, int(pid), batch_id + 1)
+                key, value = _key_value(table, out_schema, False, None, key_groups, key_names, value_names)
+                value = pc.if_else(removed, pa.nulls(table.num_rows, value.type), value)
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        pa.array([batch_id] * table.num_rows, type=pa.int64()),
+                        pc.if_else(removed, "delete", "update").cast(pa.string()),
+                        key,
+                        value,
+                        pa.array([int(pid)] * table.num_rows, type=pa.int32()),
+                    ],
+                    schema=out_schema,
+                )
 
 
 def read_state(
@@ -110,8 +160,11 @@ def read_state(
     state_var_name: str | None = None,
     read_registered_timers: Any = False,
     flatten_collection_types: Any = True,
+    read_change_feed: Any = False,
+    change_start_batch_id: int | None = None,
+    change_end_batch_id: int | None = None,
 ) -> DataFrame:
-    from pyspark.sql.types import IntegerType, StructField, StructType
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
     # Spark's StateSourceOptions: the booleans parsed, the name trimmed, checked in its order
     timers = _boolean_option("readRegisteredTimers", read_registered_timers)
@@ -121,6 +174,8 @@ def read_state(
         raise StateDataSourceError(
             "STDS_CONFLICT_OPTIONS", {"options": "['readRegisteredTimers', 'stateVarName']"}
         )
+    changes = _boolean_option("readChangeFeed", read_change_feed)
+    _check_change_feed_options(changes, join_side, batch_id, change_start_batch_id, change_end_batch_id)
 
     fs, root = resolve_filesystem(checkpoint_location)
     schema_path = fs.join(root, "state", str(operator_id), "_metadata", "schema")
@@ -137,7 +192,28 @@ def read_state(
             raise CheckpointError(
                 f"Checkpoint {checkpoint_location} has no committed batch yet.", path=root
             )
-        batch_id = latest
+        batch_id = latest if not changes or change_end_batch_id is None else change_end_batch_id
+    change_range = None
+    if changes:
+        assert change_start_batch_id is not None
+        end = batch_id if change_end_batch_id is None else change_end_batch_id
+        if end < change_start_batch_id:
+            raise StateDataSourceError(
+                "STDS_INVALID_OPTION_VALUE.WITH_MESSAGE",
+                {
+                    "optionName": "changeEndBatchId",
+                    "message": "changeEndBatchId cannot be smaller than changeStartBatchId. Please "
+                    "check the input to changeEndBatchId, or if you are using its default value, "
+                    f"make sure that changeStartBatchId is less than {end}.",
+                },
+            )
+        change_range = (int(change_start_batch_id), int(end))
+        if meta.get("operatorName") in (*TRANSFORM_WITH_STATE_NAMES, SESSION_WINDOW_NAME, STREAM_JOIN_NAME):
+            raise NotSupportedYetError(
+                f"readChangeFeed of a {meta.get('operatorName')} operator's state",
+                "lockgate reads the change feed of aggregations, deduplications, limits and "
+                "applyInPandasWithState; read this operator's state at a batch with batchId.",
+            )
     key_schema, value_schema = _stored_schema(meta, "key"), _stored_schema(meta, "value")
     num_partitions = int(meta["numPartitions"])
     operator_name = meta.get("operatorName")
@@ -192,6 +268,9 @@ def read_state(
     if sessions:
         elements = [pa.field(f.name, f.type.value_type) for f in value_fields]
         key_fields, value_fields = key_fields + elements[:1], elements[1:]
+    if operator_name == "dedupe":
+        # Spark's deduplication stores no value: its reader shows a null __dummy__
+        value_fields = [pa.field("__dummy__", pa.null())]
     shown = meta.get("valueNames")
     if not shown or store_name is not None or sessions or len(shown) != len(value_fields):
         shown = None
@@ -220,13 +299,20 @@ def read_state(
             StructField("partition_id", IntegerType(), True),
         ]
     )
+    if change_range is not None:
+        out = StructType(
+            [StructField("batch_id", LongType(), True), StructField("change_type", StringType(), True), *out.fields]
+        )
     tz = str(spark.conf.get("spark.sql.session.timeZone", "UTC"))
     out_arrow = schema_to_arrow(out, tz)
     ids = spark.range(0, num_partitions, 1, num_partitions).selectExpr("cast(id as int) as id")
-    read = bind(
-        _read_partition, conf, batch_id + 1, out_arrow, sessions=sessions,
-        columns=columns, key_groups=key_groups,
-    )
+    if change_range is not None:
+        read = bind(_read_partition_changes, conf, *change_range, out_arrow, key_groups=key_groups)
+    else:
+        read = bind(
+            _read_partition, conf, batch_id + 1, out_arrow, sessions=sessions,
+            columns=columns, key_groups=key_groups,
+        )
     result = ids.mapInArrow(read, out)
     if shown is not None:
         # An aggregation's buffers as Spark's reader names them (count, sum, sum, ...).
@@ -235,8 +321,32 @@ def read_state(
         renamed = StructType(
             [StructField(str(n), f.dataType, f.nullable) for n, f in zip(shown, value_type.fields)]
         )
-        result = result.select("key", result["value"].cast(renamed).alias("value"), "partition_id")
+        result = result.select(
+            *[result[c] if c != "value" else result["value"].cast(renamed).alias("value") for c in result.columns]
+        )
     return result
+
+
+def _check_change_feed_options(
+    changes: bool, join_side: Any, batch_id: Any, start: Any, end: Any
+) -> None:
+    """Spark's checks of the change feed's options, in its order and with its errors."""
+    if not changes:
+        for name, value in (("changeStartBatchId", start), ("changeEndBatchId", end)):
+            if value is not None:
+                raise StateDataSourceError(
+                    "STDS_INVALID_OPTION_VALUE.WITH_MESSAGE",
+                    {"optionName": name, "message": "Only specify this option when readChangeFeed is set to true."},
+                )
+        return
+    if join_side is not None:
+        raise StateDataSourceError("STDS_CONFLICT_OPTIONS", {"options": "['joinSide', 'readChangeFeed']"})
+    if batch_id is not None:
+        raise StateDataSourceError("STDS_CONFLICT_OPTIONS", {"options": "['batchId', 'readChangeFeed']"})
+    if start is None:
+        raise StateDataSourceError("STDS_REQUIRED_OPTION_UNSPECIFIED", {"optionName": "changeStartBatchId"})
+    if int(start) < 0:
+        raise StateDataSourceError("STDS_INVALID_OPTION_VALUE.IS_NEGATIVE", {"optionName": "changeStartBatchId"})
 
 
 def _nest(columns: list[Any], groups: list[int | None], key_type: pa.StructType) -> list[Any]:

@@ -1086,6 +1086,30 @@ def read_state_table(conf: StateStoreConf, partition: int, version: int) -> pa.T
     return store._table(store.map, [], False)
 
 
+def read_changes(conf: StateStoreConf, partition: int, version: int) -> tuple[pa.Table, pa.Array]:
+    """The changes version ``version`` of one partition made (its delta file): the rows
+    in the state's columns and, per row, whether it removed its key (for the state
+    reader's change feed). A missing delta names the versions still on disk."""
+    fs, directory = resolve_filesystem(_partition_dir(conf, partition))
+    path = f"{directory}/{version}.delta"
+    if not fs.exists(path):
+        deltas, _ = _file_versions(fs, directory)
+        kept = f"versions {min(deltas)} to {max(deltas)}" if deltas else "no versions"
+        raise StateStoreError(
+            f"The changes of state version {version} (batch {version - 1}) of partition "
+            f"{partition} are not in {directory}: its delta file is gone (it holds {kept}; "
+            "older ones are removed as spark.sql.streaming.minBatchesToRetain allows). "
+            "Read the change feed from a later changeStartBatchId.",
+            path=path,
+        )
+    expected = pa.schema(list(conf.key_schema) + list(conf.value_schema))
+    by_name = len(conf.key_schema) if conf.values_by_name else None
+    where = f"state partition {partition} of operator {conf.operator_id}"
+    table = _read_table(fs, path, expected, where, by_name).replace_schema_metadata(None)
+    removed = pa.compute.equal(table.column(_OP_COLUMN), _OP_REMOVE).combine_chunks()
+    return table.drop_columns([_OP_COLUMN]), removed
+
+
 __all__ = [
     "CatchUpIndex",
     "StateStore",
@@ -1097,6 +1121,7 @@ __all__ = [
     "clear_cache",
     "column_values",
     "micros_array",
+    "read_changes",
     "read_state_table",
     "wait_for_background_snapshots",
     "write_snapshot",
