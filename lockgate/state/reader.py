@@ -115,7 +115,7 @@ def _read_partition(
         for pid in batch.column(0).to_pylist():
             table = read_state_table(conf, int(pid), version)
             key, value = _key_value(table, out_schema, sessions, columns, key_groups, key_names, value_names)
-            parts = pa.array([int(pid)] * table.num_rows, type=pa.int32())
+            parts = pa.array([int(pid)] * len(value), type=pa.int32())  # sessions: a row each
             yield pa.RecordBatch.from_arrays([key, value, parts], schema=out_schema)
 
 
