@@ -94,7 +94,7 @@ def test_repartition_refuses_what_it_cannot_move(spark, ls, tmp_path):
     assert sorted(p.name for p in (tmp_path / "ck" / "offsets").iterdir()) == before
 
 
-@pytest.mark.parametrize("crash", ["before_move", "after_move"])
+@pytest.mark.parametrize("crash", [pytest.param("before_move", marks=pytest.mark.slow), "after_move"])
 def test_a_repartition_cut_short_is_refused_then_finished(spark, ls, tmp_path, monkeypatch, crash):
     """A repartition that stops after planning its batch (before or after moving an
     operator's state, before its commit): starting the query is refused with the fix,

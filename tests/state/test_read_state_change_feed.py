@@ -58,7 +58,11 @@ def _feed(read: Any, checkpoint: str, **options: Any) -> list[tuple[Any, ...]]:
     )
 
 
-@pytest.mark.parametrize("name", list(QUERIES))
+@pytest.mark.parametrize(
+    "name",
+    # the plain aggregation (updates only) runs with make test-all
+    [pytest.param(n, marks=pytest.mark.slow) if n == "aggregation" else n for n in QUERIES],
+)
 def test_change_feed_matches_natives(spark, ls, tmp_path, name):
     inp = tmp_path / "in"
     inp.mkdir()
