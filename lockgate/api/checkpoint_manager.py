@@ -111,21 +111,6 @@ def _move_state(
             write_snapshot(new, p, write_version, empty)
 
 
-def _unfinished_repartition(offsets: OffsetSeqLog, last: int) -> int | None:
-    """The partition count of a repartition that planned batch ``last + 1`` (the last
-    committed batch's offsets under another partition count) and stopped before its
-    commit, else None. Doing it again finishes it: the old partitions' files at the
-    version it reads are untouched, an operator whose schema file already has the new
-    count was moved whole (the schema file is written after its state), and the others'
-    new snapshots are written again."""
-    planned, committed = offsets.get(last + 1), offsets.get(last)
-    if planned is None or committed is None or planned.offsets != committed.offsets:
-        return None
-    before = committed.metadata.conf.get(SHUFFLE_PARTITIONS)
-    after = planned.metadata.conf.get(SHUFFLE_PARTITIONS)
-    return int(after) if after is not None and before is not None and after != before else None
-
-
 class StreamingCheckpointManager:
     """What ``spark._streamingCheckpointManager`` is, for a lockgate session."""
 
@@ -160,7 +145,13 @@ class StreamingCheckpointManager:
             # not lockgate's state, or Spark's NO_COMMITTED_BATCH / NO_BATCH_FOUND
             return self._spark_manager().repartition(checkpoint_location, num_partitions, enforce_exactly_once_sink)
         latest_offsets = offsets.get_latest_batch_id()
-        unfinished = _unfinished_repartition(offsets, last)
+        # A repartition that planned batch last + 1 and stopped before its commit is
+        # finished by doing it again: the old partitions' files at the version it reads
+        # are untouched, an operator whose schema file has the new count was moved
+        # whole (the schema file is written after its state), the others' snapshots
+        # are written again.
+        changed = offsets.repartitioned(last + 1)
+        unfinished = None if changed is None else changed[1]
         if unfinished is not None and unfinished != num_partitions:
             raise CheckpointError(
                 f"Cannot repartition checkpoint {checkpoint_location} to {num_partitions} "

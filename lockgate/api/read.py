@@ -172,8 +172,7 @@ class LockgateReader:
         the last committed batch) gives instead the changes each batch made, as Spark's
         option of that name: ``batch_id``, ``change_type`` (``update``: a key put,
         ``delete``: a key removed, its ``value`` null), ``key``, ``value``,
-        ``partition_id``; for aggregations, deduplications, limits and
-        applyInPandasWithState.
+        ``partition_id``; not for joins, session windows and transformWithState.
         """
         return read_state(
             self._session.spark,

@@ -95,6 +95,17 @@ class OffsetSeqLog(MetadataLog[OffsetSeq]):
         lines += [VOID_OFFSET if o is None else o for o in entry.offsets]
         return "\n".join(lines)
 
+    def repartitioned(self, batch_id: int) -> tuple[int, int] | None:
+        """(from, to) when batch ``batch_id`` changes the state's partition count
+        (``spark.sql.shuffle.partitions``, pinned since the first batch) from the batch
+        before it: only an offline repartition plans such a batch. Else None."""
+        planned, before = self.get(batch_id), self.get(batch_id - 1)
+        if planned is None or before is None:
+            return None
+        key = "spark.sql.shuffle.partitions"
+        old, new = before.metadata.conf.get(key), planned.metadata.conf.get(key)
+        return None if old is None or new is None or old == new else (int(old), int(new))
+
     def deserialize_version(self, version: int, body: str, path: str) -> OffsetSeq:
         entry = self.deserialize(body, path)
         if version < 2:

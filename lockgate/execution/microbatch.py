@@ -440,7 +440,7 @@ class MicroBatchExecution(StreamExecution):
                     latest_batch_id,
                 )
         if self.current_batch_id == latest_batch_id and latest_batch_id > 0:
-            self._check_unfinished_repartition(latest_batch_id, offset_seq)
+            self._check_unfinished_repartition(latest_batch_id)
         logger.info(
             "Resuming at batch %s with committed offsets %s and available offsets %s",
             self.current_batch_id,
@@ -448,18 +448,15 @@ class MicroBatchExecution(StreamExecution):
             self.available,
         )
 
-    def _check_unfinished_repartition(self, batch_id: int, offset_seq: OffsetSeq) -> None:
+    def _check_unfinished_repartition(self, batch_id: int) -> None:
         """Refuse to run an uncommitted batch that changes the state's partition count:
         only an offline repartition (``_streamingCheckpointManager.repartition``) plans
         one, and a repartition that stopped before its commit may have moved part of
         the state. Running the batch would read the old layout as the new one."""
-        previous = self.offset_log.get(batch_id - 1)
-        if not self._stateful_ops or previous is None:
+        changed = self.offset_log.repartitioned(batch_id) if self._stateful_ops else None
+        if changed is None:
             return
-        key = "spark.sql.shuffle.partitions"
-        before, after = previous.metadata.conf.get(key), offset_seq.metadata.conf.get(key)
-        if before is None or after is None or before == after:
-            return
+        before, after = changed
         raise CheckpointError(
             f"Batch {batch_id} of checkpoint {self.checkpoint_root} is an offline repartition "
             f"of the state from {before} to {after} partitions that never finished (it has no "

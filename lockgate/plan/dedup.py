@@ -192,8 +192,6 @@ def _first_rows(batch: pa.RecordBatch, key_columns: tuple[str, ...], late: Any) 
     many rows that are not late the key has in ``batch``. Grouped by Arrow when every key
     column allows it (a batch of a million rows and a few thousand keys costs a few
     thousand Python steps, not a million), else row by row."""
-    import numpy as np
-
     n = batch.num_rows
     rows = np.arange(n, dtype=np.int64) if late is None else np.flatnonzero(~late).astype(np.int64)
     if all(groups_like_state_keys(batch.schema.field(k).type) for k in key_columns):
@@ -224,40 +222,28 @@ def _grouped_rows(rows: Any, late: Any) -> tuple[pa.Array, list[int]]:
     """:func:`_first_rows` of a batch Spark already grouped by key, one row per key in
     arrival order with ``rows`` its number of input rows: the keys that are not late (a
     key's rows are all late or none, the late-row column being a key)."""
-    import numpy as np
-
     on_time = np.arange(len(rows), dtype=np.int64) if late is None else np.flatnonzero(~late).astype(np.int64)
     return pa.array(on_time), rows[on_time].tolist()
 
 
-def _expiry_times(task: DedupTask, batch: pa.RecordBatch, rows: pa.Array) -> Any:
-    """When the keys of the batch's ``rows`` expire (numpy int64 microseconds), or None
-    when keys never expire. Within the watermark: the row's event time (0 when null)
-    plus the delay; else the event time in the key (a window by its end), with nulls
-    marked by :func:`_null_times`."""
-    import numpy as np
+def _expiry_times(task: DedupTask, batch: pa.RecordBatch, rows: pa.Array) -> tuple[Any, Any]:
+    """When the keys of the batch's ``rows`` expire (numpy int64 microseconds), and the
+    positions of those that do (None: all); (None, None) when keys never expire. Within
+    the watermark: the row's event time (0 when null) plus the delay; else the event
+    time in the key (a window by its end), a key without one never expiring."""
+    import pyarrow.compute as pc
 
     if task.within_watermark:
         if task.event_time_column is None:
-            return np.full(len(rows), task.delay_ms * 1000, dtype=np.int64)
+            return np.full(len(rows), task.delay_ms * 1000, dtype=np.int64), None
         event = _event_micros_array(batch.column(task.event_time_column).take(rows))
-        return pc_fill_zero(event) + task.delay_ms * 1000
+        return pc.fill_null(event, 0).to_numpy(zero_copy_only=False) + task.delay_ms * 1000, None
     if task.event_time_key is None:
-        return None
-    return pc_fill_zero(_event_micros_array(batch.column(task.key_columns[task.event_time_key]).take(rows)))
-
-
-def _null_times(task: DedupTask, batch: pa.RecordBatch, rows: pa.Array) -> Any:
-    """Which of the batch's ``rows`` have no event time in their key (never expire)."""
-    column = batch.column(task.key_columns[task.event_time_key])  # type: ignore[index]
-    return column.take(rows).is_null().to_numpy(zero_copy_only=False)
-
-
-def pc_fill_zero(micros: Any) -> Any:
-    """An int64 Arrow array as numpy, nulls as 0."""
-    import pyarrow.compute as pc
-
-    return pc.fill_null(micros, 0).to_numpy(zero_copy_only=False)
+        return None, None
+    column = batch.column(task.key_columns[task.event_time_key]).take(rows)
+    times = pc.fill_null(_event_micros_array(column), 0).to_numpy(zero_copy_only=False)
+    timed = None if column.null_count == 0 else np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
+    return times, timed
 
 
 def _put_new(
@@ -309,8 +295,6 @@ class _ExpiryIndex:
 
     def add(self, times: Any, keys: list[Key]) -> None:
         """Index ``keys`` expiring at ``times`` (a numpy int64 array or a list)."""
-        import numpy as np
-
         if not keys:
             return
         times = np.asarray(times, dtype=np.int64)
@@ -332,8 +316,6 @@ class _ExpiryIndex:
 
     def take_expired(self, watermark_us: int) -> tuple[list[int], list[Key]]:
         """The entries expiring at or before ``watermark_us``, out of the index."""
-        import numpy as np
-
         times: list[int] = []
         keys: list[Key] = []
         kept = []
@@ -418,11 +400,10 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
             continue
         fresh = firsts.take(pa.array(new, type=pa.int64()))
         new_keys = [keys[j] for j in new]
-        times = _expiry_times(task, batch, fresh)
+        times, timed = _expiry_times(task, batch, fresh)
         _put_new(task, store, batch, fresh, new_keys, times)
         if index is not None and times is not None:
-            timed = None if task.within_watermark else np.flatnonzero(~_null_times(task, batch, fresh))
-            if timed is None or len(timed) == len(new_keys):
+            if timed is None:
                 index.add(times, new_keys)
             else:  # a key without event time never expires
                 index.add(times[timed], [new_keys[j] for j in timed.tolist()])

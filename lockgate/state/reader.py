@@ -64,17 +64,16 @@ def _field_types(schema: pa.Schema, struct: str) -> dict[str, pa.DataType]:
 
 def _key_value(
     table: pa.Table,
+    conf: Any,
     out_schema: pa.Schema,
     sessions: bool,
     columns: tuple[list[str], list[str]] | None,
     key_groups: list[int | None] | None,
-    key_names: list[str],
-    value_names: list[str],
 ) -> tuple[pa.Array, pa.Array]:
     """The ``key`` and ``value`` structs of a state table's rows, as Spark's reader shows
-    them (``out_schema``'s key and value)."""
-    if columns is not None:
-        key_names, value_names = columns
+    them (``out_schema``'s key and value); ``columns``: the table's key and value
+    columns, when not all of the store's."""
+    key_names, value_names = columns or ([f.name for f in conf.key_schema], [f.name for f in conf.value_schema])
     if sessions:
         # Session windows keep a list of sessions per key; show one row per
         # session keyed by (keys, session start), as Spark's state reader does.
@@ -109,12 +108,10 @@ def _read_partition(
     columns: tuple[list[str], list[str]] | None = None,
     key_groups: list[int | None] | None = None,
 ) -> Any:
-    key_names = [f.name for f in conf.key_schema]
-    value_names = [f.name for f in conf.value_schema]
     for batch in batches:
         for pid in batch.column(0).to_pylist():
             table = read_state_table(conf, int(pid), version)
-            key, value = _key_value(table, out_schema, sessions, columns, key_groups, key_names, value_names)
+            key, value = _key_value(table, conf, out_schema, sessions, columns, key_groups)
             parts = pa.array([int(pid)] * len(value), type=pa.int32())  # sessions: a row each
             yield pa.RecordBatch.from_arrays([key, value, parts], schema=out_schema)
 
@@ -131,13 +128,11 @@ def _read_partition_changes(
     per key it put (``update``) or removed (``delete``, value null)."""
     import pyarrow.compute as pc
 
-    key_names = [f.name for f in conf.key_schema]
-    value_names = [f.name for f in conf.value_schema]
     for batch in batches:
         for pid in batch.column(0).to_pylist():
             for batch_id in range(first_batch, last_batch + 1):
                 table, removed = read_changes(conf, int(pid), batch_id + 1)
-                key, value = _key_value(table, out_schema, False, None, key_groups, key_names, value_names)
+                key, value = _key_value(table, conf, out_schema, False, None, key_groups)
                 value = pc.if_else(removed, pa.nulls(table.num_rows, value.type), value)
                 yield pa.RecordBatch.from_arrays(
                     [

@@ -344,6 +344,14 @@ def _read_table(
     return _as_columns(table, expected, path, where)
 
 
+def _read_state_file(conf: StateStoreConf, fs: CheckpointFileSystem, path: str, where: str) -> pa.Table:
+    """A snapshot or delta file of ``conf``'s store in the query's schema (values by
+    name when :attr:`StateStoreConf.values_by_name`)."""
+    expected = pa.schema(list(conf.key_schema) + list(conf.value_schema))
+    by_name = len(conf.key_schema) if conf.values_by_name else None
+    return _read_table(fs, path, expected, where, by_name)
+
+
 def _unreadable(table: pa.Table, expected: pa.Schema, path: str, where: str, exc: Exception) -> StateStoreError:
     return StateStoreError(
         f"State file {path} of {where} has schema {table.schema.remove_metadata()}, which "
@@ -670,9 +678,7 @@ class StateStore:
         return f"stateful operator {self.conf.operator_id} partition {self.partition}{side}"
 
     def _read(self, path: str) -> pa.Table:
-        expected = pa.schema(list(self.conf.key_schema) + list(self.conf.value_schema))
-        by_name = len(self.conf.key_schema) if self.conf.values_by_name else None
-        return _read_table(self.fs, path, expected, self.where, by_name)
+        return _read_state_file(self.conf, self.fs, path, self.where)
 
     def _version_tables(self, base: int, version: int) -> list[pa.Table]:
         """Snapshot ``base`` (if any) and the deltas after it up to ``version``, in order."""
@@ -833,10 +839,7 @@ class StateStore:
         self._updated_table = added if earlier is None else pa.concat_tables([earlier, added])
 
     def remove(self, key: Key) -> None:
-        if self.map.pop(key, None) is not None or key in self.updated:
-            if self.updated.pop(key, _ABSENT) is not _ABSENT:
-                self._updated_table = None
-            self.removed.add(key)
+        self.remove_many((key,))
 
     def remove_many(self, keys: Iterable[Key]) -> int:
         """:meth:`remove` of each of ``keys``; how many the state held. The upserts'
@@ -1102,10 +1105,8 @@ def read_changes(conf: StateStoreConf, partition: int, version: int) -> tuple[pa
             "Read the change feed from a later changeStartBatchId.",
             path=path,
         )
-    expected = pa.schema(list(conf.key_schema) + list(conf.value_schema))
-    by_name = len(conf.key_schema) if conf.values_by_name else None
-    where = f"state partition {partition} of operator {conf.operator_id}"
-    table = _read_table(fs, path, expected, where, by_name).replace_schema_metadata(None)
+    where = f"stateful operator {conf.operator_id} partition {partition}"
+    table = _read_state_file(conf, fs, path, where).replace_schema_metadata(None)
     removed = pa.compute.equal(table.column(_OP_COLUMN), _OP_REMOVE).combine_chunks()
     return table.drop_columns([_OP_COLUMN]), removed
 

@@ -18,21 +18,13 @@ from differential import BASE, SCHEMA
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType, TimestampType
 
+from bench.common import Acc
 from lockgate.plan.dedup import DedupTask, _ExpiryIndex, run_dedup_task
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.store import StateStore, StateStoreConf, clear_cache
 
 ROWS = StructType([StructField("ts", TimestampType()), StructField("guid", LongType())])
 SECOND = 1_000_000
-
-
-class _Acc:
-    def __init__(self) -> None:
-        self.v: dict[str, int] = {}
-
-    def add(self, values: dict[str, int]) -> None:
-        for k, x in values.items():
-            self.v[k] = self.v.get(k, 0) + x
 
 
 def _reference(batches, within: bool, delay_us: int):
@@ -108,7 +100,7 @@ def test_eviction_equals_a_plain_loop(within, seed):
                 ],
                 schema=in_schema,
             )
-            acc = _Acc()
+            acc = Acc()
             task = DedupTask(
                 store=conf,
                 version=b + 1,
