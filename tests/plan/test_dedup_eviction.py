@@ -182,8 +182,9 @@ def test_unique_guids_with_eviction_match_native(bench, tmp_path):
 
 def test_grouping_follows_the_batches_duplicates(bench, tmp_path):
     """A deduplication groups a batch by key in Spark only while keys repeat within its
-    batches: after a batch of new keys the next goes row by row, after one of many
-    copies grouped again; the rows and counts stay native Spark's, batch by batch."""
+    batches: after a batch of new keys, or a small batch, the next goes row by row, after
+    one of many copies grouped again; the rows and counts stay native Spark's, batch by
+    batch, whichever way each batch went."""
     from lockgate.execution.microbatch import DEDUP_MIN_ROWS
 
     inp = tmp_path / "in"
@@ -197,14 +198,17 @@ def test_grouping_follows_the_batches_duplicates(bench, tmp_path):
     bench.start()
     n = DEDUP_MIN_ROWS + 200
 
-    def rows(step: int, copies: int) -> list[dict[str, Any]]:
+    def rows(step: int, copies: int, count: int) -> list[dict[str, Any]]:
         return [
-            {"ts": _at(step * 5 + i % 3), "k": f"s{step}-{i // copies}", "v": float(i)} for i in range(n)
+            {"ts": _at(step * 5 + i % 3), "k": f"s{step}-{i // copies}", "v": float(i)}
+            for i in range(count)
         ]
 
     chosen = []
-    for step, copies in enumerate([1, 1, 6, 6, 1, 1]):
-        bench.step(f"step {step} ({copies} copies)", {inp: rows(step, copies)})
+    steps = [(1, n), (6, n), (6, n), (6, DEDUP_MIN_ROWS // 4), (6, n), (1, n)]
+    for step, (copies, count) in enumerate(steps):
+        bench.step(f"step {step} ({count} rows, {copies} copies)", {inp: rows(step, copies, count)})
         chosen.append(bool(pair.lockgate.query._execution._dedups_by_row))
-    # the choice made after each batch: row by row after new keys, grouped after copies
-    assert chosen == [True, True, False, False, True, True]
+    # the choice made after each batch: row by row after new keys or a small batch,
+    # grouped after copies
+    assert chosen == [True, False, False, True, False, True]
