@@ -34,9 +34,11 @@ _STATE_OPTIONS = {
     "readchangefeed": "readChangeFeed",
     "changestartbatchid": "changeStartBatchId",
     "changeendbatchid": "changeEndBatchId",
+    "snapshotstartbatchid": "snapshotStartBatchId",
+    "snapshotpartitionid": "snapshotPartitionId",
 }
 """The options of Spark's state data source that lockgate reads (lower case -> Spark's
-spelling); its others (``snapshotStartBatchId``, ``snapshotPartitionId``) are refused."""
+spelling); any other is refused."""
 
 
 class LockgateReader:
@@ -137,6 +139,8 @@ class LockgateReader:
             readChangeFeed=given.get("readchangefeed", False),
             changeStartBatchId=_long_option(given, "changestartbatchid"),
             changeEndBatchId=_long_option(given, "changeendbatchid"),
+            snapshotStartBatchId=_long_option(given, "snapshotstartbatchid"),
+            snapshotPartitionId=_long_option(given, "snapshotpartitionid"),
         )
 
     def state(
@@ -151,6 +155,8 @@ class LockgateReader:
         readChangeFeed: bool | str = False,
         changeStartBatchId: int | None = None,
         changeEndBatchId: int | None = None,
+        snapshotStartBatchId: int | None = None,
+        snapshotPartitionId: int | None = None,
     ) -> DataFrame:
         """The keys and values of stateful operator ``operatorId`` after batch ``batchId``
         (default: the last committed batch), as columns ``key``, ``value``,
@@ -172,7 +178,13 @@ class LockgateReader:
         the last committed batch) gives instead the changes each batch made, as Spark's
         option of that name: ``batch_id``, ``change_type`` (``update``: a key put,
         ``delete``: a key removed, its ``value`` null), ``key``, ``value``,
-        ``partition_id``; not for joins, session windows and transformWithState.
+        ``partition_id``; not for joins and session windows, and of a
+        transformWithState operator for its value states only (``stateVarName``).
+
+        ``snapshotStartBatchId`` with ``snapshotPartitionId`` read that one partition's
+        state at ``batchId`` from the snapshot after batch ``snapshotStartBatchId`` and
+        the deltas after it, as Spark's options of these names (where lockgate has no
+        snapshot at that batch, the state is loaded from the files that hold it).
         """
         return read_state(
             self._session.spark,
@@ -186,6 +198,8 @@ class LockgateReader:
             read_change_feed=readChangeFeed,
             change_start_batch_id=changeStartBatchId,
             change_end_batch_id=changeEndBatchId,
+            snapshot_start_batch_id=snapshotStartBatchId,
+            snapshot_partition_id=snapshotPartitionId,
         )
 
     def __getattr__(self, name: str) -> Any:

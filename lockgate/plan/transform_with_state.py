@@ -232,6 +232,8 @@ class _RecordingHandle:
         self.time_mode = time_mode
         self.variables: dict[str, StateVariable] = {}
         self.deleted: set[str] = set()
+        self.dropped: dict[str, StateVariable] = {}
+        """Variables declared and then deleted (Spark still lists them)."""
 
     def _add(self, variable: StateVariable, ttl: int | None) -> None:
         from dataclasses import replace
@@ -285,7 +287,9 @@ class _RecordingHandle:
         return _Unavailable(stateName)
 
     def deleteIfExists(self, stateName: str) -> None:
-        self.variables.pop(stateName, None)
+        dropped = self.variables.pop(stateName, None)
+        if dropped is not None:
+            self.dropped[stateName] = dropped
         self.deleted.add(stateName)
 
     def __getattr__(self, name: str) -> Any:
@@ -311,16 +315,20 @@ class _Unavailable:
         raise AnalysisError(f"State variable {self._name!r} can only be read or written while rows are handled.")
 
 
-def declared_variables(processor: Any, time_mode: str) -> tuple[tuple[StateVariable, ...], tuple[str, ...]]:
+def declared_variables(
+    processor: Any, time_mode: str
+) -> tuple[tuple[StateVariable, ...], tuple[str, ...], tuple[StateVariable, ...]]:
     """The state variables of the processor's ``init``, run on a copy of the processor,
-    and the names it deletes (``deleteIfExists``) without declaring them again."""
+    the names it deletes (``deleteIfExists``) without declaring them again, and the
+    variables among those it declared before deleting them."""
     from pyspark import cloudpickle
 
     copy = pickle.loads(cloudpickle.dumps(processor))
     handle = _RecordingHandle(time_mode)
     copy.init(handle)
     copy.close()
-    return tuple(handle.variables.values()), tuple(sorted(handle.deleted - set(handle.variables)))
+    dropped = tuple(v for name, v in handle.dropped.items() if name not in handle.variables)
+    return tuple(handle.variables.values()), tuple(sorted(handle.deleted - set(handle.variables))), dropped
 
 
 # -- the plan node ----------------------------------------------------------------------------
@@ -349,6 +357,9 @@ class TransformWithState(StatefulOperator):
     deleted_variables: tuple[str, ...] = ()
     """Names ``init`` deletes (``deleteIfExists``) and does not declare: declared again
     later, they start empty."""
+    declared_then_deleted: tuple[StateVariable, ...] = ()
+    """The variables among ``deleted_variables`` that ``init`` declared first: Spark's
+    operator properties list them (the state reader's ``state-metadata``)."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -523,7 +534,7 @@ def make_transform_with_state(
                 f"{method} grouped by a struct or map ({f.name}: {f.dataType.simpleString()})",
                 "Group by the struct's fields instead.",
             )
-    variables, deleted = declared_variables(processor, tm)
+    variables, deleted, declared_then_deleted = declared_variables(processor, tm)
     event_time = next((c for c in input_schema.names if c in watermarked), None)
     return TransformWithState(
         child=child,
@@ -536,6 +547,7 @@ def make_transform_with_state(
         key_schema=key_schema,
         variables=variables,
         deleted_variables=deleted,
+        declared_then_deleted=declared_then_deleted,
         event_time_column=event_time,
         output_event_time=output_event_time,
         output_delay_ms=max(watermarked.values(), default=0),
@@ -713,6 +725,9 @@ def _build(
         time_mode=node.time_mode,
         evolution_threshold=threshold,
         output_mode=node.output_mode,
+        variables_deleted_in_init=tuple(
+            (v.name, v.kind, v.ttl_ms is not None) for v in node.declared_then_deleted
+        ) or None,
     )
 
 

@@ -8,6 +8,11 @@ A ``transformWithState`` operator keeps one store per state variable (and one fo
 timers): ``stateVarName`` picks the variable, ``readRegisteredTimers`` the timers, and
 ``flattenCollectionTypes`` (default true) shows a list or map state one element a row,
 with the columns Spark's reader gives each kind.
+
+``readChangeFeed`` gives the changes each batch made instead (each batch's delta file),
+and ``snapshotStartBatchId`` with ``snapshotPartitionId`` reads one partition from the
+snapshot after batch ``snapshotStartBatchId`` and the deltas after it, as Spark's
+options of these names.
 """
 
 from __future__ import annotations
@@ -33,7 +38,12 @@ from lockgate.state.schema import (
     stored_schema,
     variable_store_keys,
 )
-from lockgate.state.store import StateStoreConf, read_changes, read_state_table
+from lockgate.state.store import (
+    StateStoreConf,
+    read_changes,
+    read_state_table,
+    read_state_table_from_snapshot,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -107,13 +117,22 @@ def _read_partition(
     sessions: bool = False,
     columns: tuple[list[str], list[str]] | None = None,
     key_groups: list[int | None] | None = None,
+    snapshot: int | None = None,
 ) -> Any:
     for batch in batches:
         for pid in batch.column(0).to_pylist():
-            table = read_state_table(conf, int(pid), version)
+            table = _state_table(conf, int(pid), version, snapshot)
             key, value = _key_value(table, conf, out_schema, sessions, columns, key_groups)
             parts = pa.array([int(pid)] * len(value), type=pa.int32())  # sessions: a row each
             yield pa.RecordBatch.from_arrays([key, value, parts], schema=out_schema)
+
+
+def _state_table(conf: Any, pid: int, version: int, snapshot: int | None) -> pa.Table:
+    """One partition's state at ``version``, from snapshot version ``snapshot`` on when
+    given (``snapshotStartBatchId``)."""
+    if snapshot is None:
+        return read_state_table(conf, pid, version)
+    return read_state_table_from_snapshot(conf, pid, snapshot, version)
 
 
 def _read_partition_changes(
@@ -158,6 +177,8 @@ def read_state(
     read_change_feed: Any = False,
     change_start_batch_id: int | None = None,
     change_end_batch_id: int | None = None,
+    snapshot_start_batch_id: int | None = None,
+    snapshot_partition_id: int | None = None,
 ) -> DataFrame:
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
@@ -170,7 +191,10 @@ def read_state(
             "STDS_CONFLICT_OPTIONS", {"options": "['readRegisteredTimers', 'stateVarName']"}
         )
     changes = _boolean_option("readChangeFeed", read_change_feed)
-    _check_change_feed_options(changes, join_side, batch_id, change_start_batch_id, change_end_batch_id)
+    snapshot_options = (snapshot_start_batch_id, snapshot_partition_id)
+    _check_change_feed_options(
+        changes, join_side, batch_id, change_start_batch_id, change_end_batch_id, snapshot_options
+    )
 
     fs, root = resolve_filesystem(checkpoint_location)
     schema_path = fs.join(root, "state", str(operator_id), "_metadata", "schema")
@@ -188,6 +212,7 @@ def read_state(
                 f"Checkpoint {checkpoint_location} has no committed batch yet.", path=root
             )
         batch_id = latest if not changes or change_end_batch_id is None else change_end_batch_id
+    snapshot = None if changes else _check_snapshot_options(batch_id, *snapshot_options)
     change_range = None
     if changes:
         assert change_start_batch_id is not None
@@ -203,18 +228,19 @@ def read_state(
                 },
             )
         change_range = (int(change_start_batch_id), int(end))
-        if meta.get("operatorName") in (*TRANSFORM_WITH_STATE_NAMES, SESSION_WINDOW_NAME, STREAM_JOIN_NAME):
+        if meta.get("operatorName") in (SESSION_WINDOW_NAME, STREAM_JOIN_NAME):
             raise NotSupportedYetError(
                 f"readChangeFeed of a {meta.get('operatorName')} operator's state",
-                "lockgate reads the change feed of aggregations, deduplications, limits and "
-                "applyInPandasWithState; read this operator's state at a batch with batchId.",
+                "lockgate reads the change feed of aggregations, deduplications, limits, "
+                "applyInPandasWithState and transformWithState's value states; read this "
+                "operator's state at a batch with batchId.",
             )
     key_schema, value_schema = _stored_schema(meta, "key"), _stored_schema(meta, "value")
     num_partitions = int(meta["numPartitions"])
     operator_name = meta.get("operatorName")
     if operator_name in TRANSFORM_WITH_STATE_NAMES:
         return _read_transform_with_state(
-            spark, fs, root, meta, operator_id, batch_id, var_name, timers, flatten
+            spark, fs, root, meta, operator_id, batch_id, var_name, timers, flatten, change_range, snapshot
         )
     if var_name is not None or timers:
         raise StateDataSourceError(
@@ -300,13 +326,13 @@ def read_state(
         )
     tz = str(spark.conf.get("spark.sql.session.timeZone", "UTC"))
     out_arrow = schema_to_arrow(out, tz)
-    ids = spark.range(0, num_partitions, 1, num_partitions).selectExpr("cast(id as int) as id")
+    ids = _partition_ids(spark, conf, snapshot)
     if change_range is not None:
         read = bind(_read_partition_changes, conf, *change_range, out_arrow, key_groups=key_groups)
     else:
         read = bind(
             _read_partition, conf, batch_id + 1, out_arrow, sessions=sessions,
-            columns=columns, key_groups=key_groups,
+            columns=columns, key_groups=key_groups, snapshot=None if snapshot is None else snapshot[0],
         )
     result = ids.mapInArrow(read, out)
     if shown is not None:
@@ -323,7 +349,7 @@ def read_state(
 
 
 def _check_change_feed_options(
-    changes: bool, join_side: Any, batch_id: Any, start: Any, end: Any
+    changes: bool, join_side: Any, batch_id: Any, start: Any, end: Any, snapshot_options: tuple[Any, Any]
 ) -> None:
     """Spark's checks of the change feed's options, in its order and with its errors."""
     if not changes:
@@ -338,10 +364,50 @@ def _check_change_feed_options(
         raise StateDataSourceError("STDS_CONFLICT_OPTIONS", {"options": "['joinSide', 'readChangeFeed']"})
     if batch_id is not None:
         raise StateDataSourceError("STDS_CONFLICT_OPTIONS", {"options": "['batchId', 'readChangeFeed']"})
+    for name, value in zip(("snapshotStartBatchId", "snapshotPartitionId"), snapshot_options):
+        if value is not None:
+            raise StateDataSourceError("STDS_CONFLICT_OPTIONS", {"options": f"['{name}', 'readChangeFeed']"})
     if start is None:
         raise StateDataSourceError("STDS_REQUIRED_OPTION_UNSPECIFIED", {"optionName": "changeStartBatchId"})
     if int(start) < 0:
         raise StateDataSourceError("STDS_INVALID_OPTION_VALUE.IS_NEGATIVE", {"optionName": "changeStartBatchId"})
+
+
+def _check_snapshot_options(batch_id: int, start: Any, partition: Any) -> tuple[int, int] | None:
+    """Spark's checks of ``snapshotStartBatchId`` and ``snapshotPartitionId`` (without
+    ``readChangeFeed``), in its order and with its errors; the snapshot's state version
+    (the batch id plus one) and the partition, or None when not given."""
+    if start is not None and int(start) < 0:
+        raise StateDataSourceError("STDS_INVALID_OPTION_VALUE.IS_NEGATIVE", {"optionName": "snapshotStartBatchId"})
+    if start is not None and int(start) > batch_id:
+        raise StateDataSourceError(
+            "STDS_INVALID_OPTION_VALUE.WITH_MESSAGE",
+            {"optionName": "snapshotStartBatchId", "message": f"value should be less than or equal to {batch_id}"},
+        )
+    if partition is not None and int(partition) < 0:
+        raise StateDataSourceError("STDS_INVALID_OPTION_VALUE.IS_NEGATIVE", {"optionName": "snapshotPartitionId"})
+    # both at once, as each partition may have its snapshots at other batches
+    if partition is not None and start is None:
+        raise StateDataSourceError("STDS_REQUIRED_OPTION_UNSPECIFIED", {"optionName": "snapshotStartBatchId"})
+    if start is not None and partition is None:
+        raise StateDataSourceError("STDS_REQUIRED_OPTION_UNSPECIFIED", {"optionName": "snapshotPartitionId"})
+    return None if start is None else (int(start) + 1, int(partition))
+
+
+def _partition_ids(spark: SparkSession, conf: StateStoreConf, snapshot: tuple[int, int] | None) -> DataFrame:
+    """The state partitions to read, one Spark task each: all, or the one
+    ``snapshotPartitionId`` names (Spark's error when the operator has no such
+    partition)."""
+    first, last = 0, conf.num_partitions
+    if snapshot is not None:
+        first = snapshot[1]
+        last = first + 1
+        if first >= conf.num_partitions:
+            raise StateDataSourceError(
+                "CANNOT_LOAD_STATE_STORE.SNAPSHOT_PARTITION_ID_NOT_FOUND",
+                {"snapshotPartitionId": str(first), "operatorId": str(conf.operator_id), "checkpointLocation": conf.root},
+            )
+    return spark.range(first, last, 1, last - first).selectExpr("cast(id as int) as id")
 
 
 def _nest(columns: list[Any], groups: list[int | None], key_type: pa.StructType) -> list[Any]:
@@ -416,10 +482,13 @@ def _read_transform_with_state(
     var_name: str | None,
     timers: bool,
     flatten: bool,
+    change_range: tuple[int, int] | None = None,
+    snapshot: tuple[int, int] | None = None,
 ) -> DataFrame:
     """One state variable (or the timers) of a transformWithState operator, in the shape
-    of Spark's state data source for its kind (Spark's ``SchemaUtil.getSourceSchema``)."""
-    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+    of Spark's state data source for its kind (Spark's ``SchemaUtil.getSourceSchema``);
+    with ``change_range``, the changes each batch of the range made to a value state."""
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
     if var_name is None and not timers:
         raise StateDataSourceError("STDS_REQUIRED_OPTION_UNSPECIFIED", {"optionName": "stateVarName"})
@@ -441,6 +510,17 @@ def _read_transform_with_state(
         )
     stored = variables[store]
     kind, ttl = ("timers", False) if timers else _variable_kind(stored)
+    if change_range is not None and kind != "value":
+        # Spark's change feed of a list shows each append apart from a put, and of a map
+        # each entry updated, even to the same value; lockgate's deltas keep the whole
+        # list or map a batch left, which tells neither. Spark's own reader fails on the
+        # timers' change feed.
+        what = "registered timers" if timers else f"{kind} state {var_name!r}"
+        raise NotSupportedYetError(
+            f"readChangeFeed of a transformWithState operator's {what}",
+            "lockgate reads the change feed of value states; read this state at each batch "
+            "with batchId instead.",
+        )
     key_type = StructType([arrow_field_to_spark(f) for f in key_schema])
 
     def spark_type(t: pa.DataType) -> Any:
@@ -481,73 +561,131 @@ def _read_transform_with_state(
     out = StructType(
         [StructField("key", key_type, True), *columns, StructField("partition_id", IntegerType(), True)]
     )
-    num_partitions = int(meta["numPartitions"])
+    if change_range is not None:
+        out = StructType(
+            [StructField("batch_id", LongType(), True), StructField("change_type", StringType(), True), *out.fields]
+        )
     conf = StateStoreConf(
         root=fs.join(root, "state"),
         operator_id=operator_id,
-        num_partitions=num_partitions,
+        num_partitions=int(meta["numPartitions"]),
         key_schema=variable_store_keys(key_schema),
         value_schema=pa.schema([stored.field(i) for i in range(stored.num_fields)]),
         store_name=store,
         values_by_name=meta.get("encodingFormat") == "avro" and not timers,
+        # a variable added on a restart: its store holds nothing up to this version
+        first_version=int((meta.get("stateVariablesSince") or {}).get(store) or 0),
     )
     tz = str(spark.conf.get("spark.sql.session.timeZone", "UTC"))
     out_arrow = schema_to_arrow(out, tz)
-    ids = spark.range(0, num_partitions, 1, num_partitions).selectExpr("cast(id as int) as id")
-    read = bind(_read_variable_partition, conf, batch_id + 1, out_arrow, kind, ttl, flatten)
+    ids = _partition_ids(spark, conf, snapshot)
+    if change_range is not None:
+        read = bind(_read_variable_changes, conf, *change_range, out_arrow, ttl)
+    else:
+        read = bind(
+            _read_variable_partition, conf, batch_id + 1, out_arrow, kind, ttl, flatten,
+            snapshot=None if snapshot is None else snapshot[0],
+        )
     return ids.mapInArrow(read, out)
 
 
-def _read_variable_partition(
-    conf: Any, version: int, out_schema: pa.Schema, kind: str, ttl: bool, flatten: bool, batches: Any
+def _with_ttl(value: pa.Array, expiration: pa.Array | None) -> pa.Array:
+    """A value as Spark's reader shows one with TTL: struct<value, ttlExpirationMs>."""
+    if expiration is None:
+        return value
+    return pa.StructArray.from_arrays([value, expiration], names=["value", "ttlExpirationMs"])
+
+
+def _value_state(conf: Any, stored: list[pa.Array], num_rows: int, expirations: pa.Array | None) -> pa.Array:
+    """A value state's ``value`` column from its store's value columns."""
+    value_names = conf.value_schema.names[: len(stored)]
+    user = (
+        pa.StructArray.from_arrays(stored, names=value_names)
+        if value_names
+        else pa.nulls(num_rows, pa.struct([]))
+    )
+    return _with_ttl(user, expirations)
+
+
+def _grouping_key(keys: list[pa.Array], out_key: pa.StructType, num_rows: int) -> pa.Array:
+    """The ``key`` column: the grouping keys under their own names."""
+    if not keys:
+        return pa.array([{}] * num_rows, type=out_key)
+    return pa.StructArray.from_arrays(keys, names=[f.name for f in out_key]).cast(out_key)
+
+
+def _read_variable_changes(
+    conf: Any, first_batch: int, last_batch: int, out_schema: pa.Schema, ttl: bool, batches: Any
 ) -> Any:
+    """The change feed of a value state in the partitions a task is given: each batch's
+    delta file, a row per key the batch updated (``update``) or cleared (``delete``,
+    value null). Batches at or before the variable's first version changed nothing."""
     import pyarrow.compute as pc
 
-    def with_ttl(value: pa.Array, expiration: pa.Array | None) -> pa.Array:
-        if expiration is None:
-            return value
-        return pa.StructArray.from_arrays([value, expiration], names=["value", "ttlExpirationMs"])
+    key_names = [f.name for f in conf.key_schema]
+    out_key, out_value = out_schema.field("key").type, out_schema.field("value").type
+    for batch in batches:
+        for pid in batch.column(0).to_pylist():
+            for batch_id in range(max(first_batch, conf.first_version), last_batch + 1):
+                table, removed = read_changes(conf, int(pid), batch_id + 1)
+                n = table.num_rows
+                stored = [table.column(c).combine_chunks() for c in conf.value_schema.names]
+                expirations = stored.pop() if ttl else None
+                value = _value_state(conf, stored, n, expirations).cast(out_value)
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        pa.array([batch_id] * n, type=pa.int64()),
+                        pc.if_else(removed, "delete", "update").cast(pa.string()),
+                        _grouping_key([table.column(c).combine_chunks() for c in key_names], out_key, n),
+                        pc.if_else(removed, pa.nulls(n, out_value), value),
+                        pa.array([int(pid)] * n, type=pa.int32()),
+                    ],
+                    schema=out_schema,
+                )
+
+
+def _read_variable_partition(
+    conf: Any,
+    version: int,
+    out_schema: pa.Schema,
+    kind: str,
+    ttl: bool,
+    flatten: bool,
+    batches: Any,
+    snapshot: int | None = None,
+) -> Any:
+    import pyarrow.compute as pc
 
     key_names = [f.name for f in conf.key_schema]
     out_key = out_schema.field("key").type
     for batch in batches:
         for pid in batch.column(0).to_pylist():
-            table = read_state_table(conf, int(pid), version)
+            table = _state_table(conf, int(pid), version, snapshot)
             keys = [table.column(n).combine_chunks() for n in key_names]
             columns: list[pa.Array] = []
             stored = [table.column(n).combine_chunks() for n in conf.value_schema.names]
             expirations = stored.pop() if ttl else None
             if kind == "value":
-                value_names = conf.value_schema.names[: len(stored)]
-                user = (
-                    pa.StructArray.from_arrays(stored, names=value_names)
-                    if value_names
-                    else pa.nulls(table.num_rows, pa.struct([]))
-                )
-                columns = [with_ttl(user, expirations)]
+                columns = [_value_state(conf, stored, table.num_rows, expirations)]
             elif flatten or kind == "timers":
                 # one row per element, the key repeated
                 parents = pc.list_parent_indices(stored[0])
                 keys = [k.take(parents) for k in keys]
                 flat = [pc.list_flatten(a) for a in stored]
                 each_ttl = None if expirations is None else pc.list_flatten(expirations)
-                columns = [*flat[:-1], with_ttl(flat[-1], each_ttl)] if kind != "timers" else flat
+                columns = [*flat[:-1], _with_ttl(flat[-1], each_ttl)] if kind != "timers" else flat
             else:
                 lengths = pc.fill_null(pc.list_value_length(stored[0]), 0).to_numpy(zero_copy_only=False)
                 offsets = pa.array([0, *itertools.accumulate(int(n) for n in lengths)], type=pa.int32())
                 each_ttl = None if expirations is None else pc.list_flatten(expirations)
-                values = with_ttl(pc.list_flatten(stored[-1]), each_ttl)
+                values = _with_ttl(pc.list_flatten(stored[-1]), each_ttl)
                 if kind == "list":
                     columns = [pa.ListArray.from_arrays(offsets, values)]
                 else:
                     columns = [pa.MapArray.from_arrays(offsets, pc.list_flatten(stored[0]), values)]
             columns = [c.cast(out_schema.field(i + 1).type) for i, c in enumerate(columns)]
             num_rows = len(keys[0]) if keys else (len(columns[0]) if columns else 0)
-            key = (
-                pa.StructArray.from_arrays(keys, names=[f.name for f in out_key]).cast(out_key)
-                if keys
-                else pa.array([{}] * num_rows, type=out_key)
-            )
+            key = _grouping_key(keys, out_key, num_rows)
             parts = pa.array([int(pid)] * num_rows, type=pa.int32())
             yield pa.RecordBatch.from_arrays([key, *columns, parts], schema=out_schema)
 
@@ -574,6 +712,9 @@ def _transform_with_state_properties(meta: dict[str, Any]) -> str:
             continue
         kind, ttl = _variable_kind(f.type)
         variables.append({"stateName": f.name, "stateVariableType": _VARIABLE_TYPES[kind], "ttlEnabled": ttl})
+    # declared and then deleted in init(): no store, but Spark lists them too
+    for name, kind, ttl in meta.get("stateVariablesDeletedInInit") or []:
+        variables.append({"stateName": name, "stateVariableType": _VARIABLE_TYPES[kind], "ttlEnabled": bool(ttl)})
     properties: dict[str, Any] = {"timeMode": _TIME_MODE_NAMES.get(time_mode, time_mode)}
     if meta.get("outputMode"):
         properties["outputMode"] = str(meta["outputMode"]).capitalize()

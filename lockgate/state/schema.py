@@ -104,6 +104,10 @@ class OperatorStateSchema:
     output_mode: str | None = None
     """transformWithState: its ``outputMode`` (``append``, ``update``), for Spark's
     ``state-metadata`` source's ``operatorProperties`` (:func:`read_state_metadata`)."""
+    variables_deleted_in_init: tuple[tuple[str, str, bool], ...] | None = None
+    """transformWithState: the variables ``init`` declares and then deletes
+    (``deleteIfExists``), as ``(name, kind, ttl)``; they have no store, but Spark's
+    ``operatorProperties`` list them with the others."""
 
     def to_json(self) -> str:
         extra: dict[str, Any] = {}
@@ -117,6 +121,8 @@ class OperatorStateSchema:
             extra["timeMode"] = self.time_mode
         if self.output_mode is not None:
             extra["outputMode"] = self.output_mode
+        if self.variables_deleted_in_init:
+            extra["stateVariablesDeletedInInit"] = [list(v) for v in self.variables_deleted_in_init]
         if self.evolution_threshold is not None:
             extra["encodingFormat"] = "avro"
         if self.variables_evolutions:
@@ -308,6 +314,8 @@ def _check_or_write_schema(
         or stored.get("stateVariablesGaps") != (schema.variables_gaps or None)
         or stored.get("timeMode") != schema.time_mode
         or stored.get("outputMode") != schema.output_mode
+        or stored.get("stateVariablesDeletedInInit")
+        != ([list(v) for v in schema.variables_deleted_in_init] if schema.variables_deleted_in_init else None)
         or stored.get("stateVariablesEvolutions") != schema.variables_evolutions
         or stored.get("encodingFormat") != ("avro" if schema.evolution_threshold is not None else None)
     ):

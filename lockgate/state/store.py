@@ -1089,6 +1089,38 @@ def read_state_table(conf: StateStoreConf, partition: int, version: int) -> pa.T
     return store._table(store.map, [], False)
 
 
+def read_state_table_from_snapshot(
+    conf: StateStoreConf, partition: int, snapshot_version: int, version: int
+) -> pa.Table:
+    """The whole map of one partition at ``version`` from snapshot ``snapshot_version``
+    and the deltas after it, none of the files before that snapshot read (the state
+    reader's ``snapshotStartBatchId``). lockgate writes a snapshot every
+    ``snapshot_interval`` versions only: without that snapshot file (or at or before
+    the store's first version, when it held nothing) ``version`` is loaded as usual,
+    from the newest snapshot at or below it, which gives the same rows."""
+    fs, directory = resolve_filesystem(_partition_dir(conf, partition))
+    snapshot = f"{directory}/{snapshot_version}.snapshot"
+    if snapshot_version <= conf.first_version or not fs.exists(snapshot):
+        return read_state_table(conf, partition, version)
+    where = f"stateful operator {conf.operator_id} partition {partition}"
+    base = _read_state_file(conf, fs, snapshot, where).replace_schema_metadata(None)
+    tables = [base.append_column(_OP_COLUMN, pa.array([_OP_UPSERT] * base.num_rows, type=pa.int8()))]
+    deltas, _ = _file_versions(fs, directory)
+    for v in range(snapshot_version + 1, version + 1):
+        path = f"{directory}/{v}.delta"
+        if v not in deltas:
+            raise StateStoreError(
+                f"Cannot replay state version {version} of {where} from snapshot "
+                f"{snapshot_version}: {path} is missing. Read from a later "
+                "snapshotStartBatchId, or restore the missing file from a backup.",
+                path=path,
+            )
+        tables.append(_read_state_file(conf, fs, path, where).replace_schema_metadata(None))
+    key_names = [f.name for f in conf.key_schema]
+    live = _latest_per_key(pa.concat_tables(tables), key_names)
+    return live.select(key_names + [f.name for f in conf.value_schema])
+
+
 def read_changes(conf: StateStoreConf, partition: int, version: int) -> tuple[pa.Table, pa.Array]:
     """The changes version ``version`` of one partition made (its delta file): the rows
     in the state's columns and, per row, whether it removed its key (for the state
@@ -1124,6 +1156,7 @@ __all__ = [
     "micros_array",
     "read_changes",
     "read_state_table",
+    "read_state_table_from_snapshot",
     "wait_for_background_snapshots",
     "write_snapshot",
 ]
