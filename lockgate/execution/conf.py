@@ -16,6 +16,10 @@ PINNED_CONFS = {
     "spark.sql.streaming.stateStore.providerClass": LOCKGATE_PROVIDER,
     "spark.sql.streaming.aggregation.stateFormatVersion": "2",
     "spark.sql.streaming.join.stateFormatVersion": "2",
+    # Spark reads a checkpoint without it as written with source evolution off, and would
+    # then key the sources by position, not find the named ones' offsets and read their
+    # input again from the start
+    "spark.sql.streaming.queryEvolution.enableSourceEvolution": "false",
 }
 
 # Recorded as lockgate's own value, neither restored from the checkpoint nor taken from

@@ -196,6 +196,39 @@ def test_source_evolution_as_spark(spark, ls, tmp_path):
         assert (checkpoint / "sources" / "src_a").is_dir()
 
 
+@pytest.mark.parametrize("first, then", [("lockgate", "native"), ("native", "lockgate")])
+def test_a_named_source_resumes_on_the_other_engine(spark, ls, tmp_path, first, then):
+    """A checkpoint of named sources, written with source evolution on, resumed by the
+    other engine: each batch reads only the files the last one did not. lockgate records
+    the conf in its offsets log as Spark does; without it Spark resumes with source
+    evolution off, keys the source by position and reads every file again."""
+    from differential import write_json
+
+    inp, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    inp.mkdir()
+    readers = {"lockgate": lambda: ls.readStream, "native": lambda: spark.readStream}
+    seen: list[tuple[str, int, list[int]]] = []
+
+    def run(engine: str) -> None:
+        q = (
+            readers[engine]().schema("v LONG").name("src").json(str(inp))
+            .writeStream.option("checkpointLocation", str(checkpoint))
+            .foreachBatch(lambda df, b: seen.append((engine, b, sorted(r.v for r in df.collect()))))
+            .start()
+        )
+        try:
+            q.processAllAvailable()
+        finally:
+            q.stop()
+
+    with spark_conf(spark, "spark.sql.streaming.queryEvolution.enableSourceEvolution", "true"):
+        write_json(inp, [{"v": 1}, {"v": 2}])
+        run(first)
+        write_json(inp, [{"v": 3}])
+        run(then)
+    assert seen == [(first, 0, [1, 2]), (then, 1, [3])]
+
+
 def test_cluster_by_with_a_file_sink_writes_the_same_rows(spark, ls, tmp_path):
     def run(src: Any, name: str) -> list:
         out = tmp_path / name
