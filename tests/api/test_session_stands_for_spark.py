@@ -91,8 +91,8 @@ def test_format_statestore_reads_a_lockgate_checkpoint_as_spark_reads_a_native_o
 
 
 def test_a_statestore_read_lockgate_cannot_do_says_so(ls, tmp_path):
-    with pytest.raises(NotSupportedYetError, match="'snapshotStartBatchId' of the statestore source"):
-        ls.read.format("statestore").option("snapshotStartBatchId", 0).load(str(tmp_path))
+    with pytest.raises(NotSupportedYetError, match="'readAllColumnFamilies' of the statestore source"):
+        ls.read.format("statestore").option("readAllColumnFamilies", "true").load(str(tmp_path))
     with pytest.raises(OptionError, match="give its location"):
         ls.read.format("statestore").load()
     with pytest.raises(OptionError, match="schema of its own"):
