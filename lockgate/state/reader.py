@@ -140,18 +140,20 @@ def _read_partition_changes(
     first_batch: int,
     last_batch: int,
     out_schema: pa.Schema,
+    key_value: Any,
     batches: Any,
-    key_groups: list[int | None] | None = None,
 ) -> Any:
     """The change feed of the partitions a task is given: each batch's delta file, a row
-    per key it put (``update``) or removed (``delete``, value null)."""
+    per key it put (``update``) or removed (``delete``, value null); ``key_value(table)``
+    gives the rows' ``key`` and ``value`` columns. Batches at or before the store's first
+    version (a variable added on a restart) changed nothing."""
     import pyarrow.compute as pc
 
     for batch in batches:
         for pid in batch.column(0).to_pylist():
-            for batch_id in range(first_batch, last_batch + 1):
+            for batch_id in range(max(first_batch, conf.first_version), last_batch + 1):
                 table, removed = read_changes(conf, int(pid), batch_id + 1)
-                key, value = _key_value(table, conf, out_schema, False, None, key_groups)
+                key, value = key_value(table)
                 value = pc.if_else(removed, pa.nulls(table.num_rows, value.type), value)
                 yield pa.RecordBatch.from_arrays(
                     [
@@ -328,7 +330,10 @@ def read_state(
     out_arrow = schema_to_arrow(out, tz)
     ids = _partition_ids(spark, conf, snapshot)
     if change_range is not None:
-        read = bind(_read_partition_changes, conf, *change_range, out_arrow, key_groups=key_groups)
+        key_value = bind(
+            _key_value, conf=conf, out_schema=out_arrow, sessions=False, columns=None, key_groups=key_groups
+        )
+        read = bind(_read_partition_changes, conf, *change_range, out_arrow, key_value)
     else:
         read = bind(
             _read_partition, conf, batch_id + 1, out_arrow, sessions=sessions,
@@ -580,7 +585,10 @@ def _read_transform_with_state(
     out_arrow = schema_to_arrow(out, tz)
     ids = _partition_ids(spark, conf, snapshot)
     if change_range is not None:
-        read = bind(_read_variable_changes, conf, *change_range, out_arrow, ttl)
+        read = bind(
+            _read_partition_changes, conf, *change_range, out_arrow,
+            bind(_variable_key_value, conf, out_arrow, ttl),
+        )
     else:
         read = bind(
             _read_variable_partition, conf, batch_id + 1, out_arrow, kind, ttl, flatten,
@@ -614,34 +622,14 @@ def _grouping_key(keys: list[pa.Array], out_key: pa.StructType, num_rows: int) -
     return pa.StructArray.from_arrays(keys, names=[f.name for f in out_key]).cast(out_key)
 
 
-def _read_variable_changes(
-    conf: Any, first_batch: int, last_batch: int, out_schema: pa.Schema, ttl: bool, batches: Any
-) -> Any:
-    """The change feed of a value state in the partitions a task is given: each batch's
-    delta file, a row per key the batch updated (``update``) or cleared (``delete``,
-    value null). Batches at or before the variable's first version changed nothing."""
-    import pyarrow.compute as pc
-
+def _variable_key_value(conf: Any, out_schema: pa.Schema, ttl: bool, table: pa.Table) -> tuple[pa.Array, pa.Array]:
+    """A value state's ``key`` and ``value`` columns of a table of its store's rows."""
     key_names = [f.name for f in conf.key_schema]
-    out_key, out_value = out_schema.field("key").type, out_schema.field("value").type
-    for batch in batches:
-        for pid in batch.column(0).to_pylist():
-            for batch_id in range(max(first_batch, conf.first_version), last_batch + 1):
-                table, removed = read_changes(conf, int(pid), batch_id + 1)
-                n = table.num_rows
-                stored = [table.column(c).combine_chunks() for c in conf.value_schema.names]
-                expirations = stored.pop() if ttl else None
-                value = _value_state(conf, stored, n, expirations).cast(out_value)
-                yield pa.RecordBatch.from_arrays(
-                    [
-                        pa.array([batch_id] * n, type=pa.int64()),
-                        pc.if_else(removed, "delete", "update").cast(pa.string()),
-                        _grouping_key([table.column(c).combine_chunks() for c in key_names], out_key, n),
-                        pc.if_else(removed, pa.nulls(n, out_value), value),
-                        pa.array([int(pid)] * n, type=pa.int32()),
-                    ],
-                    schema=out_schema,
-                )
+    stored = [table.column(c).combine_chunks() for c in conf.value_schema.names]
+    expirations = stored.pop() if ttl else None
+    value = _value_state(conf, stored, table.num_rows, expirations).cast(out_schema.field("value").type)
+    keys = [table.column(c).combine_chunks() for c in key_names]
+    return _grouping_key(keys, out_schema.field("key").type, table.num_rows), value
 
 
 def _read_variable_partition(

@@ -618,7 +618,11 @@ def hashable(value: Any) -> Any:
 class StateStore:
     """One partition's state at one version, open inside a task."""
 
-    def __init__(self, conf: StateStoreConf, partition: int, version: int) -> None:
+    def __init__(
+        self, conf: StateStoreConf, partition: int, version: int, from_snapshot: int | None = None
+    ) -> None:
+        """``from_snapshot``: load ``version`` from that snapshot and the deltas after it
+        only, no cache (the state reader's ``snapshotStartBatchId``)."""
         if not 0 <= partition < conf.num_partitions:
             raise StateStoreError(
                 f"State partition {partition} is outside 0..{conf.num_partitions - 1}: the "
@@ -643,6 +647,10 @@ class StateStore:
         operator rebuilds it. A map caught up from deltas keeps its index if the index
         has a ``catch_up(upserts, removed)`` method (see :class:`CatchUpIndex`)."""
         t0 = time.perf_counter()
+        if from_snapshot is not None:
+            self.map = self._load(version, from_snapshot)
+            self.metrics.load_ms = (time.perf_counter() - t0) * 1000
+            return
         refill = conf.gap is not None and conf.gap[1] == version
         if refill:
             assert conf.gap is not None
@@ -691,15 +699,19 @@ class StateStore:
             tables.append(self._read(f"{self.dir}/{v}.delta").replace_schema_metadata(None))
         return tables
 
-    def _load(self, version: int) -> dict[Key, Value]:
+    def _load(self, version: int, only_base: int | None = None) -> dict[Key, Value]:
         """Version ``version`` from the newest intact snapshot at or below it and the
         deltas after that snapshot. A corrupt snapshot is skipped for an older one (or
-        none: every delta from version 1), and rewritten from what was read."""
+        none: every delta from version 1), and rewritten from what was read. With
+        ``only_base``, from snapshot ``only_base`` alone."""
         first = self.conf.first_version
         if version <= first:
             return {}
         deltas, snapshots = _file_versions(self.fs, self.dir)
-        bases = sorted((s for s in snapshots if first < s <= version), reverse=True) + [first]
+        if only_base is not None:
+            bases = [only_base]
+        else:
+            bases = sorted((s for s in snapshots if first < s <= version), reverse=True) + [first]
         corrupt: list[CorruptStateFileError] = []
         for base in bases:
             missing = [v for v in range(base + 1, version + 1) if v not in deltas]
@@ -1099,26 +1111,10 @@ def read_state_table_from_snapshot(
     the store's first version, when it held nothing) ``version`` is loaded as usual,
     from the newest snapshot at or below it, which gives the same rows."""
     fs, directory = resolve_filesystem(_partition_dir(conf, partition))
-    snapshot = f"{directory}/{snapshot_version}.snapshot"
-    if snapshot_version <= conf.first_version or not fs.exists(snapshot):
+    if snapshot_version <= conf.first_version or not fs.exists(f"{directory}/{snapshot_version}.snapshot"):
         return read_state_table(conf, partition, version)
-    where = f"stateful operator {conf.operator_id} partition {partition}"
-    base = _read_state_file(conf, fs, snapshot, where).replace_schema_metadata(None)
-    tables = [base.append_column(_OP_COLUMN, pa.array([_OP_UPSERT] * base.num_rows, type=pa.int8()))]
-    deltas, _ = _file_versions(fs, directory)
-    for v in range(snapshot_version + 1, version + 1):
-        path = f"{directory}/{v}.delta"
-        if v not in deltas:
-            raise StateStoreError(
-                f"Cannot replay state version {version} of {where} from snapshot "
-                f"{snapshot_version}: {path} is missing. Read from a later "
-                "snapshotStartBatchId, or restore the missing file from a backup.",
-                path=path,
-            )
-        tables.append(_read_state_file(conf, fs, path, where).replace_schema_metadata(None))
-    key_names = [f.name for f in conf.key_schema]
-    live = _latest_per_key(pa.concat_tables(tables), key_names)
-    return live.select(key_names + [f.name for f in conf.value_schema])
+    store = StateStore(conf, partition, version, from_snapshot=snapshot_version)
+    return store._table(store.map, [], False)
 
 
 def read_changes(conf: StateStoreConf, partition: int, version: int) -> tuple[pa.Table, pa.Array]:
