@@ -65,6 +65,21 @@ _STRING_FUNCS = {
     "Contains",
     "StringReplace",
     "Like",
+    "RLike",
+    "RegExpExtract",
+    "RegExpReplace",
+    "StringLPad",
+    "StringRPad",
+    "StringRepeat",
+    "Reverse",
+    "InitCap",
+    "StringInstr",
+    "StringLocate",
+    "Md5",
+    "Sha1",
+    "Sha2",
+    "Crc32",
+    "Hex",
 }
 _DATE_FUNCS = {
     "Year",
@@ -102,11 +117,62 @@ _OTHER = {
     "PythonUDF",
     "GetMapValue",
 }
-SUPPORTED = frozenset(_BINARY_ARITH | _COMPARISONS | _STRING_FUNCS | _DATE_FUNCS | _OTHER)
+_COLLECTION_FUNCS = {
+    "StringSplit",
+    "GetArrayItem",
+    "ElementAt",
+    "Size",
+    "ArrayContains",
+    "CreateArray",
+    "ArrayJoin",
+    "CreateNamedStruct",
+    "GetStructField",
+}
+_MATH_FUNCS = {"Round", "BRound", "Floor", "Ceil", "Greatest", "Least", "Sqrt"}
+SUPPORTED = frozenset(
+    _BINARY_ARITH
+    | _COMPARISONS
+    | _STRING_FUNCS
+    | _DATE_FUNCS
+    | _OTHER
+    | _COLLECTION_FUNCS
+    | _MATH_FUNCS
+)
 """Catalyst expressions continuous tasks evaluate (plus RuntimeReplaceable forms of them,
 e.g. ``nvl``, ``to_date(ts)``, ``nullif``, evaluated through their replacement)."""
 
 _CASTABLE = _NUMERIC | {"string", "boolean", "date", "timestamp", "void", "null"}
+
+_COMPLEX = ("array", "struct", "map")
+"""Type names of arrays, structs and maps start so (their ``catalogString``, e.g.
+``array<string>``); their values are Python lists, tuples and dicts."""
+_COMPLEX_RESULTS = {
+    "Alias",
+    "AttributeReference",
+    "Literal",
+    "Coalesce",
+    "If",
+    "CaseWhen",
+    "CreateArray",
+    "CreateNamedStruct",
+    "StringSplit",
+    "GetArrayItem",
+    "ElementAt",
+    "GetStructField",
+    "GetMapValue",
+    "Reverse",
+}
+"""Expressions that may return an array, struct or map: they build, pick or pass one
+through without comparing it."""
+_COMPLEX_ARGUMENTS = _COMPLEX_RESULTS | {
+    "IsNull",
+    "IsNotNull",
+    "Size",
+    "ArrayContains",
+    "ArrayJoin",
+}
+"""Expressions that may take one: the others (comparisons, IN, casts, UDFs...) would need
+Spark's ordering and casts of nested values, and are refused."""
 
 
 class UnsupportedExpression(NotSupportedYetError):
@@ -123,7 +189,25 @@ class UnsupportedExpression(NotSupportedYetError):
 # Driver side: Spark's analyzed plan -> program
 # ======================================================================================
 def _type_name(jtype: Any) -> str:
+    if str(jtype.getClass().getSimpleName()) in ("ArrayType", "StructType", "MapType"):
+        return str(jtype.catalogString())
     return str(jtype.typeName())
+
+
+def _is_complex(dtype: str) -> bool:
+    return dtype.startswith(_COMPLEX)
+
+
+def _carried(jtype: Any) -> bool:
+    """Whether values of ``jtype`` are ones the tasks evaluate (nested ones included)."""
+    kind = str(jtype.getClass().getSimpleName())
+    if kind == "ArrayType":
+        return _carried(jtype.elementType())
+    if kind == "MapType":
+        return _carried(jtype.keyType()) and _carried(jtype.valueType())
+    if kind == "StructType":
+        return all(_carried(f.dataType()) for f in jtype.fields())
+    return str(jtype.typeName()) in _SIMPLE_TYPES
 
 
 def compile_plan(jplan: Any) -> tuple[Program, list[int]]:
@@ -202,11 +286,17 @@ def _expr(e: Any, ids: list[int]) -> Any:
             pass
         else:
             return ("lit", dtype, _literal(value, e, dtype))
-    if dtype not in _SIMPLE_TYPES:
+    if not _carried(e.dataType()) or (_is_complex(dtype) and name not in _COMPLEX_RESULTS):
         raise UnsupportedExpression(
             f"the expression {name} of type {e.dataType().simpleString()} ({_sql(e)})"
         )
     children = [_expr(c, ids) for c in seq(e.children())]
+    if name not in _COMPLEX_ARGUMENTS and any(_is_complex(c[1]) for c in children):
+        raise UnsupportedExpression(
+            f"the expression {name} over an array, struct or map ({_sql(e)})"
+        )
+    if name in _PROGRAMS:
+        return _PROGRAMS[name](name, e, dtype, children)
     if name == "Cast":
         source = children[0][1]
         if source.startswith("decimal") and children[0][0] == "lit" and dtype in _FRACTIONAL:
@@ -292,6 +382,8 @@ def _py_value(value: Any) -> Any:
 def _literal(value: Any, e: Any, dtype: str) -> Any:
     if value is None:
         return None
+    if _is_complex(dtype):
+        return _java_value(value, e.dataType())
     if dtype == "string":
         return str(value.toString())
     if dtype in _INTEGRAL or dtype in ("date", "timestamp"):
@@ -331,6 +423,360 @@ def _python_udf(e: Any, dtype: str, children: list[Any]) -> Any:
 
 
 _UDF_TYPES = _NUMERIC | {"string", "boolean"}
+
+
+# -- arrays, structs, maps, math and regular expressions (driver side) -----------------------
+def _java_value(value: Any, jtype: Any) -> Any:
+    """A constant of Spark's internal Java form (ArrayData, InternalRow, MapData, UTF8String)
+    as the tasks' Python value: lists, tuples, dicts."""
+    if value is None:
+        return None
+    kind = str(jtype.getClass().getSimpleName())
+    if kind == "ArrayType":
+        element = jtype.elementType()
+        return [
+            None if value.isNullAt(i) else _java_value(value.get(i, element), element)
+            for i in range(int(value.numElements()))
+        ]
+    if kind == "StructType":
+        types = [f.dataType() for f in jtype.fields()]
+        return tuple(
+            None if value.isNullAt(i) else _java_value(value.get(i, t), t)
+            for i, t in enumerate(types)
+        )
+    if kind == "MapType":
+        keys, values = value.keyArray(), value.valueArray()
+        kt, vt = jtype.keyType(), jtype.valueType()
+        return {
+            _java_value(keys.get(i, kt), kt): (
+                None if values.isNullAt(i) else _java_value(values.get(i, vt), vt)
+            )
+            for i in range(int(value.numElements()))
+        }
+    name = str(jtype.typeName())
+    if name == "string":
+        return str(value.toString())
+    if name == "binary":
+        return bytes(value)
+    if name == "float":
+        return _f32(float(value))
+    if name in _SIMPLE_TYPES:
+        return value
+    raise UnsupportedExpression(f"a constant of type {jtype.simpleString()}")
+
+
+def _constant(child: Any, e: Any, what: str) -> Any:
+    """The value of ``child`` (a program), which Spark must have folded into a literal."""
+    if child[0] != "lit":
+        raise UnsupportedExpression(
+            f"{what} that is not a constant ({_sql(e)})",
+            "Continuous tasks evaluate regular expressions, rounding scales and the like "
+            "only when they are literals.",
+        )
+    return child[2]
+
+
+_JAVA_DOT = "[^\\n\\r\\x85\\u2028\\u2029]"
+"""Java's ``.``: any character but its line terminators (Python's excludes only ``\\n``)."""
+_JAVA_DOLLAR = "(?:(?=\\r\\n\\Z)|(?<!\\r)(?=\\n\\Z)|(?=[\\r\\x85\\u2028\\u2029]\\Z)|\\Z)"
+"""Java's ``$``: the end, or before a final line terminator (never inside ``\\r\\n``)."""
+_CLASS_ESCAPES = set("dDwWsS")
+_CHAR_ESCAPES = {"t": "\\t", "n": "\\n", "r": "\\r", "f": "\\f"}
+_QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
+
+
+def _java_regex(pattern: str, where: str) -> str:
+    """Java regular expression ``pattern`` as a Python one of the same meaning (compiled
+    with ``re.ASCII``, Java's default for ``\\d \\w \\s``), or :class:`UnsupportedExpression`.
+
+    Accepted: literal characters, escaped punctuation, ``\\t \\n \\r \\f \\xhh \\uhhhh``,
+    ``\\d \\D \\w \\W \\s \\S``, ``.``, simple ``[...]`` classes with ranges, ``^``, ``$``,
+    ``\\A``, ``\\z``, ``|``, groups ``(...)``, ``(?:...)``, lookaheads ``(?=...)``,
+    ``(?!...)``, and the greedy or lazy quantifiers ``* + ? {n} {n,} {n,m}``. Anything else
+    (backreferences, named groups, lookbehinds, flags, possessive quantifiers, ``\\b``,
+    ``\\p{..}``, ``\\Q..\\E``, class unions and intersections...) is refused, naming it."""
+
+    def refuse(what: str) -> None:
+        raise UnsupportedExpression(
+            f"the regular expression {pattern!r} in {where}",
+            f"It uses {what}, which lockgate does not translate from Java's regular "
+            "expressions to Python's. Supported: literals, . [...] classes, \\d \\w \\s, "
+            "^ $ \\A \\z, |, (...) (?:...) (?=...) (?!...), and * + ? {n,m} (greedy or "
+            "lazy).",
+        )
+
+    out: list[str] = []
+    groups: list[bool] = []  # per open group: whether a quantifier may follow it
+    quantifiable = False
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            text, i = _regex_escape(pattern, i, refuse, in_class=False)
+            out.append(text)
+            quantifiable = text not in ("\\A", "\\Z")
+            continue
+        if c == "[":
+            text, i = _regex_class(pattern, i, refuse)
+            out.append(text)
+            quantifiable = True
+            continue
+        if c in "*+?{":
+            if c == "{":
+                m = _QUANTIFIER.match(pattern, i)
+                if m is None:
+                    refuse(f"a '{{' that is not a quantifier at {i}")
+                assert m is not None
+                text, i = m.group(0), m.end()
+            else:
+                text, i = c, i + 1
+            if not quantifiable:
+                refuse(f"a quantifier {text!r} that follows no repeatable term")
+            if i < n and pattern[i] == "+":
+                refuse("a possessive quantifier")
+            if i < n and pattern[i] == "?":
+                text += "?"
+                i += 1
+            out.append(text)
+            quantifiable = False
+            continue
+        i += 1
+        if c == "(":
+            if pattern.startswith("(?", i - 1):
+                head = pattern[i - 1 : i + 2]
+                if head not in ("(?:", "(?=", "(?!"):
+                    refuse(f"the group construct {pattern[i - 1 : i + 3]!r}")
+                out.append(head)
+                groups.append(head == "(?:")
+                i += 2
+            else:
+                out.append("(")
+                groups.append(True)
+            quantifiable = False
+        elif c == ")":
+            if not groups:
+                refuse("an unbalanced ')'")
+            out.append(")")
+            quantifiable = groups.pop()
+        elif c == "|":
+            out.append("|")
+            quantifiable = False
+        elif c == "^":
+            out.append("^")
+            quantifiable = False
+        elif c == "$":
+            out.append(_JAVA_DOLLAR)
+            quantifiable = False
+        elif c == ".":
+            out.append(_JAVA_DOT)
+            quantifiable = True
+        else:
+            out.append(re.escape(c))
+            quantifiable = True
+    if groups:
+        refuse("an unclosed group")
+    text = "".join(out)
+    try:
+        re.compile(text, re.ASCII)
+    except re.error as exc:
+        refuse(f"a construct Python reads differently ({exc})")
+    return text
+
+
+def _regex_escape(
+    pattern: str, i: int, refuse: Callable[[str], None], in_class: bool
+) -> tuple[str, int]:
+    if i + 1 >= len(pattern):
+        refuse("a trailing backslash")
+    d = pattern[i + 1]
+    if d in _CLASS_ESCAPES:
+        return "\\" + d, i + 2
+    if d in _CHAR_ESCAPES:
+        return _CHAR_ESCAPES[d], i + 2
+    if d in "xu":
+        width = 2 if d == "x" else 4
+        digits = pattern[i + 2 : i + 2 + width]
+        if len(digits) != width or any(ch not in "0123456789abcdefABCDEF" for ch in digits):
+            refuse(f"the escape {pattern[i : i + 2 + width]!r}")
+        code = int(digits, 16)
+        if 0xD800 <= code <= 0xDFFF:
+            refuse("a surrogate escape")
+        return re.escape(chr(code)), i + 2 + width
+    if not in_class and d in "Az":
+        return ("\\A" if d == "A" else "\\Z"), i + 2
+    if d.isascii() and d.isalnum():
+        refuse(f"the escape '\\\\{d}'")
+    return re.escape(d), i + 2
+
+
+def _regex_class(pattern: str, i: int, refuse: Callable[[str], None]) -> tuple[str, int]:
+    out = ["["]
+    j, n = i + 1, len(pattern)
+    if j < n and pattern[j] == "^":
+        out.append("^")
+        j += 1
+    if j < n and pattern[j] == "]":
+        refuse("a ']' first in a character class")
+    items: list[tuple[str, bool]] = []  # (python text, is a single character)
+    while j < n and pattern[j] != "]":
+        c = pattern[j]
+        if c == "[":
+            refuse("a nested character class")
+        if c == "&" and pattern.startswith("&&", j):
+            refuse("a character class intersection")
+        if c == "\\":
+            text, j = _regex_escape(pattern, j, refuse, in_class=True)
+            items.append((text, text[1:] not in _CLASS_ESCAPES))
+            continue
+        items.append(("-" if c == "-" else re.escape(c), c != "-"))
+        j += 1
+    if j >= n:
+        refuse("an unclosed character class")
+    if not items:
+        refuse("an empty character class")
+    for k, (text, single) in enumerate(items):
+        if text == "-" and 0 < k < len(items) - 1:
+            before, after = items[k - 1], items[k + 1]
+            ranged_before = k >= 2 and items[k - 2][0] == "-"
+            if not (before[1] and after[1]) or ranged_before or after[0] == "-":
+                refuse("a '-' in a character class that is not a simple range")
+        out.append(text)
+    out.append("]")
+    return "".join(out), j + 1
+
+
+def _java_replacement(replacement: str, groups: int, where: str) -> tuple[Any, ...]:
+    """Java's ``Matcher.appendReplacement`` syntax (``$n`` groups, ``\\x`` escapes) as parts:
+    strings, and ints for groups."""
+
+    def refuse(what: str) -> None:
+        raise UnsupportedExpression(
+            f"the replacement {replacement!r} in {where}",
+            f"It {what}; Spark fails such rows with INVALID_REGEXP_REPLACE.",
+        )
+
+    parts: list[Any] = []
+    text: list[str] = []
+    i, n = 0, len(replacement)
+    while i < n:
+        c = replacement[i]
+        if c == "\\":
+            if i + 1 >= n:
+                refuse("ends with a backslash")
+            text.append(replacement[i + 1])
+            i += 2
+        elif c == "$":
+            if i + 1 >= n or not replacement[i + 1].isdigit() or not replacement[i + 1].isascii():
+                refuse("has a '$' that is not a group number (named groups are not supported)")
+            ref = int(replacement[i + 1])
+            i += 2
+            while i < n and replacement[i].isascii() and replacement[i].isdigit():
+                longer = ref * 10 + int(replacement[i])
+                if longer > groups:
+                    break
+                ref = longer
+                i += 1
+            if ref > groups:
+                refuse(f"refers to group {ref} of a pattern with {groups}")
+            if text:
+                parts.append("".join(text))
+                text = []
+            parts.append(ref)
+        else:
+            text.append(c)
+            i += 1
+    if text:
+        parts.append("".join(text))
+    return tuple(parts)
+
+
+def _regex_program(name: str, e: Any, dtype: str, children: list[Any]) -> Any:
+    what = {
+        "RLike": "rlike",
+        "RegExpExtract": "regexp_extract",
+        "RegExpReplace": "regexp_replace",
+        "StringSplit": "split",
+    }[name]
+    pattern = _constant(children[1], e, f"a {what} pattern")
+    if pattern is None:
+        return ("lit", dtype, None)
+    translated = "" if name == "StringSplit" and pattern == "" else _java_regex(pattern, what)
+    if name == "RegExpReplace":
+        replacement = _constant(children[2], e, "a regexp_replace replacement")
+        position = _constant(children[3], e, "a regexp_replace position")
+        if replacement is None or position is None:
+            return ("lit", dtype, None)
+        if position != 1:
+            raise UnsupportedExpression(
+                f"regexp_replace from position {position} ({_sql(e)})",
+                "Only the default position 1 is evaluated.",
+            )
+        groups = re.compile(translated, re.ASCII).groups
+        parts = _java_replacement(replacement, groups, what)
+        return (name, dtype, (translated, parts), children[0])
+    return (name, dtype, translated, children[0], *children[2:])
+
+
+def _round_program(name: str, e: Any, dtype: str, children: list[Any]) -> Any:
+    if dtype not in _INTEGRAL and dtype != "double":
+        raise UnsupportedExpression(
+            f"{name} of {dtype} ({_sql(e)})",
+            "Only double and integral values are rounded in continuous tasks.",
+        )
+    scale = _constant(children[1], e, "a rounding scale")
+    if scale is None:
+        return ("lit", dtype, None)
+    mode = "ANSI" if bool(e.ansiEnabled()) else "LEGACY"
+    return (name, dtype, (scale, mode), children[0])
+
+
+def _floor_ceil_program(name: str, e: Any, dtype: str, children: list[Any]) -> Any:
+    source = children[0][1]
+    if dtype != "long" or source not in ("double", "long"):
+        raise UnsupportedExpression(f"{name} of {source} ({_sql(e)})")
+    mode = "ANSI" if bool(e.failOnError()) else "LEGACY"
+    return (name, dtype, (source, mode), children[0])
+
+
+def _element_at_program(name: str, e: Any, dtype: str, children: list[Any]) -> Any:
+    if e.defaultValueOutOfBound().isDefined():
+        raise UnsupportedExpression(f"element_at with a default value ({_sql(e)})")
+    kind = "map" if children[0][1].startswith("map") else "array"
+    return (name, dtype, (kind, bool(e.failOnError())), *children)
+
+
+def _element_program(name: str, e: Any, dtype: str, children: list[Any]) -> Any:
+    """Programs whose meta is the type of the elements they compare, or a flag."""
+    if name == "GetArrayItem":
+        return (name, dtype, bool(e.failOnError()), *children)
+    if name == "Size":
+        return (name, dtype, bool(e.legacySizeOfNull()), *children)
+    if name == "GetStructField":
+        return (name, dtype, int(e.ordinal()), *children)
+    if name == "CreateNamedStruct":
+        return (name, dtype, None, *children[1::2])
+    if name == "ArrayContains":
+        return (name, dtype, children[1][1], *children)
+    return (name, dtype, None, *children)
+
+
+_PROGRAMS: dict[str, Callable[[str, Any, str, list[Any]], Any]] = {
+    "RLike": _regex_program,
+    "RegExpExtract": _regex_program,
+    "RegExpReplace": _regex_program,
+    "StringSplit": _regex_program,
+    "Round": _round_program,
+    "BRound": _round_program,
+    "Floor": _floor_ceil_program,
+    "Ceil": _floor_ceil_program,
+    "ElementAt": _element_at_program,
+    "GetArrayItem": _element_program,
+    "Size": _element_program,
+    "GetStructField": _element_program,
+    "CreateNamedStruct": _element_program,
+    "ArrayContains": _element_program,
+}
+"""Driver-side builders of the programs whose meta needs more than the children."""
 
 
 # ======================================================================================
@@ -445,7 +891,9 @@ def _divide_by_zero(mode: str, remainder: bool = False) -> None:
     REMAINDER_BY_ZERO), nothing in the other modes."""
     if mode == "ANSI":
         code, what, fix = (
-            ("REMAINDER_BY_ZERO", "Remainder", "try_mod") if remainder else ("DIVIDE_BY_ZERO", "Division", "try_divide")
+            ("REMAINDER_BY_ZERO", "Remainder", "try_mod")
+            if remainder
+            else ("DIVIDE_BY_ZERO", "Division", "try_divide")
         )
         raise SparkArithmeticError(
             f"[{code}] {what} by zero. Use `{fix}` to tolerate divisor being 0 "
@@ -1063,6 +1511,347 @@ def _udf_result_check(name: str, dtype: str) -> Callable[[Any], Any]:
     return simple
 
 
+# -- arrays, structs and maps ------------------------------------------------------------------
+def _invalid_index(code: str, index: int, size: int) -> None:
+    fix = "the SQL function `get()`" if code == "INVALID_ARRAY_INDEX" else "`try_element_at`"
+    raise SparkArithmeticError(
+        f"[{code}] The index {index} is out of bounds. The array has {size} elements. Use "
+        f"{fix} to tolerate accessing element at invalid index and return NULL instead. "
+        "SQLSTATE: 22003"
+    )
+
+
+def _get_array_item(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    fail = meta
+
+    def item(values: list[Any], index: int) -> Any:
+        if 0 <= index < len(values):
+            return values[index]
+        if fail:
+            _invalid_index("INVALID_ARRAY_INDEX", index, len(values))
+        return None
+
+    return _strict(item, args)
+
+
+def _element_at(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    kind, fail = meta
+    if kind == "map":
+        return _strict(lambda m, k: m.get(k), args)
+
+    def element(values: list[Any], index: int) -> Any:
+        if index == 0:
+            raise SparkArithmeticError(
+                "[INVALID_INDEX_OF_ZERO] The index 0 is invalid. An index shall be either < 0 "
+                "or > 0 (the first element has index 1). SQLSTATE: 22003"
+            )
+        if -len(values) <= index <= len(values):
+            return values[index - 1 if index > 0 else index]
+        if fail:
+            _invalid_index("INVALID_ARRAY_INDEX_IN_ELEMENT_AT", index, len(values))
+        return None
+
+    return _strict(element, args)
+
+
+def _size(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    legacy_null = -1 if meta else None
+    (a,) = args
+
+    def size(row: tuple[Any, ...]) -> Any:
+        v = a(row)
+        return legacy_null if v is None else len(v)
+
+    return size
+
+
+def _array_contains(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    key = _order_key if meta in _FRACTIONAL else (lambda v: v)
+
+    def contains(values: list[Any], value: Any) -> Any:
+        wanted = key(value)
+        saw_null = False
+        for v in values:
+            if v is None:
+                saw_null = True
+            elif key(v) == wanted:
+                return True
+        return None if saw_null else False
+
+    return _strict(contains, args)
+
+
+def _array_join(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    if len(args) == 2:
+        return _strict(lambda values, sep: sep.join(v for v in values if v is not None), args)
+    return _strict(
+        lambda values, sep, null: sep.join(null if v is None else v for v in values), args
+    )
+
+
+def _reverse(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    return _strict(lambda v: v[::-1], args)
+
+
+def _get_struct_field(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    ordinal = meta
+    return _strict(lambda s: s[ordinal], args)
+
+
+# -- math --------------------------------------------------------------------------------------
+def _round(dtype: str, meta: Any, args: list[Fn], arg_types: list[str], even: bool) -> Fn:
+    """Spark's round/bround: the value's decimal form (Java's ``BigDecimal.valueOf``, the
+    shortest repr of a double) rounded HALF_UP or HALF_EVEN at ``scale`` digits."""
+    from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Context, Decimal
+
+    scale, mode = meta
+    rounding = ROUND_HALF_EVEN if even else ROUND_HALF_UP
+    context = Context(prec=2000, Emax=999_999, Emin=-999_999, rounding=rounding)
+    quantum = Decimal((0, (1,), -scale))
+
+    if dtype == "double":
+
+        def round_double(x: float) -> float:
+            if math.isnan(x) or math.isinf(x):
+                return x
+            rounded = Decimal(repr(x)).quantize(quantum, context=context)
+            return float(rounded) + 0.0  # BigDecimal has no negative zero
+
+        return _strict(round_double, args)
+    if scale >= 0:
+        return args[0]
+
+    def round_integral(x: int) -> Any:
+        v = int(Decimal(x).quantize(quantum, context=context))
+        lo, hi = _INT_RANGES[dtype]
+        if lo <= v <= hi:
+            return v
+        if mode == "ANSI":
+            raise SparkArithmeticError(
+                '[ARITHMETIC_OVERFLOW] Overflow. If necessary set "spark.sql.ansi.enabled" to '
+                '"false" to bypass this error. SQLSTATE: 22003'
+            )
+        return (v - lo) % (hi - lo + 1) + lo
+
+    return _strict(round_integral, args)
+
+
+def _floor_ceil(dtype: str, meta: Any, args: list[Fn], arg_types: list[str], up: bool) -> Fn:
+    source, mode = meta
+    if source == "long":
+        return args[0]
+    lo, hi = _INT_RANGES["long"]
+
+    def to_long(x: float) -> int:
+        # Java's (long) cast of Math.floor/ceil: NaN is 0, the rest saturates.
+        if math.isnan(x):
+            return 0
+        if math.isinf(x) or not lo <= x <= hi:
+            if mode == "ANSI":
+                raise SparkArithmeticError(
+                    '[ARITHMETIC_OVERFLOW] overflow. If necessary set "spark.sql.ansi.enabled" '
+                    'to "false" to bypass this error. SQLSTATE: 22003'
+                )
+            return hi if x > 0 else lo
+        return min(max(math.ceil(x) if up else math.floor(x), lo), hi)
+
+    return _strict(to_long, args)
+
+
+def _extreme(dtype: str, meta: Any, args: list[Fn], arg_types: list[str], most: bool) -> Fn:
+    key = _order_key if dtype in _FRACTIONAL else (lambda v: v)
+
+    def f(row: tuple[Any, ...]) -> Any:
+        best = None
+        for a in args:
+            v = a(row)
+            if v is not None and (
+                best is None or (key(v) > key(best) if most else key(v) < key(best))
+            ):
+                best = v
+        return best
+
+    return f
+
+
+def _sqrt(x: float) -> float:
+    return math.nan if x < 0 else math.sqrt(x)
+
+
+# -- regular expressions -----------------------------------------------------------------------
+def _java_matches(rx: re.Pattern[str], s: str) -> Any:
+    """The matches Java's ``Matcher.find`` loop sees: after an empty match the next search
+    starts one character further (Python would try a longer match at the same place)."""
+    pos, n = 0, len(s)
+    while pos <= n:
+        m = rx.search(s, pos)
+        if m is None:
+            return
+        yield m
+        if m.end() == m.start():
+            if m.end() < n and ord(s[m.end()]) > 0xFFFF:
+                # Java searches again from the middle of the UTF-16 surrogate pair and
+                # splits the character (Spark then shows its halves as '?').
+                raise UnsupportedExpression(
+                    f"an empty match of the regular expression {rx.pattern!r} before the "
+                    f"character {s[m.end()]!r} (outside Unicode's Basic Multilingual Plane)",
+                    "Java's regular expressions would split the character in two UTF-16 "
+                    "halves, which lockgate does not reproduce.",
+                )
+            pos = m.end() + 1
+        else:
+            pos = m.end()
+
+
+def _rlike(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    rx = re.compile(meta, re.ASCII)
+    return _strict(lambda s: rx.search(s) is not None, args)
+
+
+def _regexp_extract(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    rx = re.compile(meta, re.ASCII)
+
+    def extract(s: str, index: int) -> str:
+        m = rx.search(s)
+        if m is None:
+            return ""
+        if not 0 <= index <= rx.groups:
+            raise SparkArithmeticError(
+                "[INVALID_PARAMETER_VALUE.REGEX_GROUP_INDEX] The value of parameter(s) `idx` "
+                f"in `regexp_extract` is invalid: Expects group index between 0 and "
+                f"{rx.groups}, but got {index}. SQLSTATE: 22023"
+            )
+        return m.group(index) or ""
+
+    return _strict(extract, args)
+
+
+def _regexp_replace(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    pattern, parts = meta
+    rx = re.compile(pattern, re.ASCII)
+
+    def replace(s: str) -> str:
+        out: list[str] = []
+        last = 0
+        for m in _java_matches(rx, s):
+            out.append(s[last : m.start()])
+            for part in parts:
+                out.append(part if isinstance(part, str) else (m.group(part) or ""))
+            last = m.end()
+        out.append(s[last:])
+        return "".join(out)
+
+    return _strict(replace, args)
+
+
+def _split(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    """Java's ``Pattern.split`` as Spark calls it (a limit of 0 is -1: trailing empty
+    strings stay), and Spark's own split of a non-empty string on an empty pattern."""
+    rx = re.compile(meta, re.ASCII)
+
+    def split(s: str, limit: int) -> list[str]:
+        if meta == "" and s and (limit <= 0 or limit >= len(s)):
+            return list(s)
+        parts: list[str] = []
+        index = 0
+        for m in _java_matches(rx, s):
+            if limit <= 0 or len(parts) < limit - 1:
+                if index == 0 and m.start() == 0 and m.end() == 0:
+                    continue  # no empty leading string for an empty match at the start
+                parts.append(s[index : m.start()])
+                index = m.end()
+            else:  # the last part: later matches change nothing
+                parts.append(s[index:])
+                index = m.end()
+                break
+        if index == 0:
+            return [s]
+        if limit <= 0 or len(parts) < limit:
+            parts.append(s[index:])
+        return parts
+
+    return _strict(split, args)
+
+
+# -- more strings ------------------------------------------------------------------------------
+def _pad(left: bool) -> Callable[..., Fn]:
+    def factory(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+        def pad(s: str, length: int, fill: str) -> str:
+            missing = length - len(s)
+            if missing <= 0 or not fill:
+                return s[: max(length, 0)]
+            padding = (fill * (missing // len(fill) + 1))[:missing]
+            return padding + s if left else s + padding
+
+        return _strict(pad, args)
+
+    return factory
+
+
+def _initcap(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    def initcap(s: str) -> str:
+        out = []
+        start = True
+        for c in s.lower():
+            out.append(c.title() if start else c)
+            start = c == " "
+        return "".join(out)
+
+    return _strict(initcap, args)
+
+
+def _locate(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    sub_fn, str_fn, start_fn = args
+
+    def locate(row: tuple[Any, ...]) -> Any:
+        start = start_fn(row)
+        if start is None:
+            return 0
+        sub = sub_fn(row)
+        if sub is None:
+            return None
+        s = str_fn(row)
+        if s is None:
+            return None
+        if start < 1:
+            return 0
+        if not sub:
+            return 1
+        return s.find(sub, start - 1) + 1
+
+    return locate
+
+
+def _sha2(data: bytes, bits: int) -> Any:
+    import hashlib
+
+    name = {0: "sha256", 224: "sha224", 256: "sha256", 384: "sha384", 512: "sha512"}.get(bits)
+    return None if name is None else hashlib.new(name, bytes(data)).hexdigest()
+
+
+def _digest(name: str) -> Callable[[bytes], str]:
+    import hashlib
+
+    return lambda data: hashlib.new(name, bytes(data)).hexdigest()
+
+
+def _hex(dtype: str, meta: Any, args: list[Fn], arg_types: list[str]) -> Fn:
+    source = arg_types[0]
+    if source == "long":
+        return _strict(lambda v: format(v & 0xFFFF_FFFF_FFFF_FFFF, "X"), args)
+    if source == "string":
+        return _strict(lambda v: v.encode("utf-8").hex().upper(), args)
+    if source == "binary":
+        return _strict(lambda v: bytes(v).hex().upper(), args)
+    raise UnsupportedExpression(f"hex of {source}")
+
+
+def _crc32(data: bytes) -> int:
+    import zlib
+
+    return zlib.crc32(bytes(data))
+
+
 def _binary(fn: Callable[..., Any]) -> Callable[..., Fn]:
     return lambda dtype, meta, args, arg_types: _strict(fn, args)
 
@@ -1119,4 +1908,35 @@ _FACTORIES: dict[str, Callable[..., Fn]] = {
     "DateDiff": _binary(lambda end, start: end - start),
     "PythonUDF": _udf,
     "GetMapValue": _binary(lambda m, k: m.get(k)),
+    "StringSplit": _split,
+    "GetArrayItem": _get_array_item,
+    "ElementAt": _element_at,
+    "Size": _size,
+    "ArrayContains": _array_contains,
+    "CreateArray": lambda d, m, a, t: lambda row: [f(row) for f in a],
+    "ArrayJoin": _array_join,
+    "Reverse": _reverse,
+    "CreateNamedStruct": lambda d, m, a, t: lambda row: tuple(f(row) for f in a),
+    "GetStructField": _get_struct_field,
+    "Round": lambda d, m, a, t: _round(d, m, a, t, even=False),
+    "BRound": lambda d, m, a, t: _round(d, m, a, t, even=True),
+    "Floor": lambda d, m, a, t: _floor_ceil(d, m, a, t, up=False),
+    "Ceil": lambda d, m, a, t: _floor_ceil(d, m, a, t, up=True),
+    "Greatest": lambda d, m, a, t: _extreme(d, m, a, t, most=True),
+    "Least": lambda d, m, a, t: _extreme(d, m, a, t, most=False),
+    "Sqrt": _binary(_sqrt),
+    "RLike": _rlike,
+    "RegExpExtract": _regexp_extract,
+    "RegExpReplace": _regexp_replace,
+    "StringLPad": _pad(left=True),
+    "StringRPad": _pad(left=False),
+    "StringRepeat": _binary(lambda s, n: s * n if n > 0 else ""),
+    "InitCap": _initcap,
+    "StringInstr": _binary(lambda s, sub: s.find(sub) + 1),
+    "StringLocate": _locate,
+    "Md5": _binary(_digest("md5")),
+    "Sha1": _binary(_digest("sha1")),
+    "Sha2": _binary(_sha2),
+    "Crc32": _binary(_crc32),
+    "Hex": _hex,
 }
