@@ -7,9 +7,11 @@ and central moments; covar_pop, corr -> Spark's co-moments; max_by -> the value 
 ordering, ...). The state task merges a batch's buffers into the state's per key
 (:func:`merge_buffers`, Spark's own merge expressions with the state on the left), and
 Spark SQL turns the merged buffers into the result (:func:`final_column`, Spark's
-evaluate expressions). Functions whose state is the values themselves
-(approx_count_distinct, collect_set, median, percentile, mode, listagg) get their result
-from Spark's own function over them after the state task (:func:`finish_after_state`).
+evaluate expressions). Functions whose state is the values themselves (collect_set,
+median, percentile, mode, listagg) get their result from Spark's own function over them
+after the state task (:func:`finish_after_state`); approx_count_distinct keeps Spark's
+HyperLogLog++ registers (:mod:`lockgate.plan.hyperloglog`) and gets Spark's estimate
+from them there.
 The regression functions' buffers, count_min_sketch's merge and the replay of mode and
 listagg are in :mod:`lockgate.plan.aggregate_folds`; functions whose result depends on
 the order Spark merges its buffers in (percentile_approx, histogram_numeric, the
@@ -38,6 +40,7 @@ from lockgate.plan.aggregate_folds import (
     replay_inputs,
     replayed_call,
 )
+from lockgate.plan.hyperloglog import estimate_column, merge_registers
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -193,9 +196,9 @@ class AggSpec:
     """Spark expressions computing this function's buffers over one batch."""
     merges: tuple[str, ...]
     """How each buffer merges with the state's: sum, count, min, max, first, last,
-    concat, union, max_by/min_by (value and ordering merged together), moments,
-    moments3, moments4, covariance, corr (Spark's buffers of n, means and co-moments,
-    merged together)."""
+    concat, union, registers (approx_count_distinct's HyperLogLog++ registers),
+    max_by/min_by (value and ordering merged together), moments, moments3, moments4,
+    covariance, corr (Spark's buffers of n, means and co-moments, merged together)."""
     ignore_nulls: bool = False
     relative_sd: float | None = None
     """approx_count_distinct's maximum relative standard deviation."""
@@ -217,6 +220,9 @@ class AggSpec:
     call: Column | None = None
     """mode, listagg: the call itself, run again after the state step over the inputs
     the state keeps (:func:`~lockgate.plan.aggregate_folds.replayed_call`)."""
+    registers: int | None = None
+    """approx_count_distinct: the ``p`` of the HyperLogLog++ registers its state keeps
+    (:mod:`lockgate.plan.hyperloglog`); None where it keeps the distinct values."""
 
 
 def function_parts(spark: SparkSession, col: Column) -> tuple[str, list[Any], bool]:
@@ -352,7 +358,7 @@ def decompose(spark: SparkSession, col: Column, input_frame: DataFrame | None = 
         return AggSpec(name, (col,), ("count_min_sketch",))
     arg = as_column(spark, args[0])
     if name == "approx_count_distinct":
-        return _approx_count_distinct(arg, args)
+        return _approx_count_distinct(arg, args, input_frame)
     if name in ("median", "percentile"):
         return _percentile(spark, name, arg, args)
     if name == "sum":
@@ -584,11 +590,19 @@ def _percentile(spark: SparkSession, name: str, arg: Column, args: list[Any]) ->
     )
 
 
-def _approx_count_distinct(arg: Column, args: list[Any]) -> AggSpec:
-    """HyperLogLog++ answers depend only on the set of distinct values seen, so the state
-    keeps that set (merged by union) and the result is Spark's own approx_count_distinct
-    over it (:func:`finish_after_state`): exactly native Spark's estimate. The state
-    grows with the distinct values of a group, not with Spark's 2^p registers."""
+def _approx_count_distinct(arg: Column, args: list[Any], input_frame: DataFrame | None) -> AggSpec:
+    """The state keeps Spark's HyperLogLog++ registers (:mod:`lockgate.plan.hyperloglog`),
+    at most ``2^p`` per group, and the result is Spark's estimate from them.
+
+    Where lockgate cannot compute the registers as Spark does (an argument of unknown
+    type, a string with a collation, ``p`` outside 4..24), the state keeps the group's
+    distinct values instead (merged by union; the state grows with them), and the result
+    is Spark's own approx_count_distinct over them (:func:`finish_after_state`): Spark's
+    estimate too, since it depends only on the set of values."""
+    from pyspark.sql.types import DoubleType, FloatType
+
+    from lockgate.plan import hyperloglog
+
     rsd = 0.05
     if len(args) > 1:
         text = str(args[1].toString()).strip().rstrip("BDLbdl")
@@ -599,7 +613,22 @@ def _approx_count_distinct(arg: Column, args: list[Any]) -> AggSpec:
                 f"approx_count_distinct's relative standard deviation must be a number, "
                 f"got {text!r}."
             ) from exc
-    return AggSpec("approx_count_distinct", (F.collect_set(arg),), ("union",), relative_sd=rsd)
+    data_type = _input_type(arg, input_frame)
+    bits = hyperloglog.precision(rsd) if rsd > 0 else 0
+    if (
+        data_type is None
+        or "collate" in data_type.simpleString().lower()
+        or not 4 <= bits <= hyperloglog.MAX_BITS
+    ):
+        return AggSpec("approx_count_distinct", (F.collect_set(arg),), ("union",), relative_sd=rsd)
+    floating = isinstance(data_type, (DoubleType, FloatType))
+    return AggSpec(
+        "approx_count_distinct",
+        (hyperloglog.registers_partial(arg, bits, floating),),
+        ("registers",),
+        relative_sd=rsd,
+        registers=bits,
+    )
 
 
 def finished_after_state(specs: tuple[AggSpec, ...]) -> bool:
@@ -628,9 +657,9 @@ def _finish(spec: AggSpec, values: Column) -> Column:
 def finish_after_state(
     df: DataFrame, key_columns: list[str], buffer_columns: list[str], specs: tuple[AggSpec, ...]
 ) -> DataFrame:
-    """Replace each buffer of values (approx_count_distinct's and collect_set's distinct
-    values, median's and percentile's values) in the state task's output by Spark's own
-    function over it.
+    """Replace each buffer of values (collect_set's distinct values, median's and
+    percentile's values) in the state task's output by Spark's own function over it,
+    and each approx_count_distinct's registers by Spark's estimate from them.
 
     One row per group comes out of the state task. The buffers are zipped into one array
     (``arrays_zip`` pads the shorter ones with nulls, which every one of these functions
@@ -646,6 +675,14 @@ def finish_after_state(
         position += len(spec.partials)
         if spec.kind in _FINISHED_AFTER_STATE:
             targets.append((spec, names[0]))
+    estimates = {
+        name: estimate_column(df.sparkSession, F.col(f"`{name}`"), spec.registers)
+        for spec, name in targets
+        if spec.registers is not None
+    }
+    if estimates:  # approx_count_distinct's registers: Spark's estimate from them
+        df = df.withColumns(estimates)
+        targets = [(spec, name) for spec, name in targets if spec.registers is None]
     if not targets:
         return df
     names = [name for _, name in targets]
@@ -874,6 +911,8 @@ def merge_buffers(merges: tuple[str, ...], state: list[Any], batch: list[Any]) -
             out[i] = list(a or []) + list(b or [])
         elif kind == "union":
             out[i] = list(dict.fromkeys([*(a or []), *(b or [])]))
+        elif kind == "registers":
+            out[i] = merge_registers(a, b)
         elif kind in ("first", "last"):
             state_set, batch_set = bool(state[i + 1]), bool(batch[i + 1])
             take_batch = (kind == "first" and not state_set) or (kind == "last" and batch_set)
@@ -969,6 +1008,8 @@ def buffer_roles(spec: AggSpec) -> tuple[str, ...]:
     """What each of the function's buffers holds, naming its state column."""
     if spec.kind == "try_sum":
         return ("sum", "isEmpty")[: len(spec.partials)]
+    if spec.registers is not None:
+        return ("registers",)
     return _BUFFER_ROLES.get(spec.kind, ("n", "mean", "m2"))
 
 
@@ -991,8 +1032,8 @@ def sparks_buffer_names(spec: AggSpec) -> tuple[str, ...]:
     """The names Spark gives the function's buffers (its ``aggBufferAttributes``), which
     its state reader shows as the value's fields; one per lockgate buffer. Where
     lockgate's buffers are not Spark's in kind (collect_list's and percentile's values
-    where Spark keeps one binary ``buf``, approx_count_distinct's values where Spark
-    keeps HyperLogLog++ words ``MS[i]``), lockgate's own role names."""
+    where Spark keeps one binary ``buf``, approx_count_distinct's registers as a map
+    where Spark packs them in words ``MS[i]``), lockgate's own role names."""
     names = _SPARK_BUFFER_NAMES.get(spec.kind)
     if names is not None:
         return names

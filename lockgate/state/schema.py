@@ -178,8 +178,13 @@ def read_schema_file(fs: CheckpointFileSystem, path: str, operator_id: int) -> d
 def _same_names_hint(old: pa.Schema, new: pa.Schema) -> str:
     """Where only the types of same-named fields differ, the likely cause besides a
     changed query: an earlier lockgate kept those buffers in other types (avg of a short
-    decimal, for one, is now kept as Spark's optimizer computes it, as a double)."""
-    if old.names != new.names:
+    decimal, for one, is now kept as Spark's optimizer computes it, as a double; and
+    approx_count_distinct's distinct values are now its HyperLogLog++ registers)."""
+    renamed = [
+        n.removesuffix("_distinctValues") + "_registers" if n.endswith("_distinctValues") else n
+        for n in old.names
+    ]
+    if old.names != new.names and renamed != new.names:
         return ""
     return (
         " The fields are the same, with other types: if the query did not change, an "

@@ -7,6 +7,7 @@ estimate: lockgate must give the same numbers in every one of them.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -66,3 +67,160 @@ def test_approx_count_distinct_over_session_windows_is_refused(ls, tmp_path):
     df = ls.readStream.schema(SCHEMA).json(str(tmp_path)).withWatermark("ts", "10 seconds")
     with pytest.raises(lockgate.NotSupportedYetError, match="approx_count_distinct over session"):
         df.groupBy(F.session_window("ts", "5 seconds"), "k").agg(F.approx_count_distinct("v"))
+
+
+TYPED_SCHEMA = (
+    "k STRING, d DOUBLE, f FLOAT, s STRING, l LONG, dec DECIMAL(12,3), b BOOLEAN, dt DATE, "
+    "arr ARRAY<INT>, st STRUCT<x: INT, y: STRING>"
+)
+
+
+def _typed_rows(step: int, n: int) -> list[dict[str, Any]]:
+    """Rows whose values repeat within and across steps; doubles with -0.0, 0.0 and NaN
+    (Spark hashes -0.0 as 0.0 and every NaN alike), floats, nulls in every column."""
+    rows = []
+    for j in range(n):
+        i = step * n // 2 + j  # half of each step's values were seen in the step before
+        rows.append(
+            {
+                "k": "ab"[j % 2],
+                "d": [-0.0, 0.0, float("nan"), i * 0.5][j % 4] if j % 5 else None,
+                "f": float(i % 977) / 8,
+                "s": f"s{i % 1500}é" if j % 7 else None,
+                "l": i * 7919 - 10**12,
+                "dec": f"{i % 2003}.125",
+                "b": j % 3 == 0,
+                "dt": f"20{10 + i % 20}-0{1 + i % 9}-1{i % 10}",
+                "arr": [i % 13, i % 17],
+                "st": {"x": i % 401, "y": f"y{i % 3}"},
+            }
+        )
+    return rows
+
+
+def test_approx_count_distinct_of_every_type_matches_native(bench, tmp_path):
+    """The registers (Spark's hash of each value, normalised as Spark's HyperLogLog++
+    normalises it) give Spark's estimate for every input type, batch after batch."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+    columns = ["d", "f", "s", "l", "dec", "b", "dt", "arr", "st"]
+
+    def build(reader: Any) -> Any:
+        df = reader.schema(TYPED_SCHEMA).json(str(inp))
+        return df.groupBy("k").agg(
+            *[F.approx_count_distinct(c).alias(c) for c in columns],
+            F.approx_count_distinct("l", 0.01).alias("l_precise"),
+            F.approx_count_distinct("s", 0.3).alias("s_coarse"),
+        )
+
+    bench.add("typed", build, "update")
+    bench.start()
+    for step, n in enumerate([40, 900, 3000]):
+        bench.step(f"step {step}", {inp: _typed_rows(step, n)})
+
+
+def test_the_state_keeps_registers_not_values(ls, tmp_path):
+    """A group that saw 6,000 distinct values keeps at most 2^p registers (512 for
+    Spark's default relative standard deviation), as a map from register to value."""
+    inp, checkpoint = tmp_path / "in", tmp_path / "ck"
+    inp.mkdir()
+    q = (
+        ls.readStream.schema(TYPED_SCHEMA)
+        .json(str(inp))
+        .groupBy("k")
+        .agg(F.approx_count_distinct("l").alias("n"))
+        .writeStream.format("memory")
+        .queryName("acd_registers")
+        .outputMode("update")
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    try:
+        for step in range(2):
+            (inp / f"{step}.json").write_text(
+                "\n".join(json.dumps(r) for r in _typed_rows(step * 2, 6000))
+            )
+            q.processAllAvailable()
+    finally:
+        q.stop()
+    state = ls.read.format("statestore").load(str(checkpoint)).collect()
+    assert sorted(r["key"]["k"] for r in state) == ["a", "b"]
+    for row in state:
+        registers = row["value"]["registers"]
+        assert isinstance(registers, dict)
+        assert 400 < len(registers) <= 512
+        assert all(0 <= i < 512 and 1 <= v <= 56 for i, v in registers.items())
+
+
+def test_a_checkpoint_that_kept_distinct_values_is_refused_with_the_cause(
+    ls, tmp_path, monkeypatch
+):
+    """State written by an earlier lockgate, which kept a group's distinct values, is
+    refused on restart with Spark's schema error and what to do, never read as
+    registers."""
+    import lockgate
+    from lockgate.plan import hyperloglog
+
+    inp, checkpoint = tmp_path / "in", tmp_path / "ck"
+    inp.mkdir()
+
+    def start() -> Any:
+        return (
+            ls.readStream.schema(TYPED_SCHEMA)
+            .json(str(inp))
+            .groupBy("k")
+            .agg(F.approx_count_distinct("l").alias("n"))
+            .writeStream.format("noop")
+            .outputMode("update")
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+
+    (inp / "0.json").write_text("\n".join(json.dumps(r) for r in _typed_rows(0, 20)))
+    with monkeypatch.context() as patched:
+        patched.setattr(hyperloglog, "MAX_BITS", 0)  # the distinct values, as before
+        q = start()
+        q.processAllAvailable()
+        q.stop()
+    q = start()
+    (inp / "1.json").write_text("\n".join(json.dumps(r) for r in _typed_rows(1, 20)))
+    try:
+        with pytest.raises((lockgate.CheckpointError, lockgate.StreamingQueryException)) as refused:
+            q.processAllAvailable()
+    finally:
+        q.stop()
+    message = str(refused.value)
+    assert "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE" in message, message
+    assert "earlier lockgate version wrote this state" in message, message
+
+
+@pytest.mark.parametrize("rsd", [0.05, 0.3, 0.02])
+def test_estimates_of_many_groups_are_sparks(spark, rsd):
+    """The estimate of each group's registers, many groups of sizes from a few hundred
+    to ten thousand values in one Arrow array (sliced, as Spark may hand a UDF one),
+    equals Spark's approx_count_distinct of the group's values."""
+    import pyarrow as pa
+
+    from lockgate.plan import hyperloglog
+
+    bits = hyperloglog.precision(rsd)
+    df = (
+        spark.range(400000)
+        .select((F.col("id") * 7919 % 1000003).alias("x"), (F.col("id") % 37).alias("g"))
+        .where(F.col("id") < (F.col("g") + 1) * (F.col("g") + 1) * 290)
+    )
+    rows = (
+        df.groupBy("g")
+        .agg(
+            F.approx_count_distinct("x", rsd).alias("spark"),
+            hyperloglog.registers_partial(F.col("x"), bits, False).alias("registers"),
+        )
+        .orderBy("g")
+        .collect()
+    )
+    registers = pa.array(
+        [[(0, 0)]] + [list(r["registers"].items()) for r in rows],
+        type=pa.map_(pa.int32(), pa.int8()),
+    ).slice(1)
+    got = hyperloglog.estimates(registers, bits, hyperloglog.tables(spark, bits)).to_pylist()
+    assert got == [r["spark"] for r in rows]
