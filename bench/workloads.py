@@ -46,6 +46,8 @@ class Sizes:
     rows_8: int = 100_000
     keys_8: int = 50_000
     rows_9: int = 100_000
+    rows_10: int = 100_000
+    keys_10: int = 10
 
 
 FULL = Sizes()
@@ -66,6 +68,8 @@ SMOKE = Sizes(
     rows_8=1_000,
     keys_8=500,
     rows_9=1_000,
+    rows_10=1_000,
+    keys_10=10,
 )
 
 
@@ -237,6 +241,17 @@ def json_files(readers: Any, ctx: Context) -> Any:
     )
 
 
+# -- 10: distinct values per window ---------------------------------------------------------
+def distinct_per_window(readers: Any, ctx: Context) -> Any:
+    # Every value is new, and every batch falls in the same 1-hour window (one second of
+    # event time per batch), so each group's distinct values grow batch after batch:
+    # Spark's state is its HyperLogLog++ registers, fixed in size.
+    df = rate(readers, ctx.rows_per_batch)
+    return df.groupBy(F.window("timestamp", "1 hour"), (F.col("value") % ctx.sizes.keys_10).alias("k")).agg(
+        F.approx_count_distinct("value").alias("distinct")
+    )
+
+
 WORKLOADS: dict[str, Workload] = {
     w.key: w
     for w in [
@@ -318,6 +333,15 @@ WORKLOADS: dict[str, Workload] = {
             "withWatermark(2 s).dropDuplicates([value, timestamp]), append; every key new, evicted 2 batches later",
             dedup_new_keys,
             lambda s: s.rows_9,
+        ),
+        Workload(
+            "10",
+            "approx_count_distinct per window, update",
+            "groupBy(window(timestamp, 1 h), value % 10).agg(approx_count_distinct(value)), update mode; "
+            "every value new, one window for the whole run",
+            distinct_per_window,
+            lambda s: s.rows_10,
+            output_mode="update",
         ),
     ]
 }
