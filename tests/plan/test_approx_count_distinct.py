@@ -113,7 +113,12 @@ def test_approx_count_distinct_of_every_type_matches_native(bench, tmp_path):
             F.approx_count_distinct("s", 0.3).alias("s_coarse"),
         )
 
+    def build_global(reader: Any) -> Any:  # no keys: one group, no row before input
+        df = reader.schema(TYPED_SCHEMA).json(str(inp))
+        return df.agg(F.approx_count_distinct("s").alias("s"), F.count("*").alias("n"))
+
     bench.add("typed", build, "update")
+    bench.add("global", build_global, "complete")
     bench.start()
     for step, n in enumerate([40, 900, 3000]):
         bench.step(f"step {step}", {inp: _typed_rows(step, n)})
