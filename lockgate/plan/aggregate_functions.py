@@ -599,8 +599,6 @@ def _approx_count_distinct(arg: Column, args: list[Any], input_frame: DataFrame 
     distinct values instead (merged by union; the state grows with them), and the result
     is Spark's own approx_count_distinct over them (:func:`finish_after_state`): Spark's
     estimate too, since it depends only on the set of values."""
-    from pyspark.sql.types import DoubleType, FloatType
-
     from lockgate.plan import hyperloglog
 
     rsd = 0.05
@@ -621,10 +619,9 @@ def _approx_count_distinct(arg: Column, args: list[Any], input_frame: DataFrame 
         or not 4 <= bits <= hyperloglog.MAX_BITS
     ):
         return AggSpec("approx_count_distinct", (F.collect_set(arg),), ("union",), relative_sd=rsd)
-    floating = isinstance(data_type, (DoubleType, FloatType))
     return AggSpec(
         "approx_count_distinct",
-        (hyperloglog.registers_partial(arg, bits, floating),),
+        (hyperloglog.registers_partial(arg, bits),),
         ("registers",),
         relative_sd=rsd,
         registers=bits,

@@ -6,8 +6,8 @@ A value sets register ``idx`` (the first ``p`` bits of its 64-bit hash) to at le
 by taking each register's maximum: so the registers, and the estimate Spark computes
 from them, depend only on the set of values seen, whatever the batches and their
 order. lockgate computes each value's ``(idx, pw)`` in Spark with Spark's own hash
-(``xxhash64``, seed 42, floats normalised as ``HyperLogLogPlusPlusHelper.update``
-normalises them), keeps per group the registers that are not zero as a
+(``xxhash64``, seed 42; it hashes ``-0.0`` as ``0.0`` and every NaN alike, as
+``HyperLogLogPlusPlusHelper.update`` normalises floats before hashing), keeps per group the registers that are not zero as a
 ``map<int, tinyint>`` (at most ``2^p`` entries, however many values a group sees), and
 turns them into Spark's estimate after the state step (:func:`estimates`, an Arrow
 UDF over the groups the batch emits). The bias-correction tables are read from Spark's JVM
@@ -42,14 +42,13 @@ def precision(relative_sd: float) -> int:
     return math.ceil(2.0 * math.log(1.106 / relative_sd) / math.log(2.0))
 
 
-def registers_partial(arg: Column, bits: int, floating: bool) -> Column:
+def registers_partial(arg: Column, bits: int) -> Column:
     """The aggregate expression of one batch's registers of a group: ``map<int,
     tinyint>`` from register index to its value, registers at zero left out; an empty
     map for a group of nulls only."""
     from pyspark.sql import functions as F
 
-    value = F.when(arg == 0, F.abs(arg)).otherwise(arg) if floating else arg  # -0.0 as 0.0
-    hashed = F.xxhash64(value)
+    hashed = F.xxhash64(arg)
     index = F.shiftrightunsigned(hashed, 64 - bits)
     rest = F.shiftleft(hashed, bits).bitwiseOR(F.lit(1 << (bits - 1)))
     # Java's numberOfLeadingZeros(rest) + 1: rest is never 0, and bin() of a long has
