@@ -8,6 +8,7 @@ estimate: lockgate must give the same numbers in every one of them.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,8 +77,8 @@ TYPED_SCHEMA = (
 
 
 def _typed_rows(step: int, n: int) -> list[dict[str, Any]]:
-    """Rows whose values repeat within and across steps; doubles with -0.0, 0.0 and NaN
-    (Spark hashes -0.0 as 0.0 and every NaN alike), floats, nulls in every column."""
+    """Rows whose values repeat within and across steps; doubles and floats with -0.0,
+    0.0 and NaN (Spark hashes -0.0 as 0.0 and every NaN alike), nulls."""
     rows = []
     for j in range(n):
         i = step * n // 2 + j  # half of each step's values were seen in the step before
@@ -85,7 +86,7 @@ def _typed_rows(step: int, n: int) -> list[dict[str, Any]]:
             {
                 "k": "ab"[j % 2],
                 "d": [-0.0, 0.0, float("nan"), i * 0.5][j % 4] if j % 5 else None,
-                "f": float(i % 977) / 8,
+                "f": [-0.0, 0.0, float("nan"), float(i % 977) / 8][(j + 1) % 4],
                 "s": f"s{i % 1500}é" if j % 7 else None,
                 "l": i * 7919 - 10**12,
                 "dec": f"{i % 2003}.125",
@@ -124,27 +125,33 @@ def test_approx_count_distinct_of_every_type_matches_native(bench, tmp_path):
         bench.step(f"step {step}", {inp: _typed_rows(step, n)})
 
 
+def _write(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+
+
+def _distinct_count(ls: Any, inp: Path, checkpoint: Path) -> Any:
+    """``approx_count_distinct("l")`` per ``k`` over the JSON files of ``inp``, started."""
+    return (
+        ls.readStream.schema(TYPED_SCHEMA)
+        .json(str(inp))
+        .groupBy("k")
+        .agg(F.approx_count_distinct("l").alias("n"))
+        .writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+
+
 def test_the_state_keeps_registers_not_values(ls, tmp_path):
     """A group that saw 6,000 distinct values keeps at most 2^p registers (512 for
     Spark's default relative standard deviation), as a map from register to value."""
     inp, checkpoint = tmp_path / "in", tmp_path / "ck"
     inp.mkdir()
-    q = (
-        ls.readStream.schema(TYPED_SCHEMA)
-        .json(str(inp))
-        .groupBy("k")
-        .agg(F.approx_count_distinct("l").alias("n"))
-        .writeStream.format("memory")
-        .queryName("acd_registers")
-        .outputMode("update")
-        .option("checkpointLocation", str(checkpoint))
-        .start()
-    )
+    q = _distinct_count(ls, inp, checkpoint)
     try:
         for step in range(2):
-            (inp / f"{step}.json").write_text(
-                "\n".join(json.dumps(r) for r in _typed_rows(step * 2, 6000))
-            )
+            _write(inp / f"{step}.json", _typed_rows(step * 2, 6000))
             q.processAllAvailable()
     finally:
         q.stop()
@@ -168,27 +175,14 @@ def test_a_checkpoint_that_kept_distinct_values_is_refused_with_the_cause(
 
     inp, checkpoint = tmp_path / "in", tmp_path / "ck"
     inp.mkdir()
-
-    def start() -> Any:
-        return (
-            ls.readStream.schema(TYPED_SCHEMA)
-            .json(str(inp))
-            .groupBy("k")
-            .agg(F.approx_count_distinct("l").alias("n"))
-            .writeStream.format("noop")
-            .outputMode("update")
-            .option("checkpointLocation", str(checkpoint))
-            .start()
-        )
-
-    (inp / "0.json").write_text("\n".join(json.dumps(r) for r in _typed_rows(0, 20)))
+    _write(inp / "0.json", _typed_rows(0, 20))
     with monkeypatch.context() as patched:
         patched.setattr(hyperloglog, "MAX_BITS", 0)  # the distinct values, as before
-        q = start()
+        q = _distinct_count(ls, inp, checkpoint)
         q.processAllAvailable()
         q.stop()
-    q = start()
-    (inp / "1.json").write_text("\n".join(json.dumps(r) for r in _typed_rows(1, 20)))
+    q = _distinct_count(ls, inp, checkpoint)
+    _write(inp / "1.json", _typed_rows(1, 20))
     try:
         with pytest.raises((lockgate.CheckpointError, lockgate.StreamingQueryException)) as refused:
             q.processAllAvailable()
@@ -218,7 +212,7 @@ def test_estimates_of_many_groups_are_sparks(spark, rsd):
         df.groupBy("g")
         .agg(
             F.approx_count_distinct("x", rsd).alias("spark"),
-            hyperloglog.registers_partial(F.col("x"), bits, False).alias("registers"),
+            hyperloglog.registers_partial(F.col("x"), bits).alias("registers"),
         )
         .orderBy("g")
         .collect()
