@@ -21,8 +21,11 @@ whole partition but is written only every ``snapshotInterval`` versions.
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
+import itertools
 import logging
+import operator
 import queue
 import threading
 import time
@@ -81,6 +84,23 @@ def _out_of_cyclic_gc() -> None:
     cyclic garbage of the task is not frozen with them."""
     gc.collect(1)
     gc.freeze()
+
+
+@contextlib.contextmanager
+def _without_cyclic_gc() -> Iterator[None]:
+    """Hold the cyclic garbage collector off while a state step makes rows by the
+    hundred thousand (a tuple per key and per value): each allocation past a threshold
+    would start a collection that visits every young object, and a full one every
+    object not frozen. The rows form no cycles; :func:`_out_of_cyclic_gc` collects and
+    freezes at commit."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class StateStoreError(LockgateError, RuntimeError):
@@ -660,7 +680,8 @@ class StateStore:
         state = None
         if cached is not None:
             cached_version, cached_map, cached_aux = cached
-            state = self._catch_up(cached_version, cached_map, version, cached_aux)
+            with _without_cyclic_gc():
+                state = self._catch_up(cached_version, cached_map, version, cached_aux)
             if state is not None:
                 self.aux = cached_aux if cached_version == version or hasattr(cached_aux, "catch_up") else None
         if state is not None:
@@ -735,7 +756,14 @@ class StateStore:
                 continue
             self.metrics.files_replayed += len(tables)
             state: dict[Key, Value] = {}
-            if tables:
+            if tables and base > first and self._key_names:
+                # the snapshot has one row per key: load it as it is, and group only the
+                # deltas after it (a few batches' changes beside a whole state)
+                with _without_cyclic_gc():
+                    self._apply(state, tables[0])
+                    if len(tables) > 1:
+                        self._apply_changes(state, pa.concat_tables(tables[1:]))
+            elif tables:
                 self._apply(state, _latest_per_key(pa.concat_tables(tables), self._key_names))
             if corrupt:
                 self._repair(corrupt, base, tables)
@@ -789,7 +817,12 @@ class StateStore:
             # from the files, which fails with the file to blame when nothing can.
             return None
         self.metrics.files_replayed += len(tables)
-        changes = pa.concat_tables(tables)
+        self._apply_changes(state, pa.concat_tables(tables), aux)
+        return state
+
+    def _apply_changes(self, state: dict[Key, Value], changes: pa.Table, aux: Any = None) -> None:
+        """Apply delta rows (upserts and removals, in order) to a map of at least one key
+        column, and to the operator's index when it can follow them."""
         latest = _latest_per_key_with_ops(changes, self._key_names)
         removed_table = latest.filter(pa.compute.equal(latest.column(_OP_COLUMN), _OP_REMOVE))
         removed = list(zip(*_rows(removed_table, self._key_names, self._micros)))
@@ -799,11 +832,11 @@ class StateStore:
         if hasattr(aux, "catch_up"):
             aux.catch_up(upserts, removed, [state.get(key) for key, _ in upserts])
         state.update(upserts)
-        return state
 
     def _apply(self, state: dict[Key, Value], table: pa.Table) -> None:
         """Load the live (upserted) rows of a table with one row per key."""
-        state.update(self._items(table))
+        with _without_cyclic_gc():
+            state.update(self._items(table))
 
     def _items(self, table: pa.Table) -> list[tuple[Key, Value]]:
         """``(key, value)`` of each row of a table with one row per key; values stay
@@ -856,15 +889,17 @@ class StateStore:
     def remove_many(self, keys: Iterable[Key]) -> int:
         """:meth:`remove` of each of ``keys``; how many the state held. The upserts'
         tables of :meth:`put_columns` stay good unless a key put in this version goes."""
-        state, updated, removed = self.map, self.updated, self.removed
-        count = 0
-        for key in keys:
-            if state.pop(key, None) is not None or key in updated:
+        keys = keys if isinstance(keys, list) else list(keys)
+        state, updated = self.map, self.updated
+        # the map's pops in one C loop: eviction removes tens of thousands of keys a batch
+        popped = list(map(state.pop, keys, itertools.repeat(None)))
+        held = keys if popped.count(None) == 0 else [k for k, v in zip(keys, popped) if v is not None or k in updated]
+        if updated and not updated.keys().isdisjoint(held):
+            for key in held:
                 if updated.pop(key, _ABSENT) is not _ABSENT:
                     self._updated_table = None
-                removed.add(key)
-                count += 1
-        return count
+        self.removed.update(held)
+        return len(held)
 
     def items(self) -> Iterator[tuple[Key, Value]]:
         return iter(list(self.map.items()))
@@ -893,15 +928,20 @@ class StateStore:
         gone = list(removed)
         n_keys, n_values = len(self._key_names), len(self._value_names)
         keys = [k for k, _ in pairs] + gone
-        values = [v for _, v in pairs] + [(None,) * n_values] * len(gone)
-        key_columns = [list(c) for c in zip(*keys)][:n_keys] if keys else [[] for _ in range(n_keys)]
-        value_columns = (
-            [list(c) for c in zip(*values)][:n_values] if values and n_values else [[] for _ in range(n_values)]
-        )
-        if len(key_columns) != n_keys or len(value_columns) != n_values:
+        values = [v for _, v in pairs]
+        # column i of every row with one C loop per column (``zip(*rows)`` over tens of
+        # thousands of rows costs an iterator per row)
+        if any(n < n_keys for n in set(map(len, keys))) or (
+            n_values and any(n < n_values for n in set(map(len, values)))
+        ):
             raise ValueError(f"state rows of {self.where} do not match the state schema")
         fields = list(self.conf.key_schema) + list(self.conf.value_schema)
-        arrays = [arrow_array(column, f.type) for column, f in zip(key_columns + value_columns, fields)]
+        arrays = [arrow_array(list(map(operator.itemgetter(i), keys)), f.type) for i, f in enumerate(fields[:n_keys])]
+        for i, f in enumerate(fields[n_keys:]):
+            column = arrow_array(list(map(operator.itemgetter(i), values)), f.type)
+            if gone:  # removals have no values
+                column = pa.concat_arrays([column, pa.nulls(len(gone), f.type)])
+            arrays.append(column)
         if with_ops:
             fields.append(pa.field(_OP_COLUMN, pa.int8()))
             arrays.append(pa.array([_OP_UPSERT] * len(pairs) + [_OP_REMOVE] * len(gone), type=pa.int8()))
