@@ -36,6 +36,7 @@ from lockgate.errors import ArithmeticOverflowError
 from lockgate.plan.aggregate_functions import (
     AggSpec,
     buffer_merger,
+    buffer_starter,
     buffer_roles,
     final_column,
     finish_after_state,
@@ -278,6 +279,7 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
     et = task.event_time_flat_index
     dropped = 0
     merge = buffer_merger(task.merges)
+    start = buffer_starter(task.merges)
     get, put = store.map.get, store.put
     t_update = time.perf_counter()
     merged = None
@@ -305,7 +307,7 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
             pairs = on_time
         for key, value in pairs:
             previous = get(key)
-            put(key, list(value) if previous is None else merge(previous, value))
+            put(key, start(value) if previous is None else merge(previous, value))
     updated = len(store.updated)  # the keys this batch changed, before any is evicted
     update_ms = (time.perf_counter() - t_update) * 1000
     t_remove = time.perf_counter()

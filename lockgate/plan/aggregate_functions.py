@@ -40,7 +40,7 @@ from lockgate.plan.aggregate_folds import (
     replay_inputs,
     replayed_call,
 )
-from lockgate.plan.hyperloglog import estimate_column, merge_registers
+from lockgate.plan.hyperloglog import estimate_column, merge_registers, registers
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -954,6 +954,22 @@ def _merge_sums(state: list[Any], batch: Any) -> list[Any]:
     return [b if a is None else (a if b is None else a + b) for a, b in zip(state, batch)]
 
 
+def buffer_starter(merges: tuple[str, ...]) -> Any:
+    """``start(batch) -> buffers`` for a key new to the state: the batch's buffers as
+    they are, but approx_count_distinct's codes reduced to registers (the state's form)."""
+    positions = [i for i, m in enumerate(merges) if m == "registers"]
+    if not positions:
+        return list
+
+    def start(batch: Any) -> list[Any]:
+        out = list(batch)
+        for i in positions:
+            out[i] = registers(out[i])
+        return out
+
+    return start
+
+
 def buffer_merger(merges: tuple[str, ...]) -> Any:
     """``merge(state, batch) -> merged`` for one key's buffers: :func:`merge_buffers`,
     or a faster equivalent when every buffer is a sum or a count (count, sum, avg)."""
@@ -1029,7 +1045,7 @@ def sparks_buffer_names(spec: AggSpec) -> tuple[str, ...]:
     """The names Spark gives the function's buffers (its ``aggBufferAttributes``), which
     its state reader shows as the value's fields; one per lockgate buffer. Where
     lockgate's buffers are not Spark's in kind (collect_list's and percentile's values
-    where Spark keeps one binary ``buf``, approx_count_distinct's registers as a map
+    where Spark keeps one binary ``buf``, approx_count_distinct's registers as codes
     where Spark packs them in words ``MS[i]``), lockgate's own role names."""
     names = _SPARK_BUFFER_NAMES.get(spec.kind)
     if names is not None:

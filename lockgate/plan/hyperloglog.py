@@ -7,11 +7,15 @@ by taking each register's maximum: so the registers, and the estimate Spark comp
 from them, depend only on the set of values seen, whatever the batches and their
 order. lockgate computes each value's ``(idx, pw)`` in Spark with Spark's own hash
 (``xxhash64``, seed 42; it hashes ``-0.0`` as ``0.0`` and every NaN alike, as
-``HyperLogLogPlusPlusHelper.update`` normalises floats before hashing), keeps per group the registers that are not zero as a
-``map<int, tinyint>`` (at most ``2^p`` entries, however many values a group sees), and
-turns them into Spark's estimate after the state step (:func:`estimates`, an Arrow
-UDF over the groups the batch emits). The bias-correction tables are read from Spark's JVM
-(``HyperLogLogPlusPlusHelper``), not copied.
+``HyperLogLogPlusPlusHelper.update`` normalises floats before hashing) as one int, the
+*code* ``idx * 64 + pw`` (``pw`` is at most 61), and a batch's partial is the set of
+its group's codes (``collect_set``: a plain aggregation, no lambda per element). The
+state keeps per group the largest code of each register set, sorted (an ``array<int>``
+of at most ``2^p`` codes, however many values a group sees): :func:`registers` reduces
+a batch's codes to that when a key first comes, :func:`merge_registers` merges two.
+The estimate is Spark's, computed after the state step (:func:`estimates`, an Arrow
+UDF over the groups the batch emits). The bias-correction tables are read from Spark's
+JVM (``HyperLogLogPlusPlusHelper``), not copied.
 
 The estimate follows Spark's ``query`` operation by operation: the sum of
 ``2^-register`` in register order, the raw estimate, linear counting below Spark's
@@ -43,9 +47,8 @@ def precision(relative_sd: float) -> int:
 
 
 def registers_partial(arg: Column, bits: int) -> Column:
-    """The aggregate expression of one batch's registers of a group: ``map<int,
-    tinyint>`` from register index to its value, registers at zero left out; an empty
-    map for a group of nulls only."""
+    """The aggregate expression of one batch's codes of a group (``array<int>``, in no
+    order, possibly several per register); empty for a group of nulls only."""
     from pyspark.sql import functions as F
 
     hashed = F.xxhash64(arg)
@@ -54,38 +57,27 @@ def registers_partial(arg: Column, bits: int) -> Column:
     # Java's numberOfLeadingZeros(rest) + 1: rest is never 0, and bin() of a long has
     # no leading zeros (64 digits for a negative one)
     leading = F.lit(65) - F.length(F.bin(rest))
-    code = F.when(arg.isNotNull(), index * 64 + leading)
-    codes = F.array_sort(F.collect_set(code))
-    # one code per register, its largest: the last of each index's run (each code beside
-    # the next one; a lambda must not read ``codes`` itself, which Spark would evaluate
-    # again, sort included, for every element)
-    following = F.concat(
-        F.slice(codes, 2, F.greatest(F.size(codes) - 1, F.lit(0))), F.array(F.lit(None))
-    )
-    last = F.zip_with(
-        codes,
-        following,
-        lambda c, n: F.when(F.coalesce(F.shiftright(n, 6) != F.shiftright(c, 6), F.lit(True)), c),
-    )
-    kept = F.filter(last, lambda c: c.isNotNull())
-    return F.map_from_arrays(
-        F.transform(kept, lambda c: F.shiftright(c, 6).cast("int")),
-        F.transform(kept, lambda c: c.bitwiseAND(63).cast("tinyint")),
-    )
+    return F.collect_set(F.when(arg.isNotNull(), (index * 64 + leading).cast("int")))
 
 
-def merge_registers(state: Any, batch: Any) -> Any:
-    """Two groups' registers (tuples of (index, value) pairs, the store's form of a
-    map) merged: each register's maximum, in index order."""
+def registers(codes: Any) -> tuple[int, ...]:
+    """A group's registers from any codes: the largest code of each register, sorted
+    (the state's form)."""
+    import numpy as np
+
+    if not codes:
+        return ()
+    unique = np.unique(np.asarray(codes, dtype=np.int64))  # sorted
+    last = np.ones(len(unique), dtype=bool)  # the last code of each register's run
+    last[:-1] = (unique[1:] >> 6) != (unique[:-1] >> 6)
+    return tuple(unique[last].tolist())
+
+
+def merge_registers(state: Any, batch: Any) -> tuple[int, ...]:
+    """Two groups' registers (codes) merged: each register's maximum."""
     if not batch:
-        return state
-    if not state:
-        return batch
-    merged = dict(state)
-    for index, value in batch:
-        if value > merged.get(index, 0):
-            merged[index] = value
-    return tuple(sorted(merged.items()))
+        return tuple(state or ())
+    return registers([*(state or ()), *batch])
 
 
 def _java_binary_search(values: list[float], key: float) -> int:
@@ -157,29 +149,28 @@ def _query(z_inverse: float, zeros: float, bits: int, tables: Tables) -> int:
     return _java_round(corrected())
 
 
-def estimates(registers: pa.Array, bits: int, tables: Tables) -> pa.Array:
-    """Spark's ``HyperLogLogPlusPlusHelper.query`` of each group's registers (a
-    ``map<int, tinyint>`` array; a null map as no registers set): the registers of a
-    few thousand groups at a time as rows of a numpy matrix, whose row-wise cumulative
-    sum of ``2^-register`` adds in register order as Spark's loop does."""
+def estimates(codes: pa.Array, bits: int, tables: Tables) -> pa.Array:
+    """Spark's ``HyperLogLogPlusPlusHelper.query`` of each group's registers (a list
+    array of codes; a null list as no registers set): the registers of a few thousand
+    groups at a time as rows of a numpy matrix, whose row-wise cumulative sum of
+    ``2^-register`` adds in register order as Spark's loop does."""
     import numpy as np
     import pyarrow as pa
 
-    if isinstance(registers, pa.ChunkedArray):
-        registers = registers.combine_chunks()
+    if isinstance(codes, pa.ChunkedArray):
+        codes = codes.combine_chunks()
     m = 1 << bits
-    offsets = registers.offsets.to_numpy()  # into the whole child arrays, even of a slice
-    indexes = registers.keys.to_numpy(zero_copy_only=False)
-    values = registers.items.to_numpy(zero_copy_only=False)
-    out = np.empty(len(registers), dtype=np.int64)
+    offsets = codes.offsets.to_numpy()  # into the whole child array, even of a slice
+    values = codes.values.to_numpy(zero_copy_only=False).astype(np.int64)
+    out = np.empty(len(codes), dtype=np.int64)
     step = max(1, (1 << 20) // m)
-    for low in range(0, len(registers), step):
-        high = min(low + step, len(registers))
+    for low in range(0, len(codes), step):
+        high = min(low + step, len(codes))
         lengths = np.diff(offsets[low : high + 1])
         rows = np.repeat(np.arange(high - low), lengths)
-        taken = slice(int(offsets[low]), int(offsets[high]))
+        taken = values[int(offsets[low]) : int(offsets[high])]
         matrix = np.zeros((high - low, m), dtype=np.int64)
-        matrix[rows, indexes[taken]] = values[taken]
+        np.maximum.at(matrix, (rows, taken >> 6), taken & 63)
         sums = np.cumsum(np.ldexp(1.0, -matrix), axis=1)[:, -1]
         zeros = m - np.count_nonzero(matrix, axis=1)
         for i in range(high - low):
@@ -229,7 +220,7 @@ _UDFS: dict[tuple[int, int], Any] = {}
 
 
 def estimate_column(spark: SparkSession, registers: Column, bits: int) -> Column:
-    """Spark's approx_count_distinct of each row's registers: an Arrow UDF, made once
+    """Spark's approx_count_distinct of each row's registers (codes): an Arrow UDF, made once
     per ``p`` and JVM (a UDF made per batch would be pickled and registered every
     batch)."""
     key = (id(spark.sparkContext._jvm), bits)

@@ -145,7 +145,8 @@ def _distinct_count(ls: Any, inp: Path, checkpoint: Path) -> Any:
 
 def test_the_state_keeps_registers_not_values(ls, tmp_path):
     """A group that saw 6,000 distinct values keeps at most 2^p registers (512 for
-    Spark's default relative standard deviation), as a map from register to value."""
+    Spark's default relative standard deviation): one code ``register * 64 + value``
+    per register, sorted."""
     inp, checkpoint = tmp_path / "in", tmp_path / "ck"
     inp.mkdir()
     q = _distinct_count(ls, inp, checkpoint)
@@ -158,10 +159,12 @@ def test_the_state_keeps_registers_not_values(ls, tmp_path):
     state = ls.read.format("statestore").load(str(checkpoint)).collect()
     assert sorted(r["key"]["k"] for r in state) == ["a", "b"]
     for row in state:
-        registers = row["value"]["registers"]
-        assert isinstance(registers, dict)
+        codes = row["value"]["registers"]
+        assert codes == sorted(codes)
+        registers = [c >> 6 for c in codes]
+        assert len(set(registers)) == len(registers)  # one code, the largest, per register
         assert 400 < len(registers) <= 512
-        assert all(0 <= i < 512 and 1 <= v <= 56 for i, v in registers.items())
+        assert all(0 <= c >> 6 < 512 and 1 <= c & 63 <= 56 for c in codes)
 
 
 def test_a_checkpoint_that_kept_distinct_values_is_refused_with_the_cause(
@@ -197,7 +200,8 @@ def test_a_checkpoint_that_kept_distinct_values_is_refused_with_the_cause(
 def test_estimates_of_many_groups_are_sparks(spark, rsd):
     """The estimate of each group's registers, many groups of sizes from a few hundred
     to ten thousand values in one Arrow array (sliced, as Spark may hand a UDF one),
-    equals Spark's approx_count_distinct of the group's values."""
+    equals Spark's approx_count_distinct of the group's values: from a batch's codes
+    (several per register) and from the registers the state keeps alike."""
     import pyarrow as pa
 
     from lockgate.plan import hyperloglog
@@ -217,9 +221,9 @@ def test_estimates_of_many_groups_are_sparks(spark, rsd):
         .orderBy("g")
         .collect()
     )
-    registers = pa.array(
-        [[(0, 0)]] + [list(r["registers"].items()) for r in rows],
-        type=pa.map_(pa.int32(), pa.int8()),
-    ).slice(1)
-    got = hyperloglog.estimates(registers, bits, hyperloglog.tables(spark, bits)).to_pylist()
-    assert got == [r["spark"] for r in rows]
+    tables = hyperloglog.tables(spark, bits)
+    codes = [r["registers"] for r in rows]
+    assert any(len(hyperloglog.registers(c)) < len(c) for c in codes)  # several per register
+    for form in (codes, [list(hyperloglog.registers(c)) for c in codes]):
+        sliced = pa.array([[0]] + form, type=pa.list_(pa.int32())).slice(1)
+        assert hyperloglog.estimates(sliced, bits, tables).to_pylist() == [r["spark"] for r in rows]
