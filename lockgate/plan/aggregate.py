@@ -36,8 +36,8 @@ from lockgate.errors import ArithmeticOverflowError
 from lockgate.plan.aggregate_functions import (
     AggSpec,
     buffer_merger,
-    buffer_starter,
     buffer_roles,
+    buffer_starter,
     final_column,
     finish_after_state,
     finished_after_state,
