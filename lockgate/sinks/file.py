@@ -28,8 +28,13 @@ Unlike Spark, old per-batch log files are never deleted (Spark removes them afte
 ``spark.sql.streaming.fileSink.log.cleanupDelay``); readers ignore them.
 
 A batch whose result has no rows still gets its log entry, listing no files (Spark's
-writer would produce and log one empty data file; the row count comes from an
-``observe`` on the write itself, not from a second pass over the data).
+writer would produce and log one empty data file). The row count is the one Spark's
+write counts in its tasks: the sink runs the write command that ``DataFrameWriter.save()``
+makes (:class:`_FileWrite`) and reads the command's ``numOutputRows``, so neither the sink
+nor the engine adds a per-row count to the batch's plan. The staged files are committed
+by Hadoop's ``FileOutputCommitter`` with its algorithm 2 (each task's files go to the
+staging directory when the task commits, no second rename at the job's commit) and no
+``_SUCCESS`` file: the staging directory is already this sink's unit of commit.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from lockgate.errors import (
     AnalysisError,
@@ -45,6 +51,7 @@ from lockgate.errors import (
     OptionError,
     SinkError,
 )
+from lockgate.jvm import jvm_name
 from lockgate.sinks.base import Sink, SinkContext, SinkProvider
 from lockgate.sinks.file_log import (
     COMPACT_INTERVAL_CONF,
@@ -72,6 +79,61 @@ _PART_NAME = re.compile(
     r"^part-(\d+)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
     r"[.-](c\d+)(.*)$"
 )
+
+
+# Hadoop's committer settings for the staged write, unless the sink's options set them.
+_STAGED_COMMIT_OPTIONS = {
+    "mapreduce.fileoutputcommitter.algorithm.version": "2",
+    "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+}
+
+
+@dataclass(frozen=True)
+class _FileWrite:
+    """Spark's batch write of files in a format (``InsertIntoHadoopFsRelationCommand``,
+    what ``DataFrameWriter.save()`` plans for parquet, json, csv, orc and text), as a
+    command this sink executes, so that it can read the rows the write's tasks counted
+    (the command's ``numOutputRows`` metric)."""
+
+    data_source: Any
+    """``DataSource`` (JVM class)."""
+    none: Any
+    append: Any
+    """``SaveMode.Append``."""
+    mode: Any
+    """``CommandExecutionMode.ALL``: execute the command now."""
+
+    @classmethod
+    def make(cls, spark: SparkSession) -> _FileWrite:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        return cls(
+            data_source=jvm_name(jvm, "org.apache.spark.sql.execution.datasources.DataSource"),
+            none=jvm_name(jvm, "scala.Option").empty(),
+            append=jvm_name(jvm, "org.apache.spark.sql.SaveMode").Append,
+            mode=getattr(spark._jsparkSession.sessionState(), "executePlan$default$2")(),
+        )
+
+    def run(self, data: DataFrame, format_name: str, options: dict[str, str], partition_by: list[str]) -> int:
+        """Write ``data`` (appending) with ``options`` (``path`` among them); the rows written."""
+        spark = data.sparkSession
+        utils = spark.sparkContext._jvm.PythonUtils  # type: ignore[union-attr]
+        source = self.data_source(
+            spark._jsparkSession,
+            format_name,
+            utils.toSeq([]),
+            self.none,
+            utils.toSeq(partition_by),
+            self.none,
+            utils.toScalaMap(options),
+            self.none,
+            self.none,
+        )
+        command = source.planForWriting(self.append, data._jdf.logicalPlan())
+        execution = spark._jsparkSession.sessionState().executePlan(command, self.mode)
+        execution.assertCommandExecuted()
+        metrics = execution.executedPlan().commandPhysicalPlan().cmd().metrics()
+        return int(metrics.apply("numOutputRows").value())
 
 
 # ======================================================================================
@@ -109,12 +171,18 @@ class FileStreamSink(Sink):
             )
         self._fs.mkdirs(self._base)
         self.log = FileStreamSinkLog(self._fs, self._fs.join(self._base, METADATA_DIR), interval)
+        try:
+            self._command: _FileWrite | None = _FileWrite.make(context.spark)
+        except Exception as exc:  # noqa: BLE001 - another Spark: DataFrameWriter, counted by observe
+            logger.info("file sink: Spark's file write command is not available (%s)", exc)
+            self._command = None
+        self.counts_output_rows = self._command is not None
 
-    def addBatch(self, batchId: int, data: DataFrame) -> None:
+    def addBatch(self, batchId: int, data: DataFrame) -> int | None:
         latest = self.log.get_latest_batch_id()
         if latest is not None and batchId <= latest:
             logger.info("Skipping already committed batch %d", batchId)
-            return
+            return None
         self._delete_stale_staging()
         staging = self._fs.join(self._base, f"{STAGING_PREFIX}{batchId}-{uuid.uuid4().hex}")
         try:
@@ -131,8 +199,22 @@ class FileStreamSink(Sink):
                 "at a time."
             ) from exc
         logger.info("Committed batch %d to %s with %d files", batchId, self._path, len(statuses))
+        return rows
 
     def _write(self, batch_id: int, data: DataFrame, staging: str) -> int | None:
+        if self._command is not None:
+            lowered = {k.lower() for k in self._write_options}
+            options = {
+                **{k: v for k, v in _STAGED_COMMIT_OPTIONS.items() if k not in lowered},
+                **self._write_options,
+                "path": self._backend.to_spark(staging),
+            }
+            partition_by = self._resolve_partition_columns(data) if self._partition_by else []
+            return self._command.run(data, self._format, options, partition_by)
+        return self._write_observed(batch_id, data, staging)
+
+    def _write_observed(self, batch_id: int, data: DataFrame, staging: str) -> int | None:
+        """``DataFrameWriter.save()``, the rows counted by an observation on the way out."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 

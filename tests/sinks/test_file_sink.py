@@ -112,7 +112,8 @@ def test_batch_files_and_metadata_log(spark, tmp_path):
     two_files = spark.range(0, 5, numPartitions=2).selectExpr(
         "cast(id as int) as id", "concat('n', id) as name"
     )
-    sink.addBatch(0, two_files)
+    assert sink.counts_output_rows
+    assert sink.addBatch(0, two_files) == 5  # the rows Spark's write counted
     files = data_files(out)
     assert len(files) == 2
     assert all(PART_FILE.match(f) and f.endswith(".snappy.parquet") for f in files)
@@ -137,7 +138,7 @@ def test_batch_files_and_metadata_log(spark, tmp_path):
             33554432,
             "add",
         )
-    sink.addBatch(1, rows(spark, 5, 8))
+    assert sink.addBatch(1, rows(spark, 5, 8)) == 3
     assert len(data_files(out)) == 3  # no name reused across batches
     assert len(log_entries(out, "1")) == 1
     assert ids(spark.read.parquet(str(out))) == list(range(8))
@@ -152,7 +153,7 @@ def test_re_adding_a_committed_batch_writes_nothing(spark, tmp_path, caplog):
     before = data_files(out)
     log_before = (out / "_spark_metadata" / "0").read_bytes()
     with caplog.at_level("INFO", logger="lockgate.sinks.file"):
-        sink.addBatch(0, rows(spark, 0, 3))
+        assert sink.addBatch(0, rows(spark, 0, 3)) is None  # nothing written: no count
     assert "Skipping already committed batch 0" in caplog.text
     assert data_files(out) == before
     assert (out / "_spark_metadata" / "0").read_bytes() == log_before
@@ -240,18 +241,24 @@ def test_writer_options_are_passed(spark, tmp_path):
     assert all(f.endswith(".gz.parquet") for f in data_files(out))
 
 
-def test_empty_batch_still_logged(spark, tmp_path):
+@pytest.mark.parametrize("command", [True, False], ids=["write command", "DataFrameWriter"])
+def test_empty_batch_still_logged(spark, tmp_path, command):
+    """Also when the sink writes through DataFrameWriter and counts with an observation
+    (another Spark, without the write command lockgate knows)."""
     out = tmp_path / "out"
     sink = make_sink(spark, out)
-    sink.addBatch(0, rows(spark, 0, 0))
+    if not command:
+        sink._command = None
+    assert sink.addBatch(0, rows(spark, 0, 0)) == 0
     # What the engine hands over when no source has new rows.
-    sink.addBatch(1, spark.createDataFrame([], "id int, name string"))
+    assert sink.addBatch(1, spark.createDataFrame([], "id int, name string")) == 0
     for batch in ("0", "1"):
         assert (out / "_spark_metadata" / batch).read_text() == "v1\n"
     assert data_files(out) == []
     sink.addBatch(0, rows(spark, 0, 2))  # replayed: skipped
-    sink.addBatch(2, rows(spark, 5, 7))
+    assert sink.addBatch(2, rows(spark, 5, 7)) == 2
     assert ids(spark.read.parquet(str(out))) == [5, 6]
+    assert not [n for n in os.listdir(out) if n.startswith("_temporary") or n == "_SUCCESS"]
 
 
 def test_compaction_is_read_by_spark(spark, tmp_path):
