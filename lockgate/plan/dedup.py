@@ -246,6 +246,11 @@ def _expiry_times(task: DedupTask, batch: pa.RecordBatch, rows: pa.Array) -> tup
     return times, timed
 
 
+_SEEN = (True,)
+"""A deduplication key's value when it expires by the event time in the key: one tuple
+shared by every key (values are replaced, never changed in place)."""
+
+
 def _put_new(
     task: DedupTask, store: StateStore, batch: pa.RecordBatch, rows: pa.Array, keys: list[Key], times: Any
 ) -> None:
@@ -253,10 +258,10 @@ def _put_new(
     with their expiry within the watermark, else as seen. Keys of columns Arrow holds
     as the state does go in as columns too, which the commit writes as they are."""
     if task.within_watermark:
-        values = [[t] for t in times.tolist()]
+        values = list(zip(times.tolist()))  # (expiry,) per key
         column = pa.array(times, type=pa.int64())
     else:
-        values = [[True] for _ in keys]
+        values = [_SEEN] * len(keys)
         column = pa.array(np.ones(len(keys), dtype=bool))
     if not all(groups_like_state_keys(batch.schema.field(k).type) for k in task.key_columns):
         store.put_many(list(zip(keys, values)))
@@ -417,8 +422,8 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
         times, candidates = index.take_expired(watermark_us)
         if task.within_watermark:  # a key put again after its removal expires later
             expired = [k for t, k in zip(times, candidates) if (v := state.get(k)) is not None and v[0] == t]
-        else:  # the event time is in the key: only whether it is still there counts
-            expired = [k for k in candidates if k in state]
+        else:  # the event time is in the key: those still there go (remove_many counts them)
+            expired = candidates
         removed = store.remove_many(expired)
     remove_ms = (time.perf_counter() - t1) * 1000
     store.commit()
