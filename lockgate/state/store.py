@@ -893,7 +893,9 @@ class StateStore:
         state, updated = self.map, self.updated
         # the map's pops in one C loop: eviction removes tens of thousands of keys a batch
         popped = list(map(state.pop, keys, itertools.repeat(None)))
-        held = keys if popped.count(None) == 0 else [k for k, v in zip(keys, popped) if v is not None or k in updated]
+        # by identity: a value (an operator's own object) need not compare with None
+        missing = any(map(operator.is_, popped, itertools.repeat(None)))
+        held = [k for k, v in zip(keys, popped) if v is not None or k in updated] if missing else keys
         if updated and not updated.keys().isdisjoint(held):
             for key in held:
                 if updated.pop(key, _ABSENT) is not _ABSENT:
