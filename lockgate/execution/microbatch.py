@@ -194,6 +194,9 @@ class MicroBatchExecution(StreamExecution):
         self._slots: list[_SourceSlot] = []
         self.available: list[str | None] = []
         self.committed: list[str | None] = []
+        self.latest_reported: list[str | None] = []
+        """Each source's :meth:`~lockgate.sources.base.Source.reportLatestOffset` at its
+        last ``latestOffset`` (the progress's ``sources[].latestOffset``)."""
         self.offset_metadata = OffsetSeqMetadata()
         conf = self.spark.conf
         self.min_batches_to_retain = int(conf.get("spark.sql.streaming.minBatchesToRetain", "100") or 100)
@@ -266,6 +269,7 @@ class MicroBatchExecution(StreamExecution):
             self._slots.append(_SourceSlot(index, id(relation), source, scans))
         self.available = [None] * len(self._slots)
         self.committed = [None] * len(self._slots)
+        self.latest_reported = [None] * len(self._slots)
 
     def stop_sources(self) -> None:
         for slot in self._slots:
@@ -522,6 +526,10 @@ class MicroBatchExecution(StreamExecution):
                     latest = caps[slot.index]
                 else:
                     latest = slot.source.latestOffset(start, self._read_limit(slot.source))
+                reported = slot.source.reportLatestOffset()
+                self.latest_reported[slot.index] = (
+                    None if reported is None else slot.source.serializeOffset(reported)
+                )
                 if latest is not None:
                     new_available[slot.index] = slot.source.serializeOffset(latest)
         has_new_data = any(
@@ -918,6 +926,7 @@ class MicroBatchExecution(StreamExecution):
                 int(batch["counts"].get(slot.index) or 0) * self._counted_scans(slot),
                 input_secs,
                 process_secs,
+                self.latest_reported[slot.index],
             )
             for slot in self._slots
         ]
@@ -981,7 +990,13 @@ class MicroBatchExecution(StreamExecution):
             state_operators=[dict(op, numRowsUpdated=0) for op in self._last_state_progress],
             sources=[
                 source_progress(
-                    slot.source.description(), self.committed[slot.index], self.available[slot.index], 0, 0.0, 0.0
+                    slot.source.description(),
+                    self.committed[slot.index],
+                    self.available[slot.index],
+                    0,
+                    0.0,
+                    0.0,
+                    self.latest_reported[slot.index],
                 )
                 for slot in self._slots
             ],

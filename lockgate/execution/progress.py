@@ -79,15 +79,22 @@ def rate(rows: int, seconds: float) -> float:
 
 
 def source_progress(
-    description: str, start: str | None, end: str | None, rows: int, input_secs: float, process_secs: float
+    description: str,
+    start: str | None,
+    end: str | None,
+    rows: int,
+    input_secs: float,
+    process_secs: float,
+    latest: str | None = None,
 ) -> dict[str, Any]:
-    """A ``sources[]`` entry of a progress: the offsets a trigger read from and to (its
-    ``latestOffset`` is the end) and the source's rows."""
+    """A ``sources[]`` entry of a progress: the offsets a trigger read from and to, the
+    latest offset the source reported (:meth:`Source.reportLatestOffset`; null when it
+    reports none) and the source's rows."""
     return {
         "description": description,
         "startOffset": json_or_none(start),
         "endOffset": json_or_none(end),
-        "latestOffset": json_or_none(end),
+        "latestOffset": json_or_none(latest),
         "numInputRows": rows,
         "inputRowsPerSecond": rate(rows, input_secs),
         "processedRowsPerSecond": rate(rows, process_secs),

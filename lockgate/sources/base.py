@@ -98,6 +98,15 @@ class Source(ABC):
     def getDefaultReadLimit(self) -> ReadLimit:
         return READ_ALL_AVAILABLE
 
+    def reportLatestOffset(self) -> Offset | None:
+        """The most recent offset the source has, whatever the read limit, asked right
+        after each :meth:`latestOffset` and shown as the progress's
+        ``sources[].latestOffset``; None (the default, as Spark's
+        ``SupportsAdmissionControl``) when the source does not tell. Kafka reports its
+        partitions' latest offsets; the sources Spark reads without admission control
+        (memory, rate) report their end."""
+        return None
+
     # -- Trigger.AvailableNow ------------------------------------------------------------
     supportsTriggerAvailableNow: bool = False
     """A source that sets this caps :meth:`latestOffset` itself after

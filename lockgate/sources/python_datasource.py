@@ -251,6 +251,10 @@ class PythonDataSourceStream(Source):
             return self._reader.latestOffset()  # type: ignore[call-arg]
         return self._reader.latestOffset(start, _to_pyspark_limit(limit))
 
+    def reportLatestOffset(self) -> Offset | None:
+        # as Spark's Python streaming source: the reader's own report; none for a simple reader
+        return None if self._simple else self._reader.reportLatestOffset()
+
     def getDefaultReadLimit(self) -> ReadLimit:
         if self._simple:
             return READ_ALL_AVAILABLE

@@ -264,6 +264,7 @@ class RateSource(Source):
             log.add(0, start)
         self.creation_time_ms = start
         self._last_time_ms = start
+        self._reported: int | None = None
 
     @property
     def schema(self) -> StructType:
@@ -277,7 +278,12 @@ class RateSource(Source):
         self._last_time_ms = max(self._last_time_ms, now)
         latest = (self._last_time_ms - self.creation_time_ms) // 1000
         # A restart on a clock behind the last batch must not move offsets backwards.
-        return max(latest, int(start) if start is not None else 0)
+        self._reported = max(latest, int(start) if start is not None else 0)
+        return self._reported
+
+    def reportLatestOffset(self) -> int | None:
+        # Spark reads ``rate`` without admission control: its latest is the end
+        return self._reported
 
     def getBatch(self, start: int | None, end: int) -> DataFrame:
         start_s = 0 if start is None else int(start)

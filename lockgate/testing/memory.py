@@ -19,6 +19,7 @@ from lockgate.api.session import StreamingSession
 from lockgate.plan.nodes import StreamingRelation
 from lockgate.row_codec import decode_rows, encode_rows
 from lockgate.sources.base import (
+    READ_ALL_AVAILABLE,
     ContinuousPartitionReader,
     ContinuousStream,
     ReadLimit,
@@ -121,6 +122,10 @@ class MemoryStream(Source):
     def latestOffset(self, start: Any, limit: ReadLimit) -> int | None:
         with self._lock:
             return len(self._batches) - 1 if self._batches else None
+
+    def reportLatestOffset(self) -> int | None:
+        # Spark reads a MemoryStream without admission control: its latest is the end
+        return self.latestOffset(None, READ_ALL_AVAILABLE)
 
     def getBatch(self, start: int | None, end: int) -> DataFrame:
         first = -1 if start is None else int(start)

@@ -64,6 +64,11 @@ def test_batches_match_native_with_max_offsets_headers_and_restart(
     diff.run()
     # 7 offsets per trigger prorated over backlogs of 7, 7 and 6 (floored shares).
     assert [len(rows) for _, rows in diff.batches()] == [6, 6, 5, 3]
+    # Each batch's progress reports the topic's latest offsets, past the batch's capped
+    # end, as Spark's Kafka source reports them (reportLatestOffset).
+    for side in (diff.native, diff.lockgate):
+        latest = [json.loads(p.sources[0].latestOffset) for p in side.batch_progress()]
+        assert latest == [{topic: {"0": 7, "1": 7, "2": 6}}] * 4
     diff.restart()
     kafka.produce(topic, records(11, 3, start=20))
     diff.run()

@@ -297,6 +297,7 @@ class KafkaSource(Source):
         self._initial: PartitionOffsets | None = None
         self._available_now: PartitionOffsets | None = None
         self._available_now_requested = False
+        self._latest_seen: PartitionOffsets | None = None
         self._last_trigger_ms = 0
         self._ids: tuple[int, DataFrame] | None = None
         self._fs = context.fs
@@ -399,6 +400,7 @@ class KafkaSource(Source):
             latest = self._available_now
         else:
             latest = self._fetch_latest()
+        self._latest_seen = latest
         o = self.options
         if limit.is_all_available and not self._available_now_requested:
             end = latest
@@ -423,6 +425,11 @@ class KafkaSource(Source):
         if not end:
             return None
         return to_json(end)
+
+    def reportLatestOffset(self) -> dict[str, dict[str, int]] | None:
+        """Spark's: the partitions' latest offsets the last :meth:`latestOffset` fetched
+        (past ``maxOffsetsPerTrigger``), None before any."""
+        return to_json(self._latest_seen) if self._latest_seen else None
 
     def _fetch_latest(self) -> PartitionOffsets:
         return self._reader.latest_of_all()
