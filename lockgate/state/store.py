@@ -88,8 +88,8 @@ def _out_of_cyclic_gc() -> None:
 
 @contextlib.contextmanager
 def _without_cyclic_gc() -> Iterator[None]:
-    """Hold the cyclic garbage collector off while a state step makes rows by the
-    hundred thousand (a tuple per key and per value): each allocation past a threshold
+    """Hold the cyclic garbage collector off while a load makes rows by the hundred
+    thousand (a tuple per key and per value): each allocation past a threshold
     would start a collection that visits every young object, and a full one every
     object not frozen. The rows form no cycles; :func:`_out_of_cyclic_gc` collects and
     freezes at commit."""
@@ -680,8 +680,7 @@ class StateStore:
         state = None
         if cached is not None:
             cached_version, cached_map, cached_aux = cached
-            with _without_cyclic_gc():
-                state = self._catch_up(cached_version, cached_map, version, cached_aux)
+            state = self._catch_up(cached_version, cached_map, version, cached_aux)
             if state is not None:
                 self.aux = cached_aux if cached_version == version or hasattr(cached_aux, "catch_up") else None
         if state is not None:
@@ -759,10 +758,9 @@ class StateStore:
             if tables and base > first and self._key_names:
                 # the snapshot has one row per key: load it as it is, and group only the
                 # deltas after it (a few batches' changes beside a whole state)
-                with _without_cyclic_gc():
-                    self._apply(state, tables[0])
-                    if len(tables) > 1:
-                        self._apply_changes(state, pa.concat_tables(tables[1:]))
+                self._apply(state, tables[0])
+                if len(tables) > 1:
+                    self._apply_changes(state, pa.concat_tables(tables[1:]))
             elif tables:
                 self._apply(state, _latest_per_key(pa.concat_tables(tables), self._key_names))
             if corrupt:
@@ -835,8 +833,7 @@ class StateStore:
 
     def _apply(self, state: dict[Key, Value], table: pa.Table) -> None:
         """Load the live (upserted) rows of a table with one row per key."""
-        with _without_cyclic_gc():
-            state.update(self._items(table))
+        state.update(self._items(table))
 
     def _items(self, table: pa.Table) -> list[tuple[Key, Value]]:
         """``(key, value)`` of each row of a table with one row per key; values stay
@@ -844,10 +841,11 @@ class StateStore:
         if table.num_rows == 0:
             return []
         micros = self._micros
-        keys: Any = zip(*_rows(table, self._key_names, micros)) if self._key_names else [()] * table.num_rows
-        if self._value_names:
-            return list(zip(keys, zip(*_rows(table, self._value_names, micros))))
-        return [(k, []) for k in keys]
+        with _without_cyclic_gc():  # a tuple per key and per value, by the hundred thousand
+            keys: Any = zip(*_rows(table, self._key_names, micros)) if self._key_names else [()] * table.num_rows
+            if self._value_names:
+                return list(zip(keys, zip(*_rows(table, self._value_names, micros))))
+            return [(k, []) for k in keys]
 
     # -- updates ---------------------------------------------------------------------
     def get(self, key: Key) -> Value | None:
