@@ -98,6 +98,8 @@ class _FileWrite:
     data_source: Any
     """``DataSource`` (JVM class)."""
     none: Any
+    no_paths: Any
+    """An empty Scala ``Seq`` (the path goes in the options, as ``save()`` puts it)."""
     append: Any
     """``SaveMode.Append``."""
     mode: Any
@@ -110,6 +112,7 @@ class _FileWrite:
         return cls(
             data_source=jvm_name(jvm, "org.apache.spark.sql.execution.datasources.DataSource"),
             none=jvm_name(jvm, "scala.Option").empty(),
+            no_paths=jvm.PythonUtils.toSeq([]),
             append=jvm_name(jvm, "org.apache.spark.sql.SaveMode").Append,
             mode=getattr(spark._jsparkSession.sessionState(), "executePlan$default$2")(),
         )
@@ -121,7 +124,7 @@ class _FileWrite:
         source = self.data_source(
             spark._jsparkSession,
             format_name,
-            utils.toSeq([]),
+            self.no_paths,
             self.none,
             utils.toSeq(partition_by),
             self.none,
@@ -177,6 +180,11 @@ class FileStreamSink(Sink):
             logger.info("file sink: Spark's file write command is not available (%s)", exc)
             self._command = None
         self.counts_output_rows = self._command is not None
+        given = {k.lower() for k in self._write_options}
+        self._command_options = {
+            **{k: v for k, v in _STAGED_COMMIT_OPTIONS.items() if k not in given},
+            **self._write_options,
+        }
 
     def addBatch(self, batchId: int, data: DataFrame) -> int | None:
         latest = self.log.get_latest_batch_id()
@@ -203,12 +211,7 @@ class FileStreamSink(Sink):
 
     def _write(self, batch_id: int, data: DataFrame, staging: str) -> int | None:
         if self._command is not None:
-            lowered = {k.lower() for k in self._write_options}
-            options = {
-                **{k: v for k, v in _STAGED_COMMIT_OPTIONS.items() if k not in lowered},
-                **self._write_options,
-                "path": self._backend.to_spark(staging),
-            }
+            options = {**self._command_options, "path": self._backend.to_spark(staging)}
             partition_by = self._resolve_partition_columns(data) if self._partition_by else []
             return self._command.run(data, self._format, options, partition_by)
         return self._write_observed(batch_id, data, staging)
