@@ -13,6 +13,8 @@ emits a row only the first time its key appears (Spark's StreamingDeduplicateExe
 
 from __future__ import annotations
 
+import itertools
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -253,10 +255,11 @@ shared by every key (values are replaced, never changed in place)."""
 
 def _put_new(
     task: DedupTask, store: StateStore, batch: pa.RecordBatch, rows: pa.Array, keys: list[Key], times: Any
-) -> None:
+) -> pa.Table | None:
     """Put ``keys`` (new, all different: the keys of the batch's ``rows``) in the store:
     with their expiry within the watermark, else as seen. Keys of columns Arrow holds
-    as the state does go in as columns too, which the commit writes as they are."""
+    as the state does go in as columns too, which the commit writes as they are; those
+    columns are returned (the state's key columns), else None."""
     if task.within_watermark:
         values = list(zip(times.tolist()))  # (expiry,) per key
         column = pa.array(times, type=pa.int64())
@@ -265,12 +268,11 @@ def _put_new(
         column = pa.array(np.ones(len(keys), dtype=bool))
     if not all(groups_like_state_keys(batch.schema.field(k).type) for k in task.key_columns):
         store.put_many(list(zip(keys, values)))
-        return
-    table = pa.Table.from_arrays(
-        [batch.column(k).take(rows) for k in task.key_columns] + [column],
-        names=[*store.key_names, *store.value_names],
-    )
-    store.put_columns(keys, values, table)
+        return None
+    key_columns = [batch.column(k).take(rows) for k in task.key_columns]
+    table = pa.Table.from_arrays(key_columns + [column], names=[*store.key_names, *store.value_names])
+    store.put_columns(keys, values, table, new=True)
+    return pa.Table.from_arrays(key_columns, names=store.key_names)
 
 
 def _late_rows(event_micros: Any, watermark_us: int) -> Any:
@@ -289,17 +291,20 @@ class _ExpiryIndex:
     Keys are held in runs, one per batch: a run's times sorted (numpy) and its keys in
     that order, so eviction cuts each run at the watermark with a binary search instead
     of a heap operation per key. A taken key is checked against the map: a key removed
-    and put again has a newer entry, and the older one is skipped."""
+    and put again has a newer entry, and the older one is skipped. A run of keys put as
+    columns keeps those columns too (the state's key columns, in the run's order), so
+    that the removal of its keys is written from them."""
 
     MAX_RUNS = 32
     """More runs than this are merged into one (out-of-order data leaves runs behind)."""
 
     def __init__(self, time_of: Callable[[Key, Any], int | None]) -> None:
-        self.runs: list[tuple[Any, list[Key]]] = []
+        self.runs: list[tuple[Any, list[Key], pa.Table | None]] = []
         self.time_of = time_of
 
-    def add(self, times: Any, keys: list[Key]) -> None:
-        """Index ``keys`` expiring at ``times`` (a numpy int64 array or a list)."""
+    def add(self, times: Any, keys: list[Key], columns: pa.Table | None = None) -> None:
+        """Index ``keys`` expiring at ``times`` (a numpy int64 array or a list), with
+        ``columns`` the same keys as the state's key columns (or None)."""
         if not keys:
             return
         times = np.asarray(times, dtype=np.int64)
@@ -307,32 +312,41 @@ class _ExpiryIndex:
             order = np.argsort(times, kind="stable")
             times = times[order]
             keys = [keys[i] for i in order.tolist()]
-        self.runs.append((times, keys))
+            columns = None if columns is None else columns.take(pa.array(order))
+        self.runs.append((times, keys, columns))
         if len(self.runs) > self.MAX_RUNS:
-            merged_times = np.concatenate([t for t, _ in self.runs])
-            merged_keys = [k for _, run in self.runs for k in run]
-            self.runs = []
-            self.add(merged_times, merged_keys)
+            runs, self.runs = self.runs, []
+            tables = [c for _, _, c in runs]
+            merged_columns = None if any(c is None for c in tables) else pa.concat_tables(tables)
+            self.add(np.concatenate([t for t, _, _ in runs]), [k for _, run, _ in runs for k in run], merged_columns)
 
     def catch_up(self, upserts: list[tuple[Key, Any]], removed: list[Key], previous: list[Any]) -> None:
         timed = [(self.time_of(key, value), key) for key, value in upserts]
         timed = [(t, key) for t, key in timed if t is not None]  # removed keys are skipped when taken
         self.add([t for t, _ in timed], [key for _, key in timed])
 
-    def take_expired(self, watermark_us: int) -> tuple[list[int], list[Key]]:
-        """The entries expiring at or before ``watermark_us``, out of the index."""
+    def take_expired(self, watermark_us: int) -> tuple[list[int], list[Key], pa.Table | None]:
+        """The entries expiring at or before ``watermark_us``, out of the index, and their
+        keys' columns when every run they came from has them."""
         times: list[int] = []
         keys: list[Key] = []
+        tables: list[pa.Table] | None = []
         kept = []
-        for run_times, run_keys in self.runs:
+        for run_times, run_keys, run_columns in self.runs:
             cut = int(np.searchsorted(run_times, watermark_us, side="right"))
             if cut:
                 times.extend(run_times[:cut].tolist())
                 keys.extend(run_keys[:cut])
+                if tables is not None and run_columns is not None:
+                    tables.append(run_columns.slice(0, cut))
+                else:
+                    tables = None
             if cut < len(run_keys):
-                kept.append((run_times[cut:], run_keys[cut:]) if cut else (run_times, run_keys))
+                rest = None if run_columns is None else run_columns.slice(cut)
+                kept.append((run_times[cut:], run_keys[cut:], rest) if cut else (run_times, run_keys, run_columns))
         self.runs = kept
-        return times, keys
+        columns = pa.concat_tables(tables) if tables else None
+        return times, keys, columns
 
 
 def _expiry_time_function(task: DedupTask) -> Callable[[Key, Any], int | None]:
@@ -378,6 +392,7 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
     t0 = time.perf_counter()
     names = task.out_schema.names
     state = store.map
+    put_times: list[Any] = []  # the expiry times of the keys put, per input batch
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -399,32 +414,45 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
             zip(*[column_values(batch.column(k).take(firsts), micros=True) for k in task.key_columns])
         )
         # a batch's keys are all different: the new ones are put together after the loop
-        new = [j for j, key in enumerate(keys) if key not in state]
-        dropped_dup += sum(counts) - len(new)
-        if not new:
+        held = list(map(state.__contains__, keys))  # one C loop
+        if any(held):
+            new = list(itertools.compress(range(len(keys)), map(operator.not_, held)))
+            fresh = firsts.take(pa.array(new, type=pa.int64()))
+            new_keys = [keys[j] for j in new]
+        else:  # every key new, as most are
+            fresh, new_keys = firsts, keys
+        dropped_dup += sum(counts) - len(new_keys)
+        if not new_keys:
             continue
-        fresh = firsts.take(pa.array(new, type=pa.int64()))
-        new_keys = [keys[j] for j in new]
         times, timed = _expiry_times(task, batch, fresh)
-        _put_new(task, store, batch, fresh, new_keys, times)
+        key_columns = _put_new(task, store, batch, fresh, new_keys, times)
         if index is not None and times is not None:
             if timed is None:
-                index.add(times, new_keys)
+                index.add(times, new_keys, key_columns)
+                put_times.append(times)
             else:  # a key without event time never expires
-                index.add(times[timed], [new_keys[j] for j in timed.tolist()])
-        updated += len(new)
+                timed_columns = None if key_columns is None else key_columns.take(pa.array(timed))
+                index.add(times[timed], [new_keys[j] for j in timed.tolist()], timed_columns)
+                put_times.append(times[timed])
+        updated += len(new_keys)
         taken = batch.select(names).take(fresh)
         yield pa.RecordBatch.from_arrays(taken.columns, schema=task.out_schema)
     update_ms = (time.perf_counter() - t0) * 1000
     t1 = time.perf_counter()
     removed = 0
     if watermark_us is not None and index is not None:
-        times, candidates = index.take_expired(watermark_us)
+        times, candidates, columns = index.take_expired(watermark_us)
         if task.within_watermark:  # a key put again after its removal expires later
-            expired = [k for t, k in zip(times, candidates) if (v := state.get(k)) is not None and v[0] == t]
+            due = [(v := state.get(k)) is not None and v[0] == t for t, k in zip(times, candidates)]
+            expired = list(itertools.compress(candidates, due))
+            if columns is not None and not all(due):
+                columns = columns.filter(pa.array(due, type=pa.bool_()))
         else:  # the event time is in the key: those still there go (remove_many counts them)
             expired = candidates
-        removed = store.remove_many(expired)
+        # a key put in this batch expires after the watermark unless its event time is
+        # at or below it (a row between the late-row and the eviction watermarks)
+        none_put = all(int(t.min()) > watermark_us for t in put_times if len(t))
+        removed = store.remove_many(expired, columns, none_put=none_put)
     remove_ms = (time.perf_counter() - t1) * 1000
     store.commit()
     op = task.operator_id

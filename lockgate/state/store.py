@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute
 
@@ -656,11 +657,18 @@ class StateStore:
         self._key_names = [f.name for f in conf.key_schema]
         self._value_names = [f.name for f in conf.value_schema]
         self._micros = conf.timestamps_as_micros
-        self.updated: dict[Key, Value] = {}
+        self._updated: dict[Key, Value] = {}
+        self._pending: list[tuple[list[Key], list[Value]]] = []
+        """Keys and values :meth:`put_columns` put, not yet in ``_updated`` (see
+        :attr:`updated`)."""
         self.removed: set[Key] = set()
         self._updated_table: pa.Table | None = None
         """The rows of ``updated`` as a table of the state's schema, when
         :meth:`put_columns` made every change of this version (see there)."""
+        self._removed_tables: list[pa.Table] | None = []
+        """The keys of ``removed`` as tables of the state's key columns, while every
+        removal of this version came with its columns (:meth:`remove_many`); None once
+        one did not."""
         self.aux: Any = None
         """An operator's own index over the map (e.g. keys by event time), kept with
         the map in the worker cache; None when the map was (re)built from files, so the
@@ -851,10 +859,25 @@ class StateStore:
     def get(self, key: Key) -> Value | None:
         return self.map.get(key)
 
+    @property
+    def updated(self) -> dict[Key, Value]:
+        """The keys this version put, with their values (in the order put)."""
+        if self._pending:
+            for keys, values in self._pending:
+                self._updated.update(zip(keys, values))
+            self._pending = []
+        return self._updated
+
+    @property
+    def updated_count(self) -> int:
+        """``len(updated)``, without making the dict of new keys :meth:`put_columns` put."""
+        return len(self._updated) + sum(len(keys) for keys, _ in self._pending)
+
     def put(self, key: Key, value: Value) -> None:
         self.map[key] = value
         self.updated[key] = value
-        self.removed.discard(key)
+        if self.removed:
+            self._unremove((key,))
         self._updated_table = None
 
     def put_many(self, items: list[tuple[Key, Value]]) -> None:
@@ -862,42 +885,78 @@ class StateStore:
         self.map.update(items)
         self.updated.update(items)
         if self.removed:
-            self.removed.difference_update([key for key, _ in items])
+            self._unremove([key for key, _ in items])
         self._updated_table = None
 
-    def put_columns(self, keys: list[Key], values: list[Value], table: pa.Table) -> None:
+    def _unremove(self, keys: Iterable[Key]) -> None:
+        """Keys put again after their removal in this version: no longer removed (and the
+        removals' tables no longer tell)."""
+        before = len(self.removed)
+        self.removed.difference_update(keys)
+        if len(self.removed) != before:
+            self._removed_tables = None
+
+    def put_columns(self, keys: list[Key], values: list[Value], table: pa.Table, new: bool = False) -> None:
         """:meth:`put` of each of ``keys`` (all different) with its value, given also as
         ``table``: the same rows, in the state's schema, built by the caller from its
         columns. While every upsert of this version came this way, :meth:`commit` writes
         these tables (and the removals) as the delta instead of turning the rows back
-        into columns."""
+        into columns.
+
+        ``new``: the caller knows none of ``keys`` is in the map (so none was put in this
+        version either); with no removal yet in this version, they then go into the
+        map alone, and into :attr:`updated` only when someone asks for it."""
         earlier = self._updated_table
+        names = self._key_names + self._value_names
+        if new and not self.removed and (earlier is not None or not self.updated_count) and table.num_rows == len(keys):
+            self.map.update(zip(keys, values))
+            self._pending.append((keys, values))
+            added = table.select(names).cast(pa.schema(list(self.conf.key_schema) + list(self.conf.value_schema)))
+            self._updated_table = added if earlier is None else pa.concat_tables([earlier, added])
+            return
         whole = earlier is not None or not self.updated
         before = len(self.updated)
         self.put_many(list(zip(keys, values)))
         if not whole or table.num_rows != len(keys) or len(self.updated) != before + len(keys):
             return  # a key put before in this version: the tables no longer tell
-        names = self._key_names + self._value_names
         added = table.select(names).cast(pa.schema(list(self.conf.key_schema) + list(self.conf.value_schema)))
         self._updated_table = added if earlier is None else pa.concat_tables([earlier, added])
 
     def remove(self, key: Key) -> None:
         self.remove_many((key,))
 
-    def remove_many(self, keys: Iterable[Key]) -> int:
+    def remove_many(self, keys: Iterable[Key], columns: pa.Table | None = None, none_put: bool = False) -> int:
         """:meth:`remove` of each of ``keys``; how many the state held. The upserts'
-        tables of :meth:`put_columns` stay good unless a key put in this version goes."""
+        tables of :meth:`put_columns` stay good unless a key put in this version goes.
+
+        ``columns``: the same keys as a table of the state's key columns (in order), which
+        :meth:`commit` then writes as they are. ``none_put``: the caller knows no key
+        of ``keys`` was put in this version (so the keys put need not be looked at)."""
         keys = keys if isinstance(keys, list) else list(keys)
-        state, updated = self.map, self.updated
+        state = self.map
         # the map's pops in one C loop: eviction removes tens of thousands of keys a batch
         popped = list(map(state.pop, keys, itertools.repeat(None)))
         # by identity: a value (an operator's own object) need not compare with None
         missing = any(map(operator.is_, popped, itertools.repeat(None)))
-        held = [k for k, v in zip(keys, popped) if v is not None or k in updated] if missing else keys
-        if updated and not updated.keys().isdisjoint(held):
-            for key in held:
-                if updated.pop(key, _ABSENT) is not _ABSENT:
-                    self._updated_table = None
+        if none_put:
+            held_mask = list(map(operator.is_not, popped, itertools.repeat(None))) if missing else None
+        else:
+            updated = self.updated
+            held_mask = [v is not None or k in updated for k, v in zip(keys, popped)] if missing else None
+            held_keys = keys if held_mask is None else list(itertools.compress(keys, held_mask))
+            if updated and not updated.keys().isdisjoint(held_keys):
+                for key in held_keys:
+                    if updated.pop(key, _ABSENT) is not _ABSENT:
+                        self._updated_table = None
+        held = keys if held_mask is None else list(itertools.compress(keys, held_mask))
+        if self._removed_tables is not None:
+            # (a key held was in the map, so not among the removed: _removals_table checks
+            # that the tables add up to them)
+            if columns is None or columns.num_rows != len(keys):
+                self._removed_tables = None
+            elif held:
+                kept = columns if held_mask is None else columns.filter(pa.array(held_mask, type=pa.bool_()))
+                self._removed_tables.append(kept.select(self._key_names).cast(pa.schema(list(self.conf.key_schema))))
         self.removed.update(held)
         return len(held)
 
@@ -947,6 +1006,19 @@ class StateStore:
             arrays.append(pa.array([_OP_UPSERT] * len(pairs) + [_OP_REMOVE] * len(gone), type=pa.int8()))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
+    def _removals_table(self) -> pa.Table:
+        """``removed`` as a delta's rows: from the removals' own tables when every removal
+        came with them."""
+        tables = self._removed_tables
+        if not tables or sum(t.num_rows for t in tables) != len(self.removed):
+            return self._table((), self.removed, True)
+        keys = pa.concat_tables(tables)
+        n = keys.num_rows
+        arrays = list(keys.columns) + [pa.nulls(n, f.type) for f in self.conf.value_schema]
+        arrays.append(pa.array(np.full(n, _OP_REMOVE, dtype=np.int8)))
+        fields = [*self.conf.key_schema, *self.conf.value_schema, pa.field(_OP_COLUMN, pa.int8())]
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
     def commit(self) -> int:
         """Write version ``version + 1``; returns it."""
         t0 = time.perf_counter()
@@ -955,7 +1027,7 @@ class StateStore:
             ops = pa.array([_OP_UPSERT] * self._updated_table.num_rows, type=pa.int8())
             table = self._updated_table.append_column(pa.field(_OP_COLUMN, pa.int8()), ops)
             if self.removed:
-                table = pa.concat_tables([table, self._table((), self.removed, True)])
+                table = pa.concat_tables([table, self._removals_table()])
         else:
             table = self._table(self.updated, self.removed, True)
         _write_table(self.fs, f"{self.dir}/{new_version}.delta", table, "delta")
