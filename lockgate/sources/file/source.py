@@ -24,6 +24,7 @@ from lockgate.errors import (
     OptionError,
     SourceError,
 )
+from lockgate.jvm import jvm_name
 from lockgate.sinks.file_log import FileStreamSinkLog
 from lockgate.sources.base import ReadLimit, Source, SourceContext, SourceProvider
 from lockgate.sources.file.log import FileEntry, FileStreamSourceLog
@@ -233,6 +234,57 @@ def log_offset(offset: Any) -> int:
     )
 
 
+class _Relations:
+    """Spark's ``DataSource(paths, schema, format, options).resolveRelation(checkFilesExist
+    = false)``, the relation its FileStreamSource reads a batch's files with, as a
+    DataFrame (JVM objects made once per source)."""
+
+    def __init__(self, spark: SparkSession, data_source: Any, format_name: str, schema: Any, options: Any) -> None:
+        self._spark = spark
+        self._data_source = data_source
+        self._format = format_name
+        self._schema = schema
+        self._options = options
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        self._none = jvm.scala.Option.empty()
+        self._no_columns = jvm.PythonUtils.toSeq([])
+        self._to_seq = jvm.PythonUtils.toSeq
+
+    @classmethod
+    def make(cls, spark: SparkSession, format_name: str, schema: StructType, options: dict[str, str]) -> _Relations:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        data_source = jvm_name(jvm, "org.apache.spark.sql.execution.datasources.DataSource")
+        jschema = jvm.scala.Some(spark._jsparkSession.parseDataType(schema.json()))
+        relations = cls(spark, data_source, format_name, jschema, jvm.PythonUtils.toScalaMap(options))
+        relations._resolve([])  # fails here, not in a batch, on another Spark's signatures
+        return relations
+
+    def _resolve(self, paths: list[str]) -> Any:
+        source = self._data_source(
+            self._spark._jsparkSession,
+            self._format,
+            self._to_seq(paths),
+            self._schema,
+            self._no_columns,
+            self._none,
+            self._options,
+            self._none,
+            self._none,
+        )
+        # resolveRelation(checkFilesExist, readOnly, isStreaming)'s defaults but the first
+        return source.resolveRelation(
+            False, getattr(source, "resolveRelation$default$2")(), getattr(source, "resolveRelation$default$3")()
+        )
+
+    def read(self, paths: list[str]) -> DataFrame:
+        from pyspark.sql import DataFrame
+
+        relation = self._resolve(paths)
+        return DataFrame(self._spark._jsparkSession.baseRelationToDataFrame(relation), self._spark)
+
+
 class FileStreamSource(Source):
     """Reads files appearing under a directory or glob; see the module docstring."""
 
@@ -251,6 +303,9 @@ class FileStreamSource(Source):
         self._format = format_name
         self._empty: DataFrame | None = None
         """The empty batch, made once (a listing of an empty directory on the driver)."""
+        self._relations: _Relations | bool | None = None
+        """How batches are read (:meth:`_read`): None until the first batch, False for
+        DataFrameReader."""
         self._location = location
         self._opts = opts
         self._listing_options = _ListingOptions.parse(context.spark, location, read_options)
@@ -357,12 +412,7 @@ class FileStreamSource(Source):
                 paths.append(escape_glob(backend.to_spark(backend.from_uri(f.path))))
             except ValueError:
                 paths.append(escape_glob(f.path))  # another filesystem: hand Spark the URI
-        df = (
-            self._spark.read.format(self._format)
-            .schema(self._schema)
-            .options(**self._read_options)
-            .load(paths)
-        )
+        df = self._read(paths)
         if df.columns != self._schema.fieldNames():
             # Spark fails such a batch too ("Invalid batch"): the schema was fixed when the
             # query was defined, and the partition directories changed since.
@@ -376,6 +426,22 @@ class FileStreamSource(Source):
                 "is taken from the directories when it is defined)."
             )
         return df
+
+    def _read(self, paths: list[str]) -> DataFrame:
+        """The batch's files as a DataFrame. As Spark's FileStreamSource reads them: the
+        format's relation resolved without checking that the files exist (a file of the
+        log deleted since is skipped, as there), and none of DataFrameReader's analysis of
+        an unresolved data source. Another Spark without that constructor reads them
+        with ``spark.read``."""
+        if self._relations is None:
+            try:
+                self._relations = _Relations.make(self._spark, self._format, self._schema, self._read_options)
+            except Exception as exc:  # noqa: BLE001 - another Spark: DataFrameReader
+                logger.info("file source: Spark's DataSource relation is not available (%s)", exc)
+                self._relations = False
+        if self._relations:
+            return self._relations.read(paths)
+        return self._spark.read.format(self._format).schema(self._schema).options(**self._read_options).load(paths)
 
     def commit(self, end: Any) -> None:
         if self._cleaner is None:
