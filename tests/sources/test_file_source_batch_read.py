@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from differential import write_json
 
 from lockgate.sources.file.source import _Relations
@@ -55,3 +56,27 @@ def test_batches_are_read_through_the_relation_not_the_reader(spark, ls, tmp_pat
     monkeypatch.setattr(_Relations, "read", lambda self, paths: reads.append(paths) or original(self, paths))
     assert _run_available_now(ls.readStream, inp, tmp_path / "ck") == [(0, [7])]
     assert len(reads) == 1 and len(reads[0]) == 1
+
+
+@pytest.mark.parametrize("option", ["modifiedAfter", "modifiedBefore"])
+def test_modification_time_filters_are_refused_like_spark(spark, ls, tmp_path, option):
+    """Batch reads' file filters: Spark's file stream source refuses them (the query fails
+    as it starts); so does lockgate, with Spark's message and what to use instead."""
+    inp = tmp_path / "in"
+    write_json(inp, [{"id": 1}])
+    messages = {}
+    for name, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
+        with pytest.raises(Exception) as info:  # each engine's own exception type
+            query = (
+                reader.schema("id LONG")
+                .option(option, "2000-01-01T00:00:00")
+                .json(str(inp))
+                .writeStream.format("noop")
+                .option("checkpointLocation", str(tmp_path / f"ck-{name}"))
+                .start()
+            )
+            query.processAllAvailable()
+        messages[name] = str(info.value)
+    expected = f"option '{option.lower()}' is not allowed in file stream sources"
+    assert expected in messages["native"]
+    assert expected in messages["lockgate"] and "maxFileAge" in messages["lockgate"]

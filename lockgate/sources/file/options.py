@@ -47,6 +47,14 @@ class FileStreamOptions:
 
     @classmethod
     def parse(cls, options: Options) -> FileStreamOptions:
+        for key in ("modifiedBefore", "modifiedAfter"):  # batch reads' file filters
+            if options.get_str(key) is not None:
+                raise OptionError(
+                    f"option '{key.lower()}' is not allowed in file stream sources. A file "
+                    "stream source reads each new file once; to leave old files out, use "
+                    "'maxFileAge' (or 'latestFirst' with 'maxFilesPerTrigger').",
+                    option=key,
+                )
         max_files = _positive_int(options, "maxFilesPerTrigger")
         max_bytes = _positive_int(options, "maxBytesPerTrigger")
         if max_files is not None and max_bytes is not None:
