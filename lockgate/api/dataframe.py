@@ -8,7 +8,9 @@ recorded as a plan node; at run time the engine replays the plan on each batch.
 
 from __future__ import annotations
 
+import re
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
@@ -142,6 +144,15 @@ _JOIN_TYPES = {
 }
 
 
+def _mentions(text: str, reference: str) -> bool:
+    """Whether ``text`` (a Column's string) holds ``reference`` as a whole name."""
+    return any(not _in_name(text[m.end() : m.end() + 1]) for m in re.finditer(re.escape(reference), text))
+
+
+def _in_name(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
 class StreamingDataFrame:
     """A DataFrame over one or more streaming sources (``isStreaming`` is True).
 
@@ -150,11 +161,21 @@ class StreamingDataFrame:
     :attr:`writeStream`.
     """
 
-    def __init__(self, session: StreamingSession, plan: PlanNode, template: DataFrame) -> None:
+    def __init__(
+        self,
+        session: StreamingSession,
+        plan: PlanNode,
+        template: DataFrame,
+        parent: StreamingDataFrame | None = None,
+    ) -> None:
         self._session = session
         self._plan = plan
         self._template = template
         self._uid = uuid.uuid4().hex[:12]
+        self._parent = parent
+        """The DataFrame this one was made from by a row-by-row step (``withWatermark``,
+        ``where``, ``withColumn`` ...): its columns that the step passed through are
+        this one's too, so ``parent.k`` may be used here, as in PySpark."""
 
     # -- columns bound to this DataFrame (sdf.a, sdf["a"]) -------------------------------
     @property
@@ -189,12 +210,49 @@ class StreamingDataFrame:
         return None
 
     def _bound(self, *values: Any) -> StreamingDataFrame:
-        """This DataFrame, aliased by its hidden name if ``values`` use its bound columns."""
-        marker = self._alias_name
-        if not any(marker in str(v) for v in _flatten(values)):
+        """This DataFrame, aliased by its hidden name if ``values`` use its bound columns;
+        or by the hidden name of a DataFrame it was made from row by row, if ``values``
+        use that one's columns instead (``a = a0.withWatermark(...)`` then
+        ``a.join(b, a0.k == b.k)``), once Spark has checked that ``a`` still has them."""
+        text = " ".join(str(v) for v in _flatten(values))
+        if "__lg_" not in text:
             return self
+        marker = self._alias_name
+        if marker not in text:
+            earlier = [df for df in self._lineage() if f"{df._alias_name}." in text]
+            if not earlier:
+                return self
+            if len(earlier) > 1:
+                raise NotSupportedYetError(
+                    "An expression that refers to columns of two DataFrames this streaming "
+                    "DataFrame was made from (e.g. df0.a and df1.b, with df1 made from df0)",
+                    "lockgate binds a column to one DataFrame. Refer to the columns through "
+                    "the DataFrame the method is called on (df['a'], or F.col('a')).",
+                )
+            ancestor = earlier[0]
+            marker = ancestor._alias_name
+            # Spark's own check that the columns used reach this DataFrame unchanged (a
+            # column replaced since, by withColumn or select, is missing here)
+            used = [c for c in ancestor.columns if _mentions(text, f"{marker}.{c}")]
+            try:
+                self._template.select(*[ancestor._template[c] for c in used])
+            except Exception as exc:  # noqa: BLE001 - Spark's analysis error, explained
+                raise AnalysisError(
+                    f"The expression refers to column(s) {', '.join(map(repr, used))} of a "
+                    "DataFrame this streaming DataFrame was made from, and not all of them "
+                    "reach it unchanged (a step after it replaced or dropped one). Refer to "
+                    "the column through the DataFrame the method is called on, or keep the "
+                    f"earlier value under another name. Spark's analysis: {exc}"
+                ) from None
         node = Transform(self._plan, "alias", (marker,))
         return StreamingDataFrame(self._session, node, self._template.alias(marker))
+
+    def _lineage(self) -> Iterator[StreamingDataFrame]:
+        """The DataFrames this one was made from row by row, nearest first."""
+        df = self._parent
+        while df is not None:
+            yield df
+            df = df._parent
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -202,8 +260,10 @@ class StreamingDataFrame:
         template = relation.provider.emptyFrame(session.spark, relation.schema)
         return cls(session, relation, template)
 
-    def _derive(self, plan: PlanNode, template: DataFrame) -> StreamingDataFrame:
-        return StreamingDataFrame(self._session, plan, template)
+    def _derive(self, plan: PlanNode, template: DataFrame, row_by_row: bool = False) -> StreamingDataFrame:
+        """A DataFrame made from this one; ``row_by_row``: by a step whose output keeps
+        the columns it does not change (see ``_parent``)."""
+        return StreamingDataFrame(self._session, plan, template, self if row_by_row else None)
 
     def _transform(self, method: str, *args: Any, **kwargs: Any) -> StreamingDataFrame:
         for value in (*args, *kwargs.values()):
@@ -217,7 +277,7 @@ class StreamingDataFrame:
             node = push_into_stateful(node, base._template, template) or node
         else:
             node = with_event_time(node, base._template, template)
-        return self._derive(node, template)
+        return self._derive(node, template, row_by_row=True)
 
     # -- schema ------------------------------------------------------------------------
     @property
@@ -458,7 +518,7 @@ class StreamingDataFrame:
         check_event_time_column(self._template, eventTime)
         delay_ms = watermark_delay_ms(delayThreshold)  # Spark's: a month is 31 days
         node = EventTimeWatermark(self._plan, eventTime, delay_ms, delayThreshold)
-        return self._derive(node, template)
+        return self._derive(node, template, row_by_row=True)
 
     def observe(self, observation: Any, *exprs: Column) -> StreamingDataFrame:
         """Named metrics over each micro-batch, reported in its progress
