@@ -59,6 +59,17 @@ def _agg_columns(exprs: tuple[Column | dict[str, str], ...]) -> list[Column]:
     return columns
 
 
+def _in_sparks_order(grouped: Any, spec: dict[str, str], columns: list[Column]) -> list[Column]:
+    """The columns of ``agg({column: function})`` in the order Spark gives them: it
+    takes the dict as a JVM map, whose order is not the dict's."""
+    sparks = grouped.agg(spec).columns[-len(columns) :]
+    names = [grouped.agg(c).columns[-1] for c in columns]
+    if len(set(names)) != len(names) or sorted(names) != sorted(sparks):
+        return columns
+    by_name = dict(zip(names, columns))
+    return [by_name[name] for name in sparks]
+
+
 class StreamingGroupedData:
     """Aggregations over a streaming DataFrame's groups."""
 
@@ -83,6 +94,8 @@ class StreamingGroupedData:
 
     def agg(self, *exprs: Column | dict[str, str]) -> StreamingDataFrame:
         columns = _agg_columns(exprs)
+        if len(exprs) == 1 and isinstance(exprs[0], dict):
+            columns = _in_sparks_order(self._template_grouped, exprs[0], columns)
         template = self._template_grouped.agg(*columns)
         if self._sets is not None:
             return _grouping_sets_aggregate(

@@ -52,6 +52,7 @@ from lockgate.plan.stateful import (
     StatefulOperator,
     UniqueNames,
     report_store_metrics,
+    state_partition,
 )
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import OperatorStateSchema
@@ -619,9 +620,10 @@ def aggregate_state_layout(
     partial_schema = ctx.schema_of(node, partial, "partial")
 
     def partitioning() -> tuple[list[Column], Column]:
-        key_cols = [F.col(f"`{f.name}`") for f in partial_schema.fields[:key_count]]
+        key_fields = partial_schema.fields[:key_count]
+        key_cols = [F.col(f"`{f.name}`") for f in key_fields]
         if key_cols:
-            return key_cols, F.pmod(F.hash(*key_cols), F.lit(ctx.num_partitions))
+            return key_cols, state_partition(key_cols, [f.dataType for f in key_fields], ctx.num_partitions)
         return key_cols, F.lit(0)
 
     key_cols, pid = ctx.cache.get(node, f"partitioning/{ctx.num_partitions}", partitioning)

@@ -393,3 +393,45 @@ class UniqueNames:
             candidate = f"{name}_{n}"
         self._used.add(candidate.lower())
         return candidate
+
+
+def state_partition(columns: list[Any], types: list[Any], num_partitions: int) -> Any:
+    """The state partition of a row by its key ``columns`` (of ``types``): Spark's
+    ``pmod(hash(keys), n)``. Spark's hash refuses maps, which Spark groups by their
+    entries sorted by key: a key holding a map is hashed in that sorted form."""
+    from pyspark.sql import functions as F
+
+    hashed = [_hashable(c, t) for c, t in zip(columns, types)]
+    return F.pmod(F.hash(*hashed), F.lit(num_partitions))
+
+
+def _hashable(column: Any, dtype: Any) -> Any:
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if not _holds_map(dtype):
+        return column
+    if isinstance(dtype, MapType):
+        entries = F.map_entries(column)
+        if _holds_map(dtype.valueType):
+            entries = F.transform(
+                entries,
+                lambda e: F.struct(e["key"].alias("key"), _hashable(e["value"], dtype.valueType).alias("value")),
+            )
+        return F.array_sort(entries)  # a map's keys are unique: sorted by key
+    if isinstance(dtype, ArrayType):
+        return F.transform(column, lambda x: _hashable(x, dtype.elementType))
+    assert isinstance(dtype, StructType)
+    return F.struct(*[_hashable(column[f.name], f.dataType).alias(f.name) for f in dtype.fields])
+
+
+def _holds_map(dtype: Any) -> bool:
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(dtype, MapType):
+        return True
+    if isinstance(dtype, ArrayType):
+        return _holds_map(dtype.elementType)
+    if isinstance(dtype, StructType):
+        return any(_holds_map(f.dataType) for f in dtype.fields)
+    return False
