@@ -11,6 +11,9 @@ from pyspark.errors import AnalysisException as _PySparkAnalysisException
 from pyspark.errors import PySparkException as _PySparkException
 from pyspark.errors import SparkRuntimeException as _PySparkSparkRuntimeException
 from pyspark.errors import StreamingQueryException as _PySparkStreamingQueryException
+from pyspark.errors.exceptions.captured import (
+    StreamingQueryException as _CapturedStreamingQueryException,
+)
 
 
 class LockgateError(Exception):
@@ -151,7 +154,7 @@ class ForeachBatchUserFunctionError(_SparkErrorText, SinkError, _PySparkExceptio
         self.message_text = message
 
 
-class StreamingQueryException(LockgateError, _PySparkStreamingQueryException):
+class StreamingQueryException(LockgateError, _CapturedStreamingQueryException):
     """The exception that stopped a streaming query.
 
     Raised by :meth:`StreamingQuery.awaitTermination` and
@@ -166,6 +169,11 @@ class StreamingQueryException(LockgateError, _PySparkStreamingQueryException):
 
     ERROR_CLASS = "STREAM_FAILED"
     SQL_STATE = "XXKST"
+    # pyspark's captured StreamingQueryException (what native Spark raises, and what
+    # code catches) keeps the JVM exception in _origin: lockgate's has none, and answers
+    # from its own condition and parameters (PySparkException's) instead.
+    _origin = None
+    _stackTrace = ""
 
     def __init__(
         self,
@@ -212,6 +220,18 @@ class StreamingQueryException(LockgateError, _PySparkStreamingQueryException):
 
     def getSqlState(self) -> str | None:
         return self.SQL_STATE if self.getCondition() is not None else None
+
+    def getCondition(self) -> str | None:
+        return _PySparkException.getCondition(self)
+
+    def getErrorClass(self) -> str | None:
+        return _PySparkException.getCondition(self)
+
+    def getMessageParameters(self) -> dict[str, str] | None:
+        return _PySparkException.getMessageParameters(self)
+
+    def getQueryContext(self) -> list:  # type: ignore[type-arg]
+        return _PySparkException.getQueryContext(self)
 
     def getMessage(self) -> str:
         return self._spark_message or self.message_text

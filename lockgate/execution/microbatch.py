@@ -639,6 +639,22 @@ class MicroBatchExecution(StreamExecution):
     def _check_state_schemas(self, execution: IncrementalExecution) -> None:
         state_root = self.fs.join(self.checkpoint_root, "state")
         if not self._state_checked:
+            if self.current_batch_id > 0 and execution.state_schemas and not self.fs.list_names(state_root):
+                operators = ", ".join(
+                    f"(OperatorId: {s.operator_id} -> OperatorName: {s.operator_name})"
+                    for s in sorted(execution.state_schemas.values(), key=lambda s: s.operator_id)
+                )
+                raise CheckpointError(
+                    "[STREAMING_STATEFUL_OPERATOR_MISSING_STATE_DIRECTORY] Cannot restart "
+                    "streaming query with stateful operators because the state directory is "
+                    f"empty or missing.\nStateful operators in current batch: [{operators}].\n"
+                    "This typically occurs when state files have been deleted or the "
+                    "streaming query was previously run without stateful operators but "
+                    "restarted with stateful operators.\nPlease remove the stateful operators, "
+                    "use a new checkpoint location, or restore the missing state files. "
+                    "SQLSTATE: 42K03",
+                    path=state_root,
+                )
             check_operator_count(self.fs, state_root, len(self._stateful_ops))
         check = str(self.spark.conf.get("spark.sql.streaming.stateStore.stateSchemaCheck", "true"))
         for schema in execution.state_schemas.values():

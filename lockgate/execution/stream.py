@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 import threading
 import traceback
 import uuid
@@ -346,4 +347,9 @@ def _describe(exc: BaseException, limit: int = 4000) -> str:
         name = type(exc).__name__
     if len(text) > limit:
         text = text[:limit] + " ..."
+    if java is None and _SPARK_ERROR.match(text):
+        return text  # a Spark error class's message: as Spark puts it, with no type before it
     return f"{name}: {text}" if text else name
+
+
+_SPARK_ERROR = re.compile(r"\[[A-Z][A-Z0-9_]*(\.[A-Z][A-Z0-9_]*)*\] ")
