@@ -662,6 +662,8 @@ def _build(
     threshold = ctx.cache.get(
         node, f"evolution/{versions.encoding}", lambda: _evolution_threshold(child.sparkSession, versions.encoding)
     )
+    if threshold is not None:  # Avro encoding
+        _require_nullable(child.sparkSession, node.variables)
 
     def conf(name: str, value: StructType) -> StateStoreConf:
         return StateStoreConf(
@@ -738,6 +740,19 @@ class _VariableVersions:
     gaps: dict[str, list[int]]
     encoding: str | None
     """The state's encoding recorded in the checkpoint (None: no state yet)."""
+
+
+def _require_nullable(spark: Any, variables: tuple[StateVariable, ...] | list[StateVariable]) -> None:
+    """Spark's refusal, under Avro encoding, of a state variable whose schema has a
+    field that is not nullable (TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE)."""
+    for variable in variables:
+        for schema in (variable.key_schema, variable.schema):
+            if schema is not None and not all(f.nullable for f in schema.fields):
+                scala = str(spark._jsparkSession.parseDataType(schema.json()).toString())
+                raise AnalysisError.spark(
+                    "TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE",
+                    {"columnFamilyName": variable.name, "schema": scala},
+                )
 
 
 def _evolution_threshold(spark: Any, recorded: str | None) -> int | None:

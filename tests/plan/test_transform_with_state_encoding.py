@@ -348,3 +348,18 @@ def _metadata_rows(df: Any) -> list[dict[str, Any]]:
             row["operatorProperties"] = json.loads(row["operatorProperties"])
             row["operatorProperties"]["stateVariables"].sort(key=lambda v: v["stateName"])
     return rows
+
+
+def test_a_state_schema_with_a_non_nullable_field_fails_under_avro_as_in_spark(spark, ls, tmp_path):
+    """Under Avro encoding Spark requires every field of a state variable's schema to be
+    nullable (TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE), naming the variable and the
+    schema; lockgate refuses it with the same message."""
+    run = Run(spark, ls, tmp_path, _shaped("id int not null, name string"), "update", "k STRING, v LONG")
+    write_json(run.input, [{"k": "a", "v": 1}])
+    with spark_conf(spark, "spark.sql.streaming.stateStore.encodingFormat", "avro"):
+        errors = {engine: _failure(run, engine, reader) for engine, reader in (("native", spark.readStream), ("lockgate", ls.readStream))}
+    pattern = r"\[TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE\][^\n]*?SQLSTATE: XXKST"
+    native, lockgate = (re.search(pattern, errors[e].replace("\n", " ")) for e in ("native", "lockgate"))
+    assert native is not None, errors["native"][:3000]
+    assert "column family state" in native.group(0) and "StructField(id,IntegerType,false)" in native.group(0)
+    assert lockgate is not None and lockgate.group(0) == native.group(0), errors["lockgate"]
