@@ -907,18 +907,16 @@ class StateStore:
         version either); with no removal yet in this version, they then go into the
         map alone, and into :attr:`updated` only when someone asks for it."""
         earlier = self._updated_table
-        names = self._key_names + self._value_names
-        if new and not self.removed and (earlier is not None or not self.updated_count) and table.num_rows == len(keys):
+        whole = earlier is not None or not self.updated_count
+        if new and whole and not self.removed and table.num_rows == len(keys):
             self.map.update(zip(keys, values))
             self._pending.append((keys, values))
-            added = table.select(names).cast(pa.schema(list(self.conf.key_schema) + list(self.conf.value_schema)))
-            self._updated_table = added if earlier is None else pa.concat_tables([earlier, added])
-            return
-        whole = earlier is not None or not self.updated
-        before = len(self.updated)
-        self.put_many(list(zip(keys, values)))
-        if not whole or table.num_rows != len(keys) or len(self.updated) != before + len(keys):
-            return  # a key put before in this version: the tables no longer tell
+        else:
+            before = len(self.updated)
+            self.put_many(list(zip(keys, values)))
+            if not whole or table.num_rows != len(keys) or len(self.updated) != before + len(keys):
+                return  # a key put before in this version: the tables no longer tell
+        names = self._key_names + self._value_names
         added = table.select(names).cast(pa.schema(list(self.conf.key_schema) + list(self.conf.value_schema)))
         self._updated_table = added if earlier is None else pa.concat_tables([earlier, added])
 
@@ -1023,13 +1021,15 @@ class StateStore:
         """Write version ``version + 1``; returns it."""
         t0 = time.perf_counter()
         new_version = self.version + 1
-        if self._updated_table is not None:
-            ops = pa.array([_OP_UPSERT] * self._updated_table.num_rows, type=pa.int8())
-            table = self._updated_table.append_column(pa.field(_OP_COLUMN, pa.int8()), ops)
-            if self.removed:
-                table = pa.concat_tables([table, self._removals_table()])
-        else:
+        upserts = self._updated_table
+        if upserts is None and self.updated_count:
             table = self._table(self.updated, self.removed, True)
+        else:  # the upserts' tables, if any, and the removals (from their columns if given)
+            parts = [self._removals_table()] if self.removed or upserts is None else []
+            if upserts is not None:
+                ops = pa.array([_OP_UPSERT] * upserts.num_rows, type=pa.int8())
+                parts.insert(0, upserts.append_column(pa.field(_OP_COLUMN, pa.int8()), ops))
+            table = pa.concat_tables(parts)
         _write_table(self.fs, f"{self.dir}/{new_version}.delta", table, "delta")
         if new_version % self.conf.snapshot_interval == 0:
             self._remove_leftovers()
