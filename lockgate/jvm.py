@@ -132,3 +132,50 @@ class ArrowMapOver:
         if node.getClass().getSimpleName() == "MapInArrow" and node.child().output().equals(plan.output()):
             self._node, self._child_output = node, plan.output()
         return mapped
+
+
+class DataSources:
+    """Spark's ``DataSource(sparkSession, className, paths, userSpecifiedSchema,
+    partitionColumns, bucketSpec, options, catalogTable, ...)``, the file formats'
+    relation that ``DataFrameReader.load()``, ``DataFrameWriter.save()`` and Spark's
+    file stream source and sink build, with the JVM objects every call passes made once."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        self._jspark = spark._jsparkSession
+        self._class = jvm_name(jvm, "org.apache.spark.sql.execution.datasources.DataSource")
+        self._to_seq = jvm.PythonUtils.toSeq
+        self._empty = self._to_seq([])
+        self._none = jvm_name(jvm, "scala.Option").empty()
+        self._some = jvm_name(jvm, "scala.Some")
+
+    def schema(self, schema: Any) -> Any:
+        """``Some`` of a PySpark ``StructType``, for :meth:`new`."""
+        return self._some(self._jspark.parseDataType(schema.json()))
+
+    def new(
+        self,
+        format_name: str,
+        *,
+        paths: Sequence[str] = (),
+        schema: Any = None,
+        partition_columns: Sequence[str] = (),
+        options: Any,
+    ) -> Any:
+        """A ``DataSource``; ``schema`` from :meth:`schema` (None: none given),
+        ``options`` a Scala map (``PythonUtils.toScalaMap``)."""
+        return self._class(
+            self._jspark,
+            format_name,
+            self._seq(paths),
+            self._none if schema is None else schema,
+            self._seq(partition_columns),
+            self._none,
+            options,
+            self._none,
+            self._none,
+        )
+
+    def _seq(self, items: Sequence[str]) -> Any:
+        return self._to_seq(list(items)) if items else self._empty

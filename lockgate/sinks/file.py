@@ -51,7 +51,7 @@ from lockgate.errors import (
     OptionError,
     SinkError,
 )
-from lockgate.jvm import jvm_name
+from lockgate.jvm import DataSources, jvm_name
 from lockgate.sinks.base import Sink, SinkContext, SinkProvider
 from lockgate.sinks.file_log import (
     COMPACT_INTERVAL_CONF,
@@ -95,11 +95,7 @@ class _FileWrite:
     command this sink executes, so that it can read the rows the write's tasks counted
     (the command's ``numOutputRows`` metric)."""
 
-    data_source: Any
-    """``DataSource`` (JVM class)."""
-    none: Any
-    no_paths: Any
-    """An empty Scala ``Seq`` (the path goes in the options, as ``save()`` puts it)."""
+    data_sources: DataSources
     append: Any
     """``SaveMode.Append``."""
     mode: Any
@@ -110,28 +106,17 @@ class _FileWrite:
         jvm = spark.sparkContext._jvm
         assert jvm is not None
         return cls(
-            data_source=jvm_name(jvm, "org.apache.spark.sql.execution.datasources.DataSource"),
-            none=jvm_name(jvm, "scala.Option").empty(),
-            no_paths=jvm.PythonUtils.toSeq([]),
+            data_sources=DataSources(spark),
             append=jvm_name(jvm, "org.apache.spark.sql.SaveMode").Append,
             mode=getattr(spark._jsparkSession.sessionState(), "executePlan$default$2")(),
         )
 
     def run(self, data: DataFrame, format_name: str, options: dict[str, str], partition_by: list[str]) -> int:
-        """Write ``data`` (appending) with ``options`` (``path`` among them); the rows written."""
+        """Write ``data`` (appending) with ``options`` (``path`` among them, as ``save()``
+        puts it); the rows written."""
         spark = data.sparkSession
         utils = spark.sparkContext._jvm.PythonUtils  # type: ignore[union-attr]
-        source = self.data_source(
-            spark._jsparkSession,
-            format_name,
-            self.no_paths,
-            self.none,
-            utils.toSeq(partition_by),
-            self.none,
-            utils.toScalaMap(options),
-            self.none,
-            self.none,
-        )
+        source = self.data_sources.new(format_name, partition_columns=partition_by, options=utils.toScalaMap(options))
         command = source.planForWriting(self.append, data._jdf.logicalPlan())
         execution = spark._jsparkSession.sessionState().executePlan(command, self.mode)
         execution.assertCommandExecuted()

@@ -24,7 +24,7 @@ from lockgate.errors import (
     OptionError,
     SourceError,
 )
-from lockgate.jvm import jvm_name
+from lockgate.jvm import DataSources
 from lockgate.sinks.file_log import FileStreamSinkLog
 from lockgate.sources.base import ReadLimit, Source, SourceContext, SourceProvider
 from lockgate.sources.file.log import FileEntry, FileStreamSourceLog
@@ -239,40 +239,16 @@ class _Relations:
     = false)``, the relation its FileStreamSource reads a batch's files with, as a
     DataFrame (JVM objects made once per source)."""
 
-    def __init__(self, spark: SparkSession, data_source: Any, format_name: str, schema: Any, options: Any) -> None:
+    def __init__(self, spark: SparkSession, format_name: str, schema: StructType, options: dict[str, str]) -> None:
         self._spark = spark
-        self._data_source = data_source
         self._format = format_name
-        self._schema = schema
-        self._options = options
-        jvm = spark.sparkContext._jvm
-        assert jvm is not None
-        self._none = jvm.scala.Option.empty()
-        self._no_columns = jvm.PythonUtils.toSeq([])
-        self._to_seq = jvm.PythonUtils.toSeq
-
-    @classmethod
-    def make(cls, spark: SparkSession, format_name: str, schema: StructType, options: dict[str, str]) -> _Relations:
-        jvm = spark.sparkContext._jvm
-        assert jvm is not None
-        data_source = jvm_name(jvm, "org.apache.spark.sql.execution.datasources.DataSource")
-        jschema = jvm.scala.Some(spark._jsparkSession.parseDataType(schema.json()))
-        relations = cls(spark, data_source, format_name, jschema, jvm.PythonUtils.toScalaMap(options))
-        relations._resolve([])  # fails here, not in a batch, on another Spark's signatures
-        return relations
+        self._data_sources = DataSources(spark)
+        self._schema = self._data_sources.schema(schema)
+        self._options = spark.sparkContext._jvm.PythonUtils.toScalaMap(options)  # type: ignore[union-attr]
+        self._resolve([])  # fails here, not in a batch, on another Spark's signatures
 
     def _resolve(self, paths: list[str]) -> Any:
-        source = self._data_source(
-            self._spark._jsparkSession,
-            self._format,
-            self._to_seq(paths),
-            self._schema,
-            self._no_columns,
-            self._none,
-            self._options,
-            self._none,
-            self._none,
-        )
+        source = self._data_sources.new(self._format, paths=paths, schema=self._schema, options=self._options)
         # resolveRelation(checkFilesExist, readOnly, isStreaming)'s defaults but the first
         return source.resolveRelation(
             False, getattr(source, "resolveRelation$default$2")(), getattr(source, "resolveRelation$default$3")()
@@ -435,7 +411,7 @@ class FileStreamSource(Source):
         with ``spark.read``."""
         if self._relations is None:
             try:
-                self._relations = _Relations.make(self._spark, self._format, self._schema, self._read_options)
+                self._relations = _Relations(self._spark, self._format, self._schema, self._read_options)
             except Exception as exc:  # noqa: BLE001 - another Spark: DataFrameReader
                 logger.info("file source: Spark's DataSource relation is not available (%s)", exc)
                 self._relations = False
