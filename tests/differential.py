@@ -397,6 +397,26 @@ def feed(query, stream: Any, data) -> int:
     return offset
 
 
+def available_now_batches(
+    df: Any, checkpoint: Path | str, output_mode: str | None = None, rows: Callable[[Any], Any] | None = None
+) -> list[tuple[int, Any]]:
+    """Run ``df`` from ``checkpoint`` with ``trigger(availableNow=True)`` into foreachBatch
+    until it ends (its failure is raised); each batch's id and rows, as ``rows(batch)``
+    gives them (by default its rows as sorted tuples)."""
+    collect = rows or (lambda batch: sorted(map(tuple, batch.collect())))
+    out: list[tuple[int, Any]] = []
+    writer = df.writeStream if output_mode is None else df.writeStream.outputMode(output_mode)
+    query = (
+        writer.foreachBatch(lambda batch, batch_id: out.append((batch_id, collect(batch))))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(TIMEOUT_S)
+    assert query.exception() is None
+    return out
+
+
 def unique(prefix: str = "q") -> str:
     """A fresh query / table name."""
     return f"{prefix}_{uuid.uuid4().hex[:10]}"

@@ -5,7 +5,7 @@ the same order, holding the same values."""
 from __future__ import annotations
 
 import pytest
-from differential import write_json
+from differential import available_now_batches, write_json
 
 SPECS = [
     {"id": "sum", "*": "count"},
@@ -20,14 +20,8 @@ def test_dict_aggregations_come_in_sparks_order(spark, ls, tmp_path, spec):
     got = {}
     for name, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
         df = reader.schema("g LONG, id LONG, a LONG, b LONG, c LONG, d DOUBLE").json(str(inp)).groupBy("g").agg(spec)
-        out: list = []
-        query = (
-            df.writeStream.outputMode("update")
-            .foreachBatch(lambda batch, bid, out=out: out.append((batch.columns, sorted(map(tuple, batch.collect())))))
-            .option("checkpointLocation", str(tmp_path / f"ck-{name}"))
-            .trigger(availableNow=True)
-            .start()
+        rows = available_now_batches(
+            df, tmp_path / f"ck-{name}", "update", rows=lambda batch: (batch.columns, sorted(map(tuple, batch.collect())))
         )
-        query.awaitTermination(180)
-        got[name] = (df.columns, out)
+        got[name] = (df.columns, rows)
     assert got["lockgate"] == got["native"]

@@ -5,31 +5,16 @@ reaches the later DataFrame unchanged; so does lockgate, with the same rows."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from differential import write_json
+from differential import available_now_batches, write_json
 from pyspark.sql import functions as F
 
 from lockgate.errors import AnalysisError, NotSupportedYetError
 
 
-def _batches(df, checkpoint: Path) -> list[tuple[int, list[tuple]]]:
-    out: list[tuple[int, list[tuple]]] = []
-    query = (
-        df.writeStream.foreachBatch(lambda batch, bid: out.append((bid, sorted(map(tuple, batch.collect())))))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(180)
-    assert query.exception() is None
-    return out
-
-
 def _both(spark, ls, tmp_path, build) -> dict[str, list]:
     return {
-        name: _batches(build(reader), tmp_path / f"ck-{name}")
+        name: available_now_batches(build(reader), tmp_path / f"ck-{name}")
         for name, reader in (("native", spark.readStream), ("lockgate", ls.readStream))
     }
 

@@ -9,25 +9,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from differential import write_json
+from differential import available_now_batches, write_json
 
 from lockgate.sources.file.source import _Relations
 
 
 def _run_available_now(reader, inp: Path, checkpoint: Path) -> list[tuple[int, list[int]]]:
     """Each batch's id and its ids, from foreachBatch."""
-    batches: list[tuple[int, list[int]]] = []
-    query = (
-        reader.schema("id LONG")
-        .json(str(inp))
-        .writeStream.foreachBatch(lambda df, batch_id: batches.append((batch_id, sorted(r.id for r in df.collect()))))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(180)
-    assert query.exception() is None
-    return batches
+    df = reader.schema("id LONG").json(str(inp))
+    return available_now_batches(df, checkpoint, rows=lambda batch: sorted(r.id for r in batch.collect()))
 
 
 def test_a_logged_file_deleted_before_its_batch_runs_again_is_skipped_like_spark(spark, ls, tmp_path):
