@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from lockgate.checkpoint.log import MetadataLog
+from lockgate.checkpoint.log import CORRUPT_LOG_FIX, MetadataLog
 from lockgate.errors import CheckpointError
 
 VOID_OFFSET = "-"
@@ -109,6 +109,9 @@ class OffsetSeqLog(MetadataLog[OffsetSeq]):
     def deserialize_version(self, version: int, body: str, path: str) -> OffsetSeq:
         entry = self.deserialize(body, path)
         if version < 2:
+            for index, offset in enumerate(entry.offsets):
+                if offset is not None:
+                    self._check_offset(offset, str(index), path)
             return entry
         names: list[str] = []
         offsets: list[str | None] = []
@@ -121,6 +124,8 @@ class OffsetSeqLog(MetadataLog[OffsetSeq]):
                 )
             names.append(name)
             offsets.append(None if offset == VOID_OFFSET else offset)
+            if offset != VOID_OFFSET:
+                self._check_offset(offset, repr(name), path)
         return OffsetSeq(tuple(offsets), entry.metadata, tuple(names))
 
     def deserialize(self, body: str, path: str) -> OffsetSeq:
@@ -138,3 +143,20 @@ class OffsetSeqLog(MetadataLog[OffsetSeq]):
                 continue
             offsets.append(None if line == VOID_OFFSET else line)
         return OffsetSeq(tuple(offsets), metadata)
+
+    def _check_offset(self, offset: str, source: str, path: str) -> None:
+        """Refuse an offset cut off inside its JSON: a file truncated in its last line
+        would otherwise be read as a shorter offset, which the source misreads or fails
+        on without naming the file. Offsets are JSON (Spark's ``Offset.json``); one that
+        does not open as a JSON object, array or string is left to its source."""
+        if not offset.startswith(("{", "[", '"')):
+            return
+        try:
+            json.loads(offset)
+        except ValueError as exc:
+            raise CheckpointError(
+                f"Offsets log file {path} is corrupt: the offset of source {source} is not "
+                f"valid JSON ({exc}): {offset[:200]!r}. The file was truncated or damaged. "
+                f"{CORRUPT_LOG_FIX}",
+                path=path,
+            ) from exc

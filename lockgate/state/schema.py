@@ -172,6 +172,29 @@ def read_schema_file(fs: CheckpointFileSystem, path: str, operator_id: int) -> d
             f"an object. {fix}",
             path=path,
         )
+    if stored.get("formatVersion") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"State schema file {path} has format version {stored.get('formatVersion')!r}; "
+            f"this lockgate reads version {FORMAT_VERSION}: the file was written by another "
+            f"lockgate version, or damaged. {fix}",
+            path=path,
+        )
+    # a file that parses as JSON but not as a schema file (edited, or another tool's)
+    # fails here naming the file, not later with a TypeError of whoever reads it
+    problem = None
+    for name, kind, label in (("operatorName", str, "a string"), ("numPartitions", int, "an integer"), ("operatorId", int, "an integer")):
+        value = stored.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            problem = f"{name} is {value!r}, expected {label}"
+            break
+    if problem is None:
+        try:
+            for which in ("key", "value"):
+                stored_schema(stored, which)
+        except (CheckpointError, TypeError, KeyError, ValueError, AttributeError, IndexError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+    if problem is not None:
+        raise CheckpointError(f"State schema file {path} is corrupt: {problem}. {fix}", path=path)
     return stored
 
 
@@ -221,12 +244,6 @@ def _check_or_write_schema(
     if stored is None:
         write_checked(fs, path, schema.to_json().encode("utf-8"), overwrite=True)
         return
-    if stored.get("formatVersion") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"State schema file {path} has format version {stored.get('formatVersion')!r}; "
-            f"this lockgate reads version {FORMAT_VERSION}.",
-            path=path,
-        )
     op = f"stateful operator {schema.operator_id} ({schema.operator_name})"
     differences = []
     renamed = (stored.get("operatorName"), schema.operator_name) == (TRANSFORM_WITH_STATE_NAME, TRANSFORM_WITH_STATE_ROW_NAME)
