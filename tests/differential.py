@@ -752,19 +752,21 @@ class JoinPair:
     def rows(self, engine: str) -> list[str]:
         return canonical(self.spark.table(self.tables[engine]).collect())
 
-    def state(self, engine: str) -> tuple[Any, ...]:
+    def state(self, engine: str) -> list[tuple[Any, ...]]:
+        """Every batch that ran: its id and the join's state metrics."""
         ran = [p for p in self.queries[engine].recentProgress if "addBatch" in p.durationMs]
-        if not ran or not ran[-1].stateOperators:
-            return ()
-        p = ran[-1]
-        s = p.stateOperators[0]
-        return (p.batchId, s.numRowsTotal, s.numRowsDroppedByWatermark)
+        return [
+            (p.batchId, s.numRowsTotal, s.numRowsDroppedByWatermark, s.numRowsUpdated, s.numRowsRemoved)
+            for p in ran
+            for s in p.stateOperators[:1]
+        ]
 
     def check(self, step: int) -> None:
         native, mine = self.rows("native"), self.rows("lockgate")
         assert mine == native, f"{self.name} step {step}: rows differ\nnative:   {native}\nlockgate: {mine}"
         assert self.state("lockgate") == self.state("native"), (
-            f"{self.name} step {step}: (batchId, numRowsTotal, numRowsDroppedByWatermark) "
+            f"{self.name} step {step}: (batchId, numRowsTotal, numRowsDroppedByWatermark, numRowsUpdated, "
+            "numRowsRemoved) "
             f"native {self.state('native')} lockgate {self.state('lockgate')}"
         )
 

@@ -209,11 +209,11 @@ class _Side:
         self.index = self.aux.keys
         self.pending: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
 
-    def append(self, key: tuple[Any, ...], value: tuple[Any, ...], t: int | None) -> None:
+    def append(self, key: tuple[Any, ...], value: tuple[Any, ...], t: int | None) -> tuple[Any, ...]:
         """Buffer a row of this batch (its values and ``matched`` flag) under ``key``
         (after the key's rows: its index is the next one); ``t`` is its eviction time,
         as the index's ``time_of`` gives it. The index has the row at once, the store at
-        :meth:`flush`."""
+        :meth:`flush`. Returns the row's state key."""
         indices = self.index.get(key)
         if indices:
             index = indices[-1] + 1
@@ -228,6 +228,7 @@ class _Side:
         self.pending.append((skey, value))
         if t is not None and self.aux.time_of is not None:
             self.aux.push(t, skey)
+        return skey
 
     def flush(self) -> None:
         """Put the rows :meth:`append` buffered into the store."""
@@ -462,10 +463,11 @@ def _join_partition(task: JoinTask, partition: int, batches: Any) -> list[pa.Rec
     out: list[tuple[Any, ...]] = []
     dropped = inputs[LEFT].dropped + inputs[RIGHT].dropped
     columnar = _join_columnar(task, table, sides, inputs, limits[RIGHT], post, out)
+    transient = 0
     if columnar is not None:
         updated, joined = columnar
     else:
-        updated, joined = _join_rows(task, sides, inputs, limits[RIGHT], post, out), None
+        (updated, transient), joined = _join_rows(task, sides, inputs, limits[RIGHT], post, out), None
     update_ms = (time.perf_counter() - t0) * 1000
     t1 = time.perf_counter()
     removed = 0
@@ -500,6 +502,10 @@ def _join_partition(task: JoinTask, partition: int, batches: Any) -> list[pa.Rec
                     row = tuple(v[:-1])
                     out.append(row + null_rows[RIGHT] if side == LEFT else null_rows[LEFT] + row)
         removed += len(gone)
+    # a left semi join's left row buffered and matched in this batch is dropped in it too:
+    # Spark counts it neither as updated nor as removed
+    updated -= transient
+    removed -= transient
     remove_ms = (time.perf_counter() - t1) * 1000
     for s in sides:
         s.store.commit()
@@ -539,16 +545,20 @@ def _join_rows(
     right_limit: int | None,
     post: Callable[[Any, Any], bool] | None,
     out: list[tuple[Any, ...]],
-) -> int:
+) -> tuple[int, int]:
     """The join of this batch's rows a row at a time, each side's rows probing the other
     side's buffered rows (the left side's first); the joined rows go to ``out``. Updates
-    the matched flags and buffers the rows; how many it buffered."""
+    the matched flags and buffers the rows; how many it buffered, and how many of those
+    are a left semi join's left rows that a right row of this batch then matched (the
+    removal drops them in this batch)."""
     jt = task.join_type
     semi = jt == "left_semi"
     # no function to call per row when there is no condition
     pre = [all_true([compile_expr(e) for e in terms]) if terms else None for terms in task.pre_join]
     null_rows = ((None,) * task.left_width, (None,) * task.right_width)
     updated = 0
+    fresh: set[tuple[Any, ...]] = set()  # a left semi join's left rows of this batch
+    transient = 0
     for side in (LEFT, RIGHT):
         mine, theirs = sides[side], sides[1 - side]
         outer_mine = jt == "full_outer" or jt == ("left_outer" if side == LEFT else "right_outer")
@@ -581,6 +591,8 @@ def _join_rows(
                         matched = True
                         if not value[-1]:
                             put_theirs(skey, (*that, True))
+                            if semi and skey in fresh:
+                                transient += 1
                         if semi:
                             if side == LEFT:
                                 break
@@ -591,11 +603,13 @@ def _join_rows(
                 out.append(row)
                 continue
             if limit is None or t is None or t > limit or (outer_mine and not matched):
-                mine.append(key, (*row, matched), t)
+                skey = mine.append(key, (*row, matched), t)
+                if semi and side == LEFT:
+                    fresh.add(skey)
                 updated += 1
         # before the other side probes this side's rows
         mine.flush()
-    return updated
+    return updated, transient
 
 
 def _join_columnar(
