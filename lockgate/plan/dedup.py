@@ -32,7 +32,13 @@ from lockgate.errors import AnalysisError
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
 from lockgate.plan.state_udf import map_with_state, with_batch_params
-from lockgate.plan.stateful import OutputColumn, StatefulContext, StatefulOperator, micros
+from lockgate.plan.stateful import (
+    OutputColumn,
+    StatefulContext,
+    StatefulOperator,
+    micros,
+    state_partition,
+)
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import OperatorStateSchema
 from lockgate.state.store import (
@@ -493,7 +499,7 @@ def build_deduplicate(
 
     def partitioning() -> tuple[list[Column], Column]:
         key_cols = [F.col(f"`{k}`") for k in node.keys]
-        return key_cols, F.pmod(F.hash(*key_cols), F.lit(n))
+        return key_cols, state_partition(key_cols, [child.schema[k].dataType for k in node.keys], n)
 
     key_cols, pid = ctx.cache.get(node, f"partitioning/{n}", partitioning)
     java_keys = ctx.cache.java_columns(node, f"partitioning/{n}", lambda: key_cols)

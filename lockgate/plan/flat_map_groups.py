@@ -75,6 +75,7 @@ from lockgate.plan.stateful import (
     StatefulContext,
     StatefulOperator,
     report_store_metrics,
+    state_partition,
     stateful_operators,
 )
 from lockgate.state.arrow_types import schema_to_arrow
@@ -85,6 +86,7 @@ from lockgate.state.store import (
     arrow_values,
     column_values,
     micros_array,
+    signed_zero_key,
 )
 
 if TYPE_CHECKING:
@@ -715,7 +717,9 @@ def run_flat_map_task(task: FlatMapTask, partition: int, batches: Any) -> Any:
                 first = _to_pandas(parts[0], task.timezone)
                 key_tuple = tuple(first[name][0] for name in task.key_columns)
                 chunks = iter([first, *(_to_pandas(p, task.timezone) for p in parts[1:])])
-                yield from call(key, key_tuple, chunks, False)
+                # Spark groups a batch's rows by key equality (-0.0 is 0.0) and keys the
+                # state by the group's first key, as its bytes (-0.0 is not 0.0)
+                yield from call(signed_zero_key(key), key_tuple, chunks, False)
 
     # -- timed-out keys -----------------------------------------------------------------------
     update_ms = (time.perf_counter() - started) * 1000
@@ -780,7 +784,7 @@ def build_flat_map(
 
     def partitioning() -> tuple[list[Any], Any]:
         key_cols = [F.col(f"`{k}`") for k in node.keys]
-        return key_cols, F.pmod(F.hash(*key_cols), F.lit(n))
+        return key_cols, state_partition(key_cols, [child.schema[k].dataType for k in node.keys], n)
 
     key_cols, pid = ctx.cache.get(node, f"partitioning/{n}", partitioning)
     java_keys = ctx.cache.java_columns(node, f"partitioning/{n}", lambda: key_cols)
@@ -804,6 +808,7 @@ def build_flat_map(
         min_versions_to_retain=ctx.min_versions_to_retain,
         checkpoint_id=ctx.checkpoint_id,
         timestamps_as_micros=True,
+        signed_zero_keys=True,
     )
     conf = child.sparkSession.conf
 

@@ -74,10 +74,22 @@ from lockgate.plan.aggregate_functions import (
 )
 from lockgate.plan.event_time import column_event_time
 from lockgate.plan.state_udf import map_with_state, with_batch_params
-from lockgate.plan.stateful import StatefulContext, UniqueNames, micros, report_store_metrics
+from lockgate.plan.stateful import (
+    StatefulContext,
+    UniqueNames,
+    micros,
+    report_store_metrics,
+    state_partition,
+)
 from lockgate.state.arrow_types import schema_to_arrow, spark_type_to_arrow
 from lockgate.state.schema import SESSION_WINDOW_NAME, OperatorStateSchema
-from lockgate.state.store import StateStore, StateStoreConf, arrow_values, groups_like_state_keys
+from lockgate.state.store import (
+    StateStore,
+    StateStoreConf,
+    arrow_values,
+    column_values,
+    groups_like_state_keys,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -336,7 +348,9 @@ def _arrivals(task: SessionTask, batches: list[pa.RecordBatch]) -> dict[tuple[An
     arrivals: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
     seq = 0
     for batch in batches:
-        keys = zip(*[batch.column(n).to_pylist() for n in task.key_columns])
+        # the store's form of the keys (every NaN one object, lists as tuples), as the
+        # stored keys come back from the state files
+        keys = zip(*[column_values(batch.column(n)) for n in task.key_columns])
         starts = batch.column(task.start_column).cast(pa.int64()).to_pylist()
         ends = batch.column(task.end_column).cast(pa.int64()).to_pylist()
         inputs = batch.column(_MAP_PARTITION).to_pylist()
@@ -431,7 +445,7 @@ def batch_sessions(
         ufunc = np.minimum if kind == "min" else np.maximum if kind == "max" else np.add
         merged.append(ufunc.reduceat(values, bounds).tolist())
     firsts = pa.array(bounds)
-    keys = zip(*[table.column(k).take(firsts).to_pylist() for k in task.key_columns])
+    keys = zip(*[column_values(table.column(k).take(firsts)) for k in task.key_columns])
     arrivals: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
     for i, (key, start, end, values) in enumerate(
         zip(keys, starts[bounds].tolist(), session_ends, zip(*merged))
@@ -598,7 +612,8 @@ def build_session_aggregate(
         .groupBy(*key_cols, F.col(_SESSION), F.col(_MAP_PARTITION))
         .agg(*partials)
     )
-    pid = F.pmod(F.hash(*key_cols), F.lit(ctx.num_partitions))
+    # a map key is hashed in its sorted form, as the repartition above sorts it
+    pid = state_partition(key_cols, [ctx.schema_of(node, rows, "rows")[a].dataType for a in key_aliases], ctx.num_partitions)
     partial = partial.select(
         *[F.col(a).alias(node.key_names[i]) for i, a in zip(others, key_aliases)],
         F.col(_SESSION),
@@ -643,8 +658,10 @@ def build_session_aggregate(
         min_versions_to_retain=ctx.min_versions_to_retain,
         checkpoint_id=ctx.checkpoint_id,
     )
+    # keys as nullable as they are: a struct key rebuilt from them is cast to the key's
+    # type below, and Spark casts no nullable field to one that is not
     out_struct = StructType(
-        [StructField(f.name, f.dataType, True) for f in key_fields + session_fields + value_fields]
+        key_fields + [StructField(f.name, f.dataType, True) for f in session_fields + value_fields]
     )
     task = SessionTask(
         store=store,

@@ -108,7 +108,14 @@ from lockgate.state.schema import (
     stored_schema,
     variable_store_keys,
 )
-from lockgate.state.store import StateStore, StateStoreConf, column_values, hashable, micros_array
+from lockgate.state.store import (
+    StateStore,
+    StateStoreConf,
+    column_values,
+    hashable,
+    micros_array,
+    signed_zero_key,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -616,6 +623,50 @@ def _chunk_rows(task: TwsTask, table: pa.Table) -> int:
     return max(1, rows)
 
 
+def _input_groups(
+    table: pa.Table, key_columns: tuple[str, ...], keys: list[Any], pandas: bool
+) -> list[tuple[Any, list[int]]]:
+    """The batch's rows by key, each key's rows in arrival order, as PySpark's worker
+    hands them to ``handleInputRows``: it groups consecutive rows whose keys compare
+    equal in Python, and makes each row's floats anew, so a key holding a NaN never
+    equals the next row's, nor, for ``transformWithStateInPandas``, one with a null
+    floating-point key column (pandas makes it NaN). Such a row is a call of its own,
+    with the key's one state (Spark keys the state by the key's bytes, where every NaN
+    is one, and every null)."""
+    groups: dict[Any, tuple[Any, list[int]]] = {}
+    types = [table.schema.field(k).type for k in key_columns]
+    if any(_has_float(t) for t in types):
+        nullable = [j for j, t in enumerate(types) if pandas and pa.types.is_floating(t)]
+        for i, key in enumerate(keys):
+            alone = _holds_nan(key) or any(key[j] is None for j in nullable)
+            group = object() if alone else key
+            groups.setdefault(group, (key, []))[1].append(i)
+    else:
+        for i, key in enumerate(keys):
+            groups.setdefault(key, (key, []))[1].append(i)
+    return list(groups.values())
+
+
+def _has_float(t: pa.DataType) -> bool:
+    if pa.types.is_floating(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_has_float(f.type) for f in t)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _has_float(t.value_type)
+    if pa.types.is_map(t):
+        return _has_float(t.key_type) or _has_float(t.item_type)
+    return False
+
+
+def _holds_nan(value: Any) -> bool:
+    if isinstance(value, float):
+        return value != value  # noqa: PLR0124 - NaN test
+    if isinstance(value, tuple):
+        return any(_holds_nan(v) for v in value)
+    return False
+
+
 def _chunks(indices: list[int], size: int) -> Iterator[pa.Array]:
     for start in range(0, len(indices), size):
         yield pa.array(indices[start : start + size], type=pa.int64())
@@ -680,6 +731,7 @@ def _build(
             first_version=since.get(name, 0),
             gap=tuple(versions.gaps[name]) if name in versions.gaps else None,  # type: ignore[arg-type]
             values_by_name=threshold is not None and name != TIMERS,
+            signed_zero_keys=True,
         )
 
     stores = {v.name: conf(v.name, v.value_type()) for v in node.variables}
@@ -1466,7 +1518,7 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
         )
         size = _chunk_rows(task, initial)
         for key, indices in groups.items():
-            handle.key = key
+            handle.key = signed_zero_key(key)
             if task.pandas:
                 for chunk in _chunks(indices, size):
                     processor.handleInitialState(convert.key(key), convert.rows(init_data.take(chunk)), timer_values)
@@ -1483,13 +1535,11 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
             dropped = int(pc.sum(late).as_py() or 0)
             table = table.filter(pc.invert(late))
         keys = list(zip(*[column_values(table.column(k)) for k in task.key_columns]))
-        groups: dict[Any, list[int]] = {}
-        for i, key in enumerate(keys):
-            groups.setdefault(key, []).append(i)
         data = table.select(list(task.input_columns))
         size = _chunk_rows(task, table)
-        for key, indices in groups.items():
-            handle.key = key
+        for key, indices in _input_groups(table, task.key_columns, keys, task.pandas):
+            # Spark keys the state by the key's bytes, where -0.0 is not 0.0
+            handle.key = signed_zero_key(key)
             user_key = convert.key(key)
             if task.pandas:
                 rows = (convert.rows(data.take(chunk)) for chunk in _chunks(indices, size))

@@ -25,6 +25,7 @@ import contextlib
 import gc
 import itertools
 import logging
+import math
 import operator
 import queue
 import threading
@@ -171,6 +172,11 @@ class StateStoreConf:
     Arrow timestamp types). Operators that opt in must build their keys with
     :func:`column_values` and ``micros=True`` too; ints hash, compare and convert many
     times faster than datetimes."""
+    signed_zero_keys: bool = False
+    """Top-level floating-point key columns tell -0.0 from 0.0 (as
+    :data:`NEGATIVE_ZERO`), as Spark's state keys of ``applyInPandasWithState`` and
+    ``transformWithState`` do: Spark keys their state by the grouping key's bytes,
+    which it does not normalize (every NaN is still one key)."""
 
 
 @dataclass
@@ -487,6 +493,37 @@ NaN objects would never meet in a dict (Python compares by identity first); Spar
 groups and joins NaN keys together (its float normalization)."""
 
 
+class _NegativeZero(float):
+    """-0.0 as a key that is not 0.0 (see :attr:`StateStoreConf.signed_zero_keys`);
+    Arrow and pickle take it as the float it is."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _NegativeZero)
+
+    def __ne__(self, other: object) -> bool:
+        return not isinstance(other, _NegativeZero)
+
+    def __hash__(self) -> int:
+        return hash((_NegativeZero, -0.0))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_NegativeZero, (-0.0,))
+
+
+NEGATIVE_ZERO = _NegativeZero(-0.0)
+"""The store's -0.0 in the keys of a store with
+:attr:`StateStoreConf.signed_zero_keys`."""
+
+
+def signed_zero_key(key: Key) -> Key:
+    """``key`` (a tuple of top-level key values) with each -0.0 as :data:`NEGATIVE_ZERO`."""
+    if not any(type(v) is float and v == 0.0 for v in key):
+        return key
+    return tuple(NEGATIVE_ZERO if type(v) is float and v == 0.0 and math.copysign(1.0, v) < 0 else v for v in key)
+
+
 def groups_like_state_keys(t: pa.DataType) -> bool:
     """Whether Arrow's grouping and equality of a key column of type ``t`` agree with the
     state's Python keys (:func:`column_values`): integers, booleans, strings, binary,
@@ -560,7 +597,7 @@ def _rows(table: pa.Table, names: list[str], micros: bool = False) -> list[list[
     return [column_values(table.column(n), micros) for n in names]
 
 
-def _latest_per_key_with_ops(table: pa.Table, key_names: list[str]) -> pa.Table:
+def _latest_per_key_with_ops(table: pa.Table, key_names: list[str], signed_zeros: bool = False) -> pa.Table:
     """The last row per key of a sequence of snapshot/delta rows, upserts and removals."""
     if not key_names:  # one row at most (a limit's count), none if nothing was written
         return table.slice(max(table.num_rows - 1, 0), 1)
@@ -570,11 +607,11 @@ def _latest_per_key_with_ops(table: pa.Table, key_names: list[str]) -> pa.Table:
         # hashable form of the keys in Python instead.
         last: dict[Key, int] = {}
         for i, key in enumerate(zip(*(column_values(c) for c in columns))):
-            last[key] = i
+            last[signed_zero_key(key) if signed_zeros else key] = i
         return table.take(pa.array(sorted(last.values()), type=pa.int64()))
     # Arrow groups by scalar columns only: a struct key (a window) is grouped by its
     # fields, and by its validity, so that a null struct and a struct of nulls differ.
-    flat = [_normalized(a) for c in columns for a in _scalar_parts(c)]
+    flat = [_normalized(a, signed_zeros and a is c) for c in columns for a in _scalar_parts(c)]
     names = [f"__lockgate_k{i}" for i in range(len(flat))]
     keys = pa.table(flat, names=names)
     ordinal = pa.array(range(table.num_rows), type=pa.int64())
@@ -583,17 +620,19 @@ def _latest_per_key_with_ops(table: pa.Table, key_names: list[str]) -> pa.Table:
     return table.take(grouped.column("__lockgate_ord_max"))
 
 
-def _normalized(column: pa.ChunkedArray) -> pa.ChunkedArray:
+def _normalized(column: pa.ChunkedArray, signed_zeros: bool = False) -> pa.ChunkedArray:
     """A floating-point key column as the in-memory map compares its keys (and Spark
-    normalizes them): -0.0 as 0.0 and every NaN as one NaN. Arrow groups floats by their
-    bits, so without this a key put as -0.0 and removed as 0.0 (a join's matched flag
-    set through the other side's key) would come back on replay."""
+    normalizes them): -0.0 as 0.0 (unless ``signed_zeros``) and every NaN as one NaN.
+    Arrow groups floats by their bits, so without this a key put as -0.0 and removed as
+    0.0 (a join's matched flag set through the other side's key) would come back on
+    replay."""
     if not pa.types.is_floating(column.type):
         return column
     import pyarrow.compute as pc
 
     zero = pa.scalar(0.0, type=column.type)
-    column = pc.if_else(pc.equal(column, zero), zero, column)
+    if not signed_zeros:
+        column = pc.if_else(pc.equal(column, zero), zero, column)
     return pc.if_else(pc.is_nan(column), pa.scalar(float("nan"), type=column.type), column)
 
 
@@ -615,11 +654,11 @@ def _scalar_parts(column: pa.ChunkedArray) -> list[pa.ChunkedArray]:
     return parts
 
 
-def _latest_per_key(table: pa.Table, key_names: list[str]) -> pa.Table:
+def _latest_per_key(table: pa.Table, key_names: list[str], signed_zeros: bool = False) -> pa.Table:
     """Replay snapshot + deltas in one vectorised pass: the last row per key, if an upsert."""
     import pyarrow.compute as pc
 
-    latest = _latest_per_key_with_ops(table, key_names)
+    latest = _latest_per_key_with_ops(table, key_names, signed_zeros)
     return latest.filter(pc.equal(latest.column(_OP_COLUMN), _OP_UPSERT))
 
 
@@ -770,7 +809,7 @@ class StateStore:
                 if len(tables) > 1:
                     self._apply_changes(state, pa.concat_tables(tables[1:]))
             elif tables:
-                self._apply(state, _latest_per_key(pa.concat_tables(tables), self._key_names))
+                self._apply(state, _latest_per_key(pa.concat_tables(tables), self._key_names, self.conf.signed_zero_keys))
             if corrupt:
                 self._repair(corrupt, base, tables)
             return state
@@ -794,7 +833,7 @@ class StateStore:
             assert exc.path is not None
             version = int(exc.path.rsplit("/", 1)[-1].split(".", 1)[0])
             upto = tables[: (1 if base else 0) + version - base]
-            live = _latest_per_key(pa.concat_tables(upto), self._key_names).select(names)
+            live = _latest_per_key(pa.concat_tables(upto), self._key_names, self.conf.signed_zero_keys).select(names)
             _write_table(self.fs, exc.path, live, "snapshot")
             repaired.append(exc.path)
             logger.warning(
@@ -829,9 +868,9 @@ class StateStore:
     def _apply_changes(self, state: dict[Key, Value], changes: pa.Table, aux: Any = None) -> None:
         """Apply delta rows (upserts and removals, in order) to a map of at least one key
         column, and to the operator's index when it can follow them."""
-        latest = _latest_per_key_with_ops(changes, self._key_names)
+        latest = _latest_per_key_with_ops(changes, self._key_names, self.conf.signed_zero_keys)
         removed_table = latest.filter(pa.compute.equal(latest.column(_OP_COLUMN), _OP_REMOVE))
-        removed = list(zip(*_rows(removed_table, self._key_names, self._micros)))
+        removed = self._keys(removed_table)
         for key in removed:
             state.pop(key, None)
         upserts = self._items(latest.filter(pa.compute.equal(latest.column(_OP_COLUMN), _OP_UPSERT)))
@@ -850,10 +889,18 @@ class StateStore:
             return []
         micros = self._micros
         with _without_cyclic_gc():  # a tuple per key and per value, by the hundred thousand
-            keys: Any = zip(*_rows(table, self._key_names, micros)) if self._key_names else [()] * table.num_rows
+            keys: Any = self._keys(table) if self._key_names else [()] * table.num_rows
             if self._value_names:
                 return list(zip(keys, zip(*_rows(table, self._value_names, micros))))
             return [(k, []) for k in keys]
+
+    def _keys(self, table: pa.Table) -> list[Key]:
+        """The keys of a table's rows, in the store's Python form."""
+        keys = list(zip(*_rows(table, self._key_names, self._micros)))
+        if self.conf.signed_zero_keys:
+            floats = any(pa.types.is_floating(table.schema.field(n).type) for n in self._key_names)
+            keys = [signed_zero_key(k) for k in keys] if floats else keys
+        return keys
 
     # -- updates ---------------------------------------------------------------------
     def get(self, key: Key) -> Value | None:
@@ -1093,7 +1140,7 @@ class StateStore:
             tables = self._version_tables(base, version)
         except CorruptStateFileError:
             return None
-        live = _latest_per_key(pa.concat_tables(tables), self._key_names)
+        live = _latest_per_key(pa.concat_tables(tables), self._key_names, self.conf.signed_zero_keys)
         return live.select(self._key_names + self._value_names)
 
     def _delete_old(self, version: int) -> None:
@@ -1265,6 +1312,7 @@ __all__ = [
     "read_changes",
     "read_state_table",
     "read_state_table_from_snapshot",
+    "signed_zero_key",
     "wait_for_background_snapshots",
     "write_snapshot",
 ]
