@@ -577,8 +577,14 @@ class MicroBatchExecution(StreamExecution):
 
     def _should_run_another_batch(self) -> bool:
         """A no-data batch is due when the watermark moved past what the last batch used
-        and a stateful operator evicts or emits by it (Spark's shouldRunAnotherBatch)."""
-        if self.current_batch_id <= 0:
+        and a stateful operator evicts or emits by it (Spark's shouldRunAnotherBatch).
+
+        Spark asks the executed plan of the last batch *of this run*
+        (``MicroBatchExecutionContext.previousContext``): a run's first trigger has none,
+        so it never starts with a no-data batch, even when the last batch of the run
+        before (a ``once`` trigger's, or one stopped right after it) left the watermark
+        ahead of the one it ran with; the next batch with data evicts by it."""
+        if self.last_execution is None:
             return False
         enabled = str(
             self.spark.conf.get("spark.sql.streaming.noDataMicroBatches.enabled", "true")
