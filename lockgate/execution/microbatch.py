@@ -433,6 +433,17 @@ class MicroBatchExecution(StreamExecution):
         latest_commit = self.commit_log.get_latest()
         if latest_commit is not None:
             committed_id, commit_metadata = latest_commit
+            if committed_id > latest_batch_id:
+                # Spark would run batch latest_batch_id again, sink write included, and
+                # then fail on the commit that exists (CONCURRENT_STREAM_LOG_UPDATE)
+                raise CheckpointError(
+                    f"The commit log {self.commit_log.path} has batch {committed_id} but the "
+                    f"offsets log {self.offset_log.path} ends at batch {latest_batch_id}: "
+                    f"offsets entries {latest_batch_id + 1}..{committed_id} are missing, so "
+                    "the checkpoint is incomplete. Restore them from a backup of the "
+                    "checkpoint, or start the query with a new checkpoint location.",
+                    path=self.offset_log.path,
+                )
             if committed_id == latest_batch_id:
                 self.committed = list(self.available)
                 self.watermark_tracker.set_watermark(commit_metadata.nextBatchWatermarkMs)

@@ -132,3 +132,39 @@ def test_leftovers_of_interrupted_writes_are_not_log_entries(tmp_path):
     assert commits.get_latest() == (0, CommitMetadata(0))
     assert sink.all_files() == [status]
     assert source.all_entries() == [FileEntry("file:///in/a.json", 1, 0)]
+
+
+def test_commits_ahead_of_the_offsets_log_fail_before_any_batch_runs(ls, tmp_path):
+    """``commits/2`` without ``offsets/2`` (offsets entries lost): Spark runs batch 1 again,
+    its sink write included, and then fails on the commit that exists
+    (CONCURRENT_STREAM_LOG_UPDATE); lockgate refuses at the restart, naming both logs, and
+    the sink is not written again."""
+    from differential import write_text
+    from pyspark.errors import StreamingQueryException
+
+    inp, checkpoint, out = tmp_path / "in", tmp_path / "ck", tmp_path / "out"
+
+    def run() -> None:
+        query = (
+            ls.readStream.schema("v STRING").text(str(inp))
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    for i in range(3):
+        write_text(inp, [f"row{i}"])
+        run()
+    assert sorted(r.v for r in ls.read.parquet(str(out)).collect()) == ["row0", "row1", "row2"]
+    for name in ("2", ".2.crc", "2.crc"):
+        (checkpoint / "offsets" / name).unlink(missing_ok=True)
+    written = sorted(p.name for p in out.glob("*.parquet"))
+    with pytest.raises(StreamingQueryException) as failed:
+        run()
+    message = str(failed.value)
+    assert "commits" in message and "offsets" in message and "missing" in message, message
+    assert "new checkpoint location" in message
+    assert sorted(p.name for p in out.glob("*.parquet")) == written
