@@ -112,6 +112,7 @@ from lockgate.state.store import (
     StateStore,
     StateStoreConf,
     column_values,
+    has_float,
     hashable,
     micros_array,
     signed_zero_key,
@@ -635,7 +636,7 @@ def _input_groups(
     is one, and every null)."""
     groups: dict[Any, tuple[Any, list[int]]] = {}
     types = [table.schema.field(k).type for k in key_columns]
-    if any(_has_float(t) for t in types):
+    if any(has_float(t) for t in types):
         nullable = [j for j, t in enumerate(types) if pandas and pa.types.is_floating(t)]
         for i, key in enumerate(keys):
             alone = _holds_nan(key) or any(key[j] is None for j in nullable)
@@ -645,18 +646,6 @@ def _input_groups(
         for i, key in enumerate(keys):
             groups.setdefault(key, (key, []))[1].append(i)
     return list(groups.values())
-
-
-def _has_float(t: pa.DataType) -> bool:
-    if pa.types.is_floating(t):
-        return True
-    if pa.types.is_struct(t):
-        return any(_has_float(f.type) for f in t)
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return _has_float(t.value_type)
-    if pa.types.is_map(t):
-        return _has_float(t.key_type) or _has_float(t.item_type)
-    return False
 
 
 def _holds_nan(value: Any) -> bool:

@@ -1187,15 +1187,16 @@ def _has_struct(t: pa.DataType) -> bool:
     return False
 
 
-def _has_float(t: pa.DataType) -> bool:
+def has_float(t: pa.DataType) -> bool:
+    """Whether a value of Arrow type ``t`` can hold a floating-point number."""
     if pa.types.is_floating(t):
         return True
     if pa.types.is_struct(t):
-        return any(_has_float(f.type) for f in t)
+        return any(has_float(f.type) for f in t)
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return _has_float(t.value_type)
+        return has_float(t.value_type)
     if pa.types.is_map(t):
-        return _has_float(t.key_type) or _has_float(t.item_type)
+        return has_float(t.key_type) or has_float(t.item_type)
     return False
 
 
@@ -1207,7 +1208,7 @@ def arrow_array(values: list[Any], t: pa.DataType) -> pa.Array:
     hashable (a dict an operator put)."""
     if not _has_struct(t):
         return pa.array(values, type=t)
-    if not _has_float(t):
+    if not has_float(t):
         codes: dict[Any, int] = {}
         try:
             indices = [codes.setdefault(v, len(codes)) for v in values]
