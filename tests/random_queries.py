@@ -1,0 +1,968 @@
+"""A seeded random differential fuzzer of streaming queries (the tests' helper, not a test
+module; tests/plan/test_random_queries.py runs it).
+
+From a seed, :func:`scenario` makes input data (a schema of varied column types and 3 to
+5 steps of rows, one JSON or parquet file per source directory a step, event times that
+move forward with some late rows) and a query over ``readStream`` of those files: random
+projections and filters, an optional watermark, then zero, one or two stateful operators
+(aggregations, windows, session windows, deduplications, stream-stream and stream-static
+joins, unions) in an output mode, now and then one Spark refuses. The query is Python
+source text (``Scenario.code``), run on both engines with ``exec``, so a failure shows
+the query as PySpark code.
+
+:func:`run_scenarios` runs scenarios side by side on native Spark (the oracle) and on
+lockgate, step by step (write the step's files, ``processAllAvailable``), restarting some
+from their checkpoints, and compares each batch's rows (floats with a tolerance, arrays
+sorted: differential.canon), the batch ids, ``numInputRows``, the watermark and the state
+operators' metrics. A query native Spark refuses when it starts, or fails while it runs,
+must be refused or failed by lockgate too (with the same error condition when both have
+one).
+
+Differences the engines may show rightly are kept out by construction, not by looser
+comparisons: no nondeterministic functions, no order-dependent ``first``/``last``
+(``max_by``/``min_by`` by an event time unique in the data instead), doubles that are
+multiples of 1/4 of moderate size (their sums are exact in any order), ``try_`` forms where
+ANSI mode would fail on some rows only, and one file per source directory a step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import textwrap
+import traceback
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from differential import _publish, canon, same_rows
+
+BASE = datetime(2024, 1, 1)
+
+# How the scenarios ended ("ran", "both refuse <condition>", "both fail <condition>"):
+# tells whether the generator makes queries that run.
+STATS: Counter[str] = Counter()
+
+# -- input data ------------------------------------------------------------------------------
+KINDS = [
+    "long",
+    "int",
+    "double",
+    "string",
+    "decimal",
+    "bool",
+    "timestamp",
+    "ntz",
+    "date",
+    "array",
+    "struct",
+]
+STRINGS = ["a", "b", "Ab c", "ß", "日本語", "", "😀x", "z" * 300, "a-b_c", " pad "]
+KEYS = ["a", "b", "c", "ü", None]
+
+
+@dataclass
+class Column:
+    name: str
+    kind: str
+    precision: int = 10
+    scale: int = 2
+
+    @property
+    def sql(self) -> str:
+        return {
+            "long": "LONG",
+            "int": "INT",
+            "double": "DOUBLE",
+            "string": "STRING",
+            "decimal": f"DECIMAL({self.precision},{self.scale})",
+            "bool": "BOOLEAN",
+            "timestamp": "TIMESTAMP",
+            "ntz": "TIMESTAMP_NTZ",
+            "date": "DATE",
+            "array": "ARRAY<INT>",
+            "struct": "STRUCT<a: INT, b: STRING>",
+        }[self.kind]
+
+
+def _value(rng: random.Random, col: Column) -> Any:
+    """A random value of ``col`` in the JSON form (parquet converts it: _arrow_value)."""
+    if rng.random() < 0.12:
+        return None
+    kind = col.kind
+    if kind == "long":
+        return rng.choice(
+            [0, 1, -1, rng.randint(-100, 100), rng.randint(-100, 100), 2**40 + rng.randint(0, 9)]
+        )
+    if kind == "int":
+        return rng.randint(-50, 50)
+    if kind == "double":
+        return rng.choice(
+            [
+                rng.randint(-400, 400) / 4,
+                rng.randint(-400, 400) / 4,
+                rng.randint(0, 8) / 4,
+                math.nan,
+                -0.0,
+                0.0,
+            ]
+        )
+    if kind == "string":
+        return rng.choice(STRINGS)
+    if kind == "decimal":
+        digits = col.precision - col.scale
+        unscaled = rng.randint(
+            -(10 ** min(digits + col.scale, 9)) + 1, 10 ** min(digits + col.scale, 9) - 1
+        )
+        return str(Decimal(unscaled).scaleb(-col.scale))
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind in ("timestamp", "ntz"):
+        return (
+            BASE + timedelta(seconds=rng.randint(-50, 200), milliseconds=rng.randint(0, 999))
+        ).isoformat()
+    if kind == "date":
+        return (BASE.date() + timedelta(days=rng.randint(-40, 400))).isoformat()
+    if kind == "array":
+        return [rng.choice([1, 2, 3, None, -4]) for _ in range(rng.randint(0, 3))]
+    if kind == "struct":
+        return {"a": rng.choice([1, 2, None]), "b": rng.choice(["x", "y", None])}
+    raise ValueError(kind)
+
+
+def _arrow_type(col: Column) -> Any:
+    import pyarrow as pa
+
+    return {
+        "long": pa.int64(),
+        "int": pa.int32(),
+        "double": pa.float64(),
+        "string": pa.string(),
+        "decimal": pa.decimal128(col.precision, col.scale),
+        "bool": pa.bool_(),
+        "timestamp": pa.timestamp("us", tz="UTC"),
+        "ntz": pa.timestamp("us"),
+        "date": pa.date32(),
+        "array": pa.list_(pa.int32()),
+        "struct": pa.struct([("a", pa.int32()), ("b", pa.string())]),
+    }[col.kind]
+
+
+def _arrow_value(col: Column, value: Any) -> Any:
+    if value is None:
+        return None
+    if col.kind == "decimal":
+        return Decimal(value)
+    if col.kind == "timestamp":
+        return datetime.fromisoformat(value).replace(tzinfo=UTC)
+    if col.kind == "ntz":
+        return datetime.fromisoformat(value)
+    if col.kind == "date":
+        from datetime import date
+
+        return date.fromisoformat(value)
+    return value
+
+
+@dataclass
+class Source:
+    """One input directory: its columns (the event time and key first) and rows a step."""
+
+    name: str
+    columns: list[Column]
+    steps: list[list[dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def schema(self) -> str:
+        return ", ".join(f"{c.name} {c.sql}" for c in self.columns)
+
+    def write(self, root: Path, step: int, fmt: str) -> None:
+        rows = self.steps[step]
+        if not rows:
+            return
+        directory = root / self.name
+        if fmt == "json":
+            text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+            _publish(directory, ".json", lambda p: p.write_text(text, encoding="utf-8"))
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            schema = pa.schema([(c.name, _arrow_type(c)) for c in self.columns])
+            table = pa.Table.from_pylist(
+                [{c.name: _arrow_value(c, r.get(c.name)) for c in self.columns} for r in rows],
+                schema=schema,
+            )
+            _publish(directory, ".parquet", lambda p: pq.write_table(table, str(p)))
+
+
+def _event_rows(
+    rng: random.Random, source: Source, n_steps: int, used: set[int], time_col: str
+) -> None:
+    """Rows of every step: event times move forward 15 s a step, some rows late; each
+    event time is unique in the scenario (so max_by/min_by by it are deterministic)."""
+    for step in range(n_steps):
+        rows = []
+        for _ in range(rng.randint(2, 7) if rng.random() < 0.9 or not step else 0):
+            base_ms = step * 15_000
+            ms = (
+                base_ms - rng.randint(3_000, 30_000)
+                if rng.random() < 0.2
+                else base_ms + rng.randint(0, 15_000)
+            )
+            while ms in used:
+                ms += 1
+            used.add(ms)
+            row: dict[str, Any] = {time_col: (BASE + timedelta(milliseconds=ms)).isoformat()}
+            for col in source.columns[1:]:
+                row[col.name] = rng.choice(KEYS) if col.name.endswith("k") else _value(rng, col)
+            rows.append(row)
+        source.steps.append(rows)
+
+
+# -- expressions -------------------------------------------------------------------------
+NUMERIC = ("long", "int", "decimal", "double")
+
+
+class Exprs:
+    """Random typed column expressions (PySpark source text) over the columns in scope."""
+
+    def __init__(self, rng: random.Random, columns: dict[str, str]) -> None:
+        self.rng = rng
+        self.columns = columns  # name -> kind
+
+    def col(self, *kinds: str) -> str | None:
+        names = [n for n, k in self.columns.items() if k in kinds]
+        return f'F.col("{self.rng.choice(names)}")' if names else None
+
+    def expr(self, kind: str, depth: int = 2) -> str:
+        """An expression of ``kind`` (long, double, string, bool, date, timestamp, decimal)."""
+        rng = self.rng
+        direct = self.col(*({"long": ("long", "int")}.get(kind, (kind,))))
+        if depth <= 0 or (direct is not None and rng.random() < 0.3):
+            return direct if direct is not None else self.literal(kind)
+        d = depth - 1
+        options = getattr(self, f"_{kind}")(d)
+        return rng.choice([o for o in options if o is not None])
+
+    def literal(self, kind: str) -> str:
+        rng = self.rng
+        return {
+            "long": f"F.lit({rng.randint(-5, 5)})",
+            "double": f"F.lit({rng.randint(-8, 8) / 4})",
+            "string": f"F.lit({rng.choice(['x', 'ß', ''])!r})",
+            "bool": f"F.lit({rng.choice([True, False])})",
+            "date": 'F.lit("2024-01-02").cast("date")',
+            "timestamp": 'F.lit("2024-01-01 00:00:30").cast("timestamp")',
+            "decimal": 'F.lit("1.50").cast("decimal(4,2)")',
+        }[kind]
+
+    def _long(self, d: int) -> list[str | None]:
+        e, rng = self.expr, self.rng
+        s, dt, ts = self.col("string"), self.col("date"), self.col("timestamp", "ntz")
+        arr = self.col("array")
+        dbl = self.col("double")
+        return [
+            f"({e('long', d)} + {rng.randint(-3, 3)})",
+            f"({e('long', d)} * 2)",
+            f"F.abs({e('long', d)})",
+            f"({e('long', d)} % {rng.randint(2, 7)})",
+            f"F.coalesce({e('long', d)}, F.lit(0))",
+            f"F.when({e('bool', d)}, {e('long', d)}).otherwise({e('long', d)})",
+            f"F.length({s})" if s else None,
+            f"F.year({dt})" if dt else None,
+            f"F.dayofmonth({dt})" if dt else None,
+            f"F.hour({ts})" if ts else None,
+            f"F.second({ts})" if ts else None,
+            f"F.size({arr})" if arr else None,
+            f'{dbl}.try_cast("long")' if dbl else None,
+            f'F.col("{self._struct_name()}.a")' if self.col("struct") else None,
+            f"F.greatest({e('long', d)}, {e('long', d)})",
+        ]
+
+    def _struct_name(self) -> str:
+        return self.rng.choice([n for n, k in self.columns.items() if k == "struct"])
+
+    def _double(self, d: int) -> list[str | None]:
+        e = self.expr
+        return [
+            f"({e('double', d)} * 0.5)",
+            f"({e('double', d)} + {e('double', d)})",
+            f"F.try_divide({e('double', d)}, {e('double', d)})",
+            f"F.sqrt(F.abs({e('double', d)}))",
+            f"F.round({e('double', d)}, 1)",
+            f'{e("long", d)}.cast("double")',
+            f"F.nanvl({e('double', d)}, F.lit(-1.0))",
+            f"F.when({e('bool', d)}, {e('double', d)})",
+            f"F.greatest({e('double', d)}, {e('double', d)})",
+            f"F.negative({e('double', d)})",
+        ]
+
+    def _decimal(self, d: int) -> list[str | None]:
+        e = self.expr
+        return [
+            f"({e('decimal', d)} + 1)",
+            f"F.round({e('decimal', d)}, 1)",
+            f'{e("long", d)}.cast("decimal(12,1)")',
+            f"F.coalesce({e('decimal', d)}, F.lit(0))",
+        ]
+
+    def _string(self, d: int) -> list[str | None]:
+        e, rng = self.expr, self.rng
+        ts, dec, dt = self.col("timestamp", "ntz"), self.col("decimal"), self.col("date")
+        return [
+            f"F.upper({e('string', d)})",
+            f"F.lower({e('string', d)})",
+            f"F.concat({e('string', d)}, F.lit('-'), {e('string', d)})",
+            f"F.concat_ws('|', {e('string', d)}, {e('string', d)})",
+            f"F.substring({e('string', d)}, {rng.randint(1, 3)}, {rng.randint(1, 4)})",
+            f"F.coalesce({e('string', d)}, F.lit('∅'))",
+            f'{e("long", d)}.cast("string")',
+            f'{e("double", d)}.cast("string")',
+            f'{dec}.cast("string")' if dec else None,
+            f"F.date_format({ts}, 'yyyy-MM-dd HH:mm')" if ts else None,
+            f'{dt}.cast("string")' if dt else None,
+            f"F.trim({e('string', d)})",
+            f"F.reverse({e('string', d)})",
+            f"F.lpad({e('string', d)}, 4, '*')",
+            f"F.regexp_replace({e('string', d)}, '[aeiou]', '_')",
+            f"F.initcap({e('string', d)})",
+            f"F.when({e('bool', d)}, {e('string', d)}).otherwise(F.lit('no'))",
+        ]
+
+    def _bool(self, d: int) -> list[str | None]:
+        e, rng = self.expr, self.rng
+        dbl, s = self.col("double"), self.col("string")
+        cmp = rng.choice([">", "<", ">=", "==", "!="])
+        num = rng.choice(
+            ["long", "double", "decimal"] if self.col("decimal") else ["long", "double"]
+        )
+        return [
+            f"({e(num, d)} {cmp} {e(num, d)})",
+            f"F.isnan({dbl})" if dbl else None,
+            f"{e('string', d)}.isNull()",
+            f"{e('long', d)}.isNotNull()",
+            f"{s}.startswith('a')" if s else None,
+            f"{s}.contains('b')" if s else None,
+            f"(~{e('bool', d)})",
+            f"({e('bool', d)} & {e('bool', d)})",
+            f"({e('bool', d)} | {e('bool', d)})",
+            'F.col("k").isin("a", "ü")',
+            f"({e('timestamp', d)} > {self.literal('timestamp')})",
+            f"({e('date', d)} <= {self.literal('date')})",
+        ]
+
+    def _date(self, d: int) -> list[str | None]:
+        e = self.expr
+        return [
+            f"F.to_date({e('timestamp', d)})",
+            f"F.date_add({e('date', d)}, {self.rng.randint(-3, 40)})",
+            f"F.last_day({e('date', d)})",
+        ]
+
+    def _timestamp(self, d: int) -> list[str | None]:
+        e = self.expr
+        return [
+            f"F.date_trunc('minute', {e('timestamp', d)})",
+            f"({e('timestamp', d)} + F.expr('INTERVAL 90 SECONDS'))",
+        ]
+
+
+# -- queries -------------------------------------------------------------------------------
+@dataclass
+class Scenario:
+    seed: int
+    fmt: str
+    sources: list[Source]
+    code: str
+    mode: str
+    shape: str
+    restart_before: int | None
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.sources[0].steps)
+
+    @property
+    def multi_source(self) -> bool:
+        return len(self.sources) > 1
+
+    def build(self, reader: Any, root: Path, spark: Any) -> Any:
+        from pyspark.sql import functions as F
+
+        namespace: dict[str, Any] = {"F": F}
+        exec(self.code, namespace)  # noqa: S102 - the generated query, shown on failure
+        paths = {s.name: str(root / s.name) for s in self.sources}
+        return namespace["query"](reader, paths, spark)
+
+    def describe(self) -> str:
+        lines = [
+            f"seed {self.seed}: shape {self.shape}, {self.fmt} files, output mode {self.mode!r}"
+        ]
+        if self.restart_before is not None:
+            lines.append(
+                f"restart (stop, start from the checkpoint) before step {self.restart_before}"
+            )
+        for s in self.sources:
+            lines.append(f"source {s.name!r}: {s.schema}")
+            for i, rows in enumerate(s.steps):
+                lines.append(f"  step {i}: {json.dumps(rows, ensure_ascii=False)[:2000]}")
+        lines.append(self.code)
+        return "\n".join(lines)
+
+
+class Generator:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.lines: list[str] = []
+        self.fmt = "parquet" if self.rng.random() < 0.25 else "json"
+        self.n_steps = self.rng.randint(3, 5)
+        self.used: set[int] = set()
+
+    def emit(self, line: str) -> None:
+        self.lines.append(line)
+
+    def source(
+        self, name: str, time_col: str = "ts", key: str = "k", extra: int | None = None
+    ) -> Source:
+        rng = self.rng
+        cols = [Column(time_col, "timestamp"), Column(key, "string")]
+        for i in range(extra if extra is not None else rng.randint(2, 4)):
+            kind = rng.choice(KINDS[:5] * 3 + KINDS[5:])
+            col = Column(f"{name}{i}", kind)
+            if kind == "decimal":
+                col.precision = rng.randint(5, 18)
+                col.scale = rng.randint(0, min(4, col.precision - 1))
+            cols.append(col)
+        src = Source(name, cols)
+        _event_rows(rng, src, self.n_steps, self.used, time_col)
+        return src
+
+    def read(self, var: str, src: Source) -> dict[str, str]:
+        self.emit(f'    {var} = reader.schema("{src.schema}").{self.fmt}(paths["{src.name}"])')
+        return {c.name: c.kind for c in src.columns}
+
+    def project(self, var: str, columns: dict[str, str], keep: tuple[str, ...]) -> dict[str, str]:
+        """Random derived columns and maybe a filter; ``keep`` columns stay as they are."""
+        rng = self.rng
+        exprs = Exprs(rng, columns)
+        if rng.random() < 0.5:
+            cond = exprs.expr("bool")
+            if rng.random() < 0.5:
+                cond = f"F.coalesce({cond}, F.lit(True))"
+            self.emit(f"    {var} = {var}.where({cond})")
+        out = {name: columns[name] for name in keep}
+        selected = [f'"{n}"' for n in keep]
+        for name, kind in columns.items():
+            if name not in keep and rng.random() < 0.6:
+                out[name] = kind
+                selected.append(f'"{name}"')
+        for i in range(rng.randint(0, 3)):
+            kind = rng.choice(
+                ["long", "double", "string", "bool", "date", "decimal", "long", "double"]
+            )
+            name = f"e{i}"
+            selected.append(f'{exprs.expr(kind)}.alias("{name}")')
+            out[name] = kind
+        self.emit(f"    {var} = {var}.select({', '.join(selected)})")
+        return out
+
+    def aggregates(
+        self, columns: dict[str, str], time_col: str | None, session: bool = False
+    ) -> list[str]:
+        rng = self.rng
+        numeric = [n for n, k in columns.items() if k in NUMERIC]
+        ordered = [
+            n
+            for n, k in columns.items()
+            if k in NUMERIC + ("string", "date", "timestamp", "ntz", "bool")
+        ]
+        anyc = [n for n, k in columns.items()]
+        bools = [n for n, k in columns.items() if k == "bool"]
+        options = ['F.count("*")', f'F.count("{rng.choice(anyc)}")']
+        if numeric:
+            n = rng.choice(numeric)
+            options += [
+                f'F.sum("{n}")',
+                f'F.avg("{n}")',
+                f'F.stddev("{n}")',
+                f'F.max("{n}")',
+                f'F.median("{n}")',
+            ]
+        if ordered:
+            o = rng.choice(ordered)
+            options += [
+                f'F.min("{o}")',
+                f'F.max("{o}")',
+                f'F.collect_set("{o}")',
+                f'F.collect_list("{o}")',
+            ]
+            if time_col:
+                options.append(f'F.max_by("{o}", "{time_col}")')
+                options.append(f'F.min_by("{o}", "{time_col}")')
+            if not session:
+                options.append(f'F.approx_count_distinct("{o}")')
+        if bools:
+            b = rng.choice(bools)
+            options += [f'F.bool_and("{b}")', f'F.bool_or("{b}")']
+        if rng.random() < 0.04:
+            options.append(f'F.count_distinct("{rng.choice(anyc)}")')  # Spark refuses it
+        picked = rng.sample(options, min(len(options), rng.randint(1, 5)))
+        return [f'{a}.alias("a{i}")' for i, a in enumerate(picked)]
+
+    def mode(self, valid: list[str]) -> str:
+        if self.rng.random() < 0.08:
+            return self.rng.choice(["append", "update", "complete"])
+        return self.rng.choice(valid)
+
+    def watermark(self, var: str, col: str) -> None:
+        delay = self.rng.choice(["0 seconds", "5 seconds", "10 seconds", "20 seconds"])
+        self.emit(f'    {var} = {var}.withWatermark("{col}", "{delay}")')
+
+    def scenario(self) -> Scenario:
+        rng = self.rng
+        shape = rng.choice(
+            [
+                "stateless",
+                "agg",
+                "agg",
+                "window",
+                "window",
+                "session",
+                "dedup",
+                "dedup_ww",
+                "join",
+                "join",
+                "static",
+                "union",
+                "chain",
+            ]
+        )
+        self.emit("def query(reader, paths, spark):")
+        sources = [self.source("s")]
+        cols = self.read("df", sources[0])
+        mode = "append"
+        if shape in ("window", "session", "dedup_ww", "chain") or (
+            shape in ("agg", "dedup") and rng.random() < 0.4
+        ):
+            self.watermark("df", "ts")
+        if shape == "union":
+            other = Source(
+                "u", [Column(c.name, c.kind, c.precision, c.scale) for c in sources[0].columns]
+            )
+            _event_rows(rng, other, self.n_steps, self.used, "ts")
+            sources.append(other)
+            self.read("df2", other)
+            if rng.random() < 0.5:
+                self.watermark("df2", "ts")
+            self.emit(
+                "    df = df.union(df2)" if rng.random() < 0.6 else "    df = df.unionByName(df2)"
+            )
+        if shape == "join":
+            return self.join(sources, cols)
+        cols = self.project("df", cols, ("ts", "k"))
+        if shape == "stateless":
+            mode = self.mode(["append", "append", "update"])
+        elif shape == "union":
+            follow = rng.choice(["none", "agg", "dedup"])
+            if follow == "agg":
+                mode = self.agg("df", cols, "agg")
+            elif follow == "dedup":
+                self.dedup("df", cols, within=False)
+                mode = self.mode(["append"])
+            else:
+                mode = self.mode(["append"])
+        elif shape in ("agg", "window", "session"):
+            mode = self.agg("df", cols, shape)
+        elif shape == "dedup":
+            self.dedup("df", cols, within=False)
+            mode = self.mode(["append"])
+        elif shape == "dedup_ww":
+            self.dedup("df", cols, within=True)
+            if rng.random() < 0.4:
+                mode = self.agg("df", cols, "window")
+            else:
+                mode = self.mode(["append"])
+        elif shape == "static":
+            mode = self.static("df", cols)
+        elif shape == "chain":
+            mode = self.chain("df", cols)
+        self.emit("    return df")
+        restart = rng.randint(1, self.n_steps - 1) if rng.random() < 0.35 else None
+        return Scenario(self.seed, self.fmt, sources, "\n".join(self.lines), mode, shape, restart)
+
+    def keys(self, cols: dict[str, str]) -> list[str]:
+        rng = self.rng
+        keys = ['"k"'] if rng.random() < 0.85 else []
+        hashable = [
+            n
+            for n, k in cols.items()
+            if k in ("long", "int", "string", "bool", "date", "double", "decimal")
+        ]
+        hashable = [n for n in hashable if n != "k"]
+        if hashable and rng.random() < 0.5:
+            keys.append(f'"{rng.choice(hashable)}"')
+        return keys
+
+    def agg(self, var: str, cols: dict[str, str], shape: str) -> str:
+        rng = self.rng
+        keys = self.keys(cols)
+        if shape == "window":
+            size = rng.choice([10, 20])
+            slide = rng.choice([None, size // 2])
+            w = f'F.window("ts", "{size} seconds"' + (f', "{slide} seconds")' if slide else ")")
+            keys.insert(rng.randint(0, len(keys)), w)
+            valid = ["append", "update", "complete"]
+        elif shape == "session":
+            gap = rng.choice(["3 seconds", "5 seconds", "10 seconds"])
+            keys.insert(rng.randint(0, len(keys)), f'F.session_window("ts", "{gap}")')
+            if len(keys) == 1:
+                keys.append('"k"')
+            valid = ["append", "complete"]
+        else:
+            valid = ["update", "complete"]
+        aggs = self.aggregates(cols, "ts", session=shape == "session")
+        self.emit(f"    {var} = {var}.groupBy({', '.join(keys)}).agg({', '.join(aggs)})")
+        return self.mode(valid)
+
+    def dedup(self, var: str, cols: dict[str, str], within: bool) -> None:
+        rng = self.rng
+        candidates = [n for n, k in cols.items() if k not in ("array", "struct")]
+        subset = rng.sample(candidates, rng.randint(1, min(3, len(candidates))))
+        if within:
+            subset = [c for c in subset if c != "ts"] or ["k"]
+            self.emit(f"    {var} = {var}.dropDuplicatesWithinWatermark({subset!r})")
+        elif rng.random() < 0.15:
+            self.emit(f"    {var} = {var}.dropDuplicates()")
+        else:
+            self.emit(f"    {var} = {var}.dropDuplicates({subset!r})")
+
+    def static(self, var: str, cols: dict[str, str]) -> str:
+        rng = self.rng
+        how = rng.choice(["inner", "left_outer", "left_semi", "left_anti"])
+        self.emit(
+            '    static = spark.createDataFrame([("a", 1), ("b", 2), ("ü", 3), ("a", 4), (None, 5)], "sk STRING, sn INT")'
+        )
+        self.emit(f'    {var} = {var}.join(static, {var}.k == static.sk, "{how}")')
+        if how in ("inner", "left_outer"):
+            cols = {**cols, "sk": "string", "sn": "int"}
+        if rng.random() < 0.5:
+            return self.agg(var, cols, rng.choice(["agg", "window"]))
+        return self.mode(["append"])
+
+    def chain(self, var: str, cols: dict[str, str]) -> str:
+        rng = self.rng
+        kind = rng.choice(["dedup_agg", "window_window", "dedup_window"])
+        if kind == "dedup_agg":
+            self.dedup(var, cols, within=False)
+            return self.agg(var, cols, rng.choice(["agg", "window"]))
+        if kind == "dedup_window":
+            self.dedup(var, cols, within=True)
+            self.emit(
+                f'    {var} = {var}.groupBy(F.window("ts", "10 seconds"), "k").agg(F.count("*").alias("n"))'
+            )
+            return self.mode(["append"])
+        aggs = self.aggregates(cols, None)
+        self.emit(
+            f'    {var} = {var}.groupBy(F.window("ts", "10 seconds").alias("w"), "k").agg({", ".join(aggs)})'
+        )
+        self.emit(
+            f'    {var} = {var}.groupBy(F.window(F.window_time("w"), "20 seconds"))'
+            '.agg(F.count("*").alias("n"), F.collect_list("k").alias("ks"))'
+        )
+        return self.mode(["append"])
+
+    def join(self, sources: list[Source], lcols: dict[str, str]) -> Scenario:
+        rng = self.rng
+        right = self.source("r", time_col="rts", key="rk", extra=rng.randint(1, 2))
+        sources.append(right)
+        rcols = self.read("rdf", right)
+        how = rng.choice(["inner", "inner", "left_outer", "right_outer", "full_outer", "left_semi"])
+        watermarks = how != "inner" or rng.random() < 0.7
+        if watermarks:
+            self.watermark("df", "ts")
+            self.watermark("rdf", "rts")
+        lcols = self.project("df", lcols, ("ts", "k"))
+        rcols = self.project("rdf", rcols, ("rts", "rk"))
+        lower, upper = rng.choice([5, 10, 20]), rng.choice([0, 5, 15])
+        cond = (
+            f'(df.k == rdf.rk) & (rdf.rts >= df.ts - F.expr("INTERVAL {lower} SECONDS"))'
+            f' & (rdf.rts <= df.ts + F.expr("INTERVAL {upper} SECONDS"))'
+        )
+        if not watermarks and rng.random() < 0.5:
+            cond = "df.k == rdf.rk"
+        self.emit(f'    df = df.join(rdf, {cond}, "{how}")')
+        mode = self.mode(["append"])
+        cols = dict(lcols) if how == "left_semi" else {**lcols, **rcols}
+        if how == "inner" and watermarks and rng.random() < 0.3:
+            self.emit(
+                '    df = df.groupBy(F.window("ts", "10 seconds"), "k").agg(F.count("*").alias("n"))'
+            )
+        elif how == "inner" and not watermarks and rng.random() < 0.3:
+            aggs = self.aggregates(cols, None)
+            self.emit(f'    df = df.groupBy("k").agg({", ".join(aggs)})')
+            mode = self.mode(["update", "complete"])
+        self.emit("    return df")
+        restart = rng.randint(1, self.n_steps - 1) if rng.random() < 0.35 else None
+        return Scenario(self.seed, self.fmt, sources, "\n".join(self.lines), mode, "join", restart)
+
+
+def scenario(seed: int) -> Scenario:
+    return Generator(seed).scenario()
+
+
+# -- running -----------------------------------------------------------------------------
+def _condition(exc: BaseException) -> str | None:
+    for attr in ("getCondition", "getErrorClass"):
+        fn = getattr(exc, attr, None)
+        if fn is not None:
+            try:
+                value = fn()
+            except Exception:  # noqa: BLE001 - a wrapper without one
+                value = None
+            if value:
+                return value
+    cause = exc.__cause__
+    return _condition(cause) if cause is not None else None
+
+
+class Engine:
+    """One engine's query of a scenario."""
+
+    def __init__(self, run: Run, name: str, reader: Any) -> None:
+        self.run = run
+        self.name = name
+        self.reader = reader
+        self.checkpoint = str(run.root / name / "checkpoint")
+        self.query: Any = None
+        self.batches: list[tuple[int, list[Any]]] = []
+        self.progress: list[Any] = []
+        self.start_error: BaseException | None = None
+        self.run_error: BaseException | None = None
+
+    def _collect(self, df: Any, batch_id: int) -> None:
+        self.batches.append((batch_id, df.collect()))
+
+    def start(self) -> None:
+        sc = self.run.scenario
+        try:
+            df = sc.build(self.reader, self.run.root / "in", self.run.spark)
+            self.query = (
+                df.writeStream.outputMode(sc.mode)
+                .option("checkpointLocation", self.checkpoint)
+                .foreachBatch(self._collect)
+                .start()
+            )
+        except Exception as exc:  # noqa: BLE001 - compared with the other engine's
+            self.start_error = exc
+
+    def wait(self) -> None:
+        if self.query is None:
+            return
+        try:
+            self.query.processAllAvailable()
+            self.query.processAllAvailable()
+        except Exception as exc:  # noqa: BLE001
+            self.run_error = exc
+
+    def stop(self) -> None:
+        if self.query is not None:
+            self.progress += [p for p in self.query.recentProgress if "addBatch" in p.durationMs]
+            with contextlib.suppress(Exception):  # a failed query
+                self.query.stop()
+            self.query = None
+
+    def metrics(self) -> list[tuple[Any, ...]]:
+        current = (
+            [p for p in self.query.recentProgress if "addBatch" in p.durationMs]
+            if self.query
+            else []
+        )
+        out = []
+        for p in self.progress + current:
+            ops = tuple(
+                (op.operatorName, op.numRowsTotal, op.numRowsDroppedByWatermark)
+                for op in p.stateOperators
+            )
+            out.append((p.batchId, p.numInputRows, (p.eventTime or {}).get("watermark"), ops))
+        return out
+
+
+class Run:
+    """A scenario on both engines."""
+
+    def __init__(self, scenario: Scenario, spark: Any, ls: Any, root: Path) -> None:
+        self.scenario = scenario
+        self.spark = spark
+        self.root = root / f"seed{scenario.seed}-{uuid.uuid4().hex[:6]}"
+        self.native = Engine(self, "native", spark.readStream)
+        self.lockgate = Engine(self, "lockgate", ls.readStream)
+        self.error: str | None = None
+        self.done = False
+
+    @property
+    def engines(self) -> tuple[Engine, Engine]:
+        return self.native, self.lockgate
+
+    def fail(self, message: str) -> None:
+        self.error = f"{message}\n--- scenario ---\n{self.scenario.describe()}"
+        self.finish()
+
+    def finish(self) -> None:
+        self.done = True
+        for e in self.engines:
+            e.stop()
+
+    def start(self) -> None:
+        for src in self.scenario.sources:
+            (self.root / "in" / src.name).mkdir(parents=True, exist_ok=True)
+        for e in self.engines:
+            e.start()
+        n, g = self.native.start_error, self.lockgate.start_error
+        if n is None and g is None:
+            return
+        if n is not None and g is not None:
+            cn, cg = _condition(n), _condition(g)
+            STATS[f"both refuse {cn}: {_headline(n)[:90]}"] += 1
+            if cn is not None and cg is not None and cn != cg:
+                self.fail(
+                    f"both refuse the query, with different conditions: native {cn}, lockgate {cg}\n{n}\n{g}"
+                )
+            else:
+                self.finish()
+            return
+        if n is not None:
+            self.fail(f"native refuses the query, lockgate starts it; native:\n{_headline(n)}")
+        else:
+            self.fail(f"lockgate refuses the query, native starts it; lockgate:\n{_trace(g)}")
+
+    def check(self, step: int) -> None:
+        n, g = self.native.run_error, self.lockgate.run_error
+        if n is not None or g is not None:
+            if n is not None and g is not None:
+                cn, cg = _condition(n), _condition(g)
+                STATS[f"both fail {cn}: {_headline(n)[:90]}"] += 1
+                if cn is not None and cg is not None and cn != cg:
+                    self.fail(
+                        f"step {step}: both fail, with different conditions: native {cn}, lockgate {cg}"
+                    )
+                else:
+                    self.finish()
+            elif n is not None:
+                self.fail(f"step {step}: native fails, lockgate runs on; native:\n{_headline(n)}")
+            else:
+                self.fail(f"step {step}: lockgate fails, native runs on; lockgate:\n{_trace(g)}")
+            return
+        nb, gb = self.native.batches, self.lockgate.batches
+        for i in range(max(len(nb), len(gb))):
+            if i >= len(nb) or i >= len(gb):
+                extra = nb[i:] if len(nb) > len(gb) else gb[i:]
+                who = "native" if len(nb) > len(gb) else "lockgate"
+                self.fail(
+                    f"step {step}: only {who} ran batches {[(b, list(map(tuple, r))) for b, r in extra]}"
+                )
+                return
+            (bn, rn), (bg, rg) = nb[i], gb[i]
+            en, eg = canon(rn), canon(rg)
+            if bn != bg or not same_rows(en, eg):
+                self.fail(
+                    f"step {step}: batch {bn} (native) / {bg} (lockgate) differs\n"
+                    f"  native:   {_rows(rn)}\n  lockgate: {_rows(rg)}"
+                )
+                return
+        mn, mg = self.native.metrics(), self.lockgate.metrics()
+        if mn != mg:
+            first = next(
+                i
+                for i in range(max(len(mn), len(mg)))
+                if i >= len(mn) or i >= len(mg) or mn[i] != mg[i]
+            )
+            self.fail(
+                f"step {step}: progress (batchId, numInputRows, watermark, (operator, numRowsTotal, "
+                f"numRowsDroppedByWatermark)) differs from batch index {first}\n"
+                f"  native:   {mn[first : first + 3]}\n  lockgate: {mg[first : first + 3]}"
+            )
+
+
+def _rows(rows: list[Any]) -> str:
+    return repr(sorted(repr(tuple(r)) for r in rows))[:3000]
+
+
+def _headline(exc: BaseException) -> str:
+    return str(exc).strip().split("\n")[0][:500]
+
+
+def _trace(exc: BaseException | None) -> str:
+    if exc is None:
+        return ""
+    text = "".join(traceback.format_exception(exc))
+    return textwrap.shorten(str(exc), 600) + "\n" + text[-1500:]
+
+
+def _wait_all(engines: list[Engine]) -> None:
+    with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
+        list(pool.map(lambda e: e.wait(), engines))
+
+
+def run_scenarios(spark: Any, ls: Any, root: Path, scenarios: list[Scenario]) -> dict[int, str]:
+    """Run the scenarios side by side, step by step; the failure message of each seed that
+    differs (an empty dict when all agree)."""
+    runs = [Run(sc, spark, ls, root) for sc in scenarios]
+    try:
+        for run in runs:
+            run.start()
+        for step in range(max(sc.n_steps for sc in scenarios)):
+            active = [r for r in runs if not r.done and step < r.scenario.n_steps]
+            # Several source directories cannot get a step's files at one instant: those
+            # queries are stopped while the files are written (their next run's first
+            # trigger sees them all); some others restart here once.
+            paused = [
+                r for r in active if r.scenario.multi_source or r.scenario.restart_before == step
+            ]
+            for run in paused:
+                for e in run.engines:
+                    e.stop()
+            for run in active:
+                for src in run.scenario.sources:
+                    src.write(run.root / "in", step, run.scenario.fmt)
+            for run in paused:
+                for e in run.engines:
+                    e.start()
+                if run.native.start_error or run.lockgate.start_error:
+                    run.fail(
+                        f"restart before step {step} failed: {run.native.start_error or run.lockgate.start_error}"
+                    )
+            _wait_all([e for r in active if not r.done for e in r.engines])
+            for run in active:
+                if not run.done:
+                    run.check(step)
+    finally:
+        for run in runs:
+            if not run.done:
+                STATS["ran"] += 1
+            run.finish()
+    return {r.scenario.seed: r.error for r in runs if r.error}
+
+
+def seeds_from_env(default: list[int]) -> list[int]:
+    """``LOCKGATE_FUZZ_SEEDS``: ``100-400`` (inclusive) or ``1,5,9``; ``default`` without it."""
+    spec = os.environ.get("LOCKGATE_FUZZ_SEEDS")
+    if not spec:
+        return default
+    seeds: list[int] = []
+    for part in spec.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            seeds += range(int(lo), int(hi) + 1)
+        elif part.strip():
+            seeds.append(int(part))
+    return seeds
