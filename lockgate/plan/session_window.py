@@ -320,6 +320,18 @@ def merge_sessions(
     return sessions
 
 
+def _extend_one(merges: tuple[str, ...], value: list[Any], row: tuple[Any, ...]) -> list[Any] | None:
+    """A key's state value after one batch row, when the key holds one session that
+    starts at or before the row and ends at or after the row's start (the row folds into
+    it, as :func:`merge_sessions` would fold it); None otherwise."""
+    start, end = micros(value[0][0]), micros(value[1][0])
+    row_start, row_end = row[0], row[2]
+    if not start <= row_start <= end:
+        return None
+    buffers = merge_buffers(merges, [column[0] for column in value[2:]], row[5])
+    return [[start], [max(end, row_end)], *[[b] for b in buffers]]
+
+
 def merge_within_input_partitions(
     merges: tuple[str, ...], rows: list[tuple[Any, ...]]
 ) -> list[tuple[Any, ...]]:
@@ -481,6 +493,12 @@ def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
             if not rows:
                 continue
         previous = store.get(key)
+        if previous is not None and len(rows) == 1 and len(previous[0]) == 1:
+            extended = _extend_one(task.merges, previous, rows[0])
+            if extended is not None:  # the one stored session takes the row in
+                updated += 1
+                store.put(key, extended)
+                continue
         stored = _decode(previous) if previous is not None else []
         sessions = merge_sessions(task.merges, stored, rows)
         kept = {s[0] for s in sessions}
@@ -495,7 +513,8 @@ def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
     elif task.eviction_watermark_ms is not None:
         watermark_us = task.eviction_watermark_ms * 1000
         for key, value in store.items():
-            if all(micros(end) > watermark_us for end in value[1]):
+            # a key's sessions do not overlap and are sorted by start, so by end too
+            if micros(value[1][0]) > watermark_us:
                 continue
             sessions = _decode(value)
             open_sessions = [s for s in sessions if s[1] > watermark_us]

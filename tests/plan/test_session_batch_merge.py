@@ -18,6 +18,8 @@ from lockgate.plan.session_window import (
     _MAP_PARTITION,
     SessionTask,
     _arrivals,
+    _encode,
+    _extend_one,
     batch_sessions,
     merge_sessions,
 )
@@ -86,6 +88,30 @@ def test_batch_sessions_equal_the_row_by_row_fold(seed):
         want = merge_sessions(MERGES, [list(s) for s in stored], rows)
         got = merge_sessions(MERGES, [list(s) for s in stored], arrivals[key])
         assert [[s[0], s[1], list(s[2])] for s in got] == [[s[0], s[1], list(s[2])] for s in want], key
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_stored_session_extended_as_the_fold_extends_it(seed):
+    """The shortcut for a key holding one session and one row this batch: when it
+    applies, the key's state value is the fold's (``merge_sessions``); it applies
+    whenever the row starts within the session, and not otherwise."""
+    rng = random.Random(seed)
+    applied = 0
+    for _ in range(500):
+        start = rng.randrange(0, 20) * 1_000_000
+        stored = [start, start + rng.randrange(1, 10) * 1_000_000, [rng.randrange(1, 5), rng.randrange(-9, 9), None, 3]]
+        row_start = rng.randrange(0, 30) * 1_000_000
+        row = (row_start, 1, row_start + rng.randrange(1, 8) * 1_000_000, 0, 0,
+               (1, rng.randrange(-9, 9), rng.randrange(-9, 9), rng.choice([None, 5])))
+        value = _encode([[stored[0], stored[1], list(stored[2])]], len(MERGES))
+        got = _extend_one(MERGES, value, row)
+        want = merge_sessions(MERGES, [[stored[0], stored[1], list(stored[2])]], [row])
+        assert (got is not None) == (stored[0] <= row_start <= stored[1])
+        if got is not None:
+            applied += 1
+            assert len(want) == 1
+            assert got == _encode(want, len(MERGES))
+    assert applied > 50
 
 
 def test_other_aggregations_and_keys_take_the_row_by_row_path():
