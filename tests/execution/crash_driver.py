@@ -32,6 +32,8 @@ import signal
 import sys
 from typing import Any
 
+from driver_process import driver_session, progress_of, report_when_done
+
 SCHEMA = "id LONG, name STRING"
 
 
@@ -125,45 +127,21 @@ def _start(ls: Any, job: dict[str, Any]) -> Any:
 def main(argv: list[str]) -> int:
     with open(argv[1], encoding="utf-8") as f:
         jobs = json.load(f)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     import lockgate
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("lockgate-crash-driver")
-        .config("spark.ui.enabled", "false")
-        .config(map=lockgate.spark_conf())
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        # Start-up dominates these short runs: C1 only, one GC thread.
-        .config(
-            "spark.driver.extraJavaOptions",
-            "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=2",
-        )
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = driver_session("lockgate-crash-driver")
     ls = lockgate.session(spark)
-    queries = [(job, _start(ls, job)) for job in jobs]
-    failed = False
-    for job, q in queries:
-        try:
-            q.awaitTermination()
-        except Exception:  # noqa: BLE001 - reported below
-            failed = True
-        exc = q.exception()
-        report = {
+
+    def report(job: dict[str, Any], q: Any, exc: BaseException | None) -> dict[str, Any]:
+        return {
             "id": q.id,
-            "progress": [json.loads(p.json) for p in q.recentProgress],
+            "progress": progress_of(q),
             "exception": None if exc is None else str(exc),
             # What a batch reader sees: for the file sink, only files in _spark_metadata.
             "output": [r.asDict() for r in spark.read.parquet(job["output"]).collect()],
         }
-        with open(job["report"], "w", encoding="utf-8") as f:
-            json.dump(report, f)
+
+    failed = report_when_done([(job, _start(ls, job)) for job in jobs], report)
     spark.stop()
     return 1 if failed else 0
 

@@ -29,6 +29,8 @@ import sys
 import threading
 from typing import Any
 
+from driver_process import driver_session, report_when_done
+
 SCHEMA = "ts TIMESTAMP, k STRING, v LONG, side STRING"
 SHAPES = ("join", "session", "dedupWithinWatermark", "chain", "partitioned")
 CONF = {"spark.sql.streaming.stateStore.minDeltasForSnapshot": "2"}
@@ -105,26 +107,9 @@ def answer(spark: Any, job: dict[str, Any]) -> list[str]:
 def main(argv: list[str]) -> int:
     with open(argv[1], encoding="utf-8") as f:
         config = json.load(f)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     import lockgate
 
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("lockgate-kill-shapes-driver")
-        .config("spark.ui.enabled", "false")
-        .config(map=lockgate.spark_conf())
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=2")
-    )
-    for key, value in CONF.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = driver_session("lockgate-kill-shapes-driver", conf=CONF)
     ls = lockgate.session(spark)
     kill_after = config.get("kill_after_s")
     if kill_after is not None:
@@ -134,16 +119,11 @@ def main(argv: list[str]) -> int:
     queries = [(job, start(build(lambda: ls.readStream, job), job)) for job in config["jobs"]]
     if kill_after is not None:
         timer.start()
-    failed = False
-    for job, q in queries:
-        try:
-            q.awaitTermination()
-        except Exception:  # noqa: BLE001 - reported below
-            failed = True
-        exc = q.exception()
-        report = {"exception": None if exc is None else str(exc), "answer": answer(spark, job) if exc is None else None}
-        with open(job["report"], "w", encoding="utf-8") as f:
-            json.dump(report, f)
+
+    def report(job: dict[str, Any], q: Any, exc: BaseException | None) -> dict[str, Any]:
+        return {"exception": None if exc is None else str(exc), "answer": answer(spark, job) if exc is None else None}
+
+    failed = report_when_done(queries, report)
     spark.stop()
     return 1 if failed else 0
 

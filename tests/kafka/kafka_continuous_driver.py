@@ -31,13 +31,14 @@ Usage::
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import traceback
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+from driver_process import driver_session
 
 PARTITIONS = 3
 DEADLINE_S = 150.0
@@ -266,29 +267,14 @@ def main(argv: list[str]) -> int:
     began = time.monotonic()
     with open(argv[1], encoding="utf-8") as f:
         job = json.load(f)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     import lockgate
 
-    builder = SparkSession.builder
-    if job.get("jars"):
-        builder = builder.config("spark.jars", job["jars"])  # Spark's Kafka connector
-    spark = (
-        builder.master("local[4]")
-        .appName("lockgate-kafka-continuous-driver")
-        .config("spark.ui.enabled", "false")
-        .config(map=lockgate.spark_conf())
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "4")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config(
-            "spark.driver.extraJavaOptions",
-            "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=2",
-        )
-        .getOrCreate()
+    spark = driver_session(
+        "lockgate-kafka-continuous-driver",
+        master="local[4]",
+        parallelism=4,
+        jars=job.get("jars"),  # Spark's Kafka connector
     )
-    spark.sparkContext.setLogLevel("ERROR")
     ls = lockgate.session(spark)
     report: dict[str, Any] = {"error": None, "session_seconds": round(time.monotonic() - began, 1)}
     try:

@@ -20,6 +20,8 @@ import os
 import sys
 from typing import Any
 
+from driver_process import driver_session, progress_of, report_when_done
+
 
 def _killing_identity(job: dict[str, Any], driver_pid: int) -> Any:
     from pyspark.sql import functions as F
@@ -101,50 +103,21 @@ def _start(ls: Any, job: dict[str, Any]) -> Any:
 def main(argv: list[str]) -> int:
     with open(argv[1], encoding="utf-8") as f:
         jobs = json.load(f)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
+    # jars: Spark's Kafka connector
     import lockgate
 
-    builder = SparkSession.builder
-    if jobs[0].get("jars"):
-        builder = builder.config("spark.jars", jobs[0]["jars"])  # Spark's Kafka connector
-    spark = (
-        builder.master("local[2]")
-        .appName("lockgate-kafka-crash-driver")
-        .config("spark.ui.enabled", "false")
-        .config(map=lockgate.spark_conf())
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config(
-            "spark.driver.extraJavaOptions",
-            "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=2",
-        )
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = driver_session("lockgate-kafka-crash-driver", jars=jobs[0].get("jars"))
     ls = lockgate.session(spark)
     queries = []
     for job in jobs:
         # read when the query starts (its session is a clone): one reader per job
         spark.conf.set("spark.lockgate.kafka.io", job.get("kafka_io", "auto"))
         queries.append((job, _start(ls, job)))
-    failed = False
-    for job, q in queries:
-        try:
-            q.awaitTermination()
-        except Exception:  # noqa: BLE001 - reported below
-            failed = True
-        exc = q.exception()
-        with open(job["report"], "w", encoding="utf-8") as f:
-            json.dump(
-                {
-                    "progress": [json.loads(p.json) for p in q.recentProgress],
-                    "exception": None if exc is None else str(exc),
-                },
-                f,
-            )
+
+    def report(job: dict[str, Any], q: Any, exc: BaseException | None) -> dict[str, Any]:
+        return {"progress": progress_of(q), "exception": None if exc is None else str(exc)}
+
+    failed = report_when_done(queries, report)
     spark.stop()
     return 1 if failed else 0
 

@@ -40,6 +40,8 @@ import sys
 import time
 from typing import Any
 
+from driver_process import driver_session, progress_of, report_when_done
+
 SCHEMA = "ts TIMESTAMP, k STRING, v DOUBLE"
 
 
@@ -135,29 +137,11 @@ def answer(spark: Any, job: dict[str, Any]) -> list[list[Any]]:
 def main(argv: list[str]) -> int:
     with open(argv[1], encoding="utf-8") as f:
         config = json.load(f)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     import lockgate
 
-    builder = (
-        SparkSession.builder.master(config.get("master", "local[2]"))
-        .appName("lockgate-stateful-driver")
-        .config("spark.ui.enabled", "false")
-        .config(map=lockgate.spark_conf())
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config(
-            "spark.driver.extraJavaOptions",
-            "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=2",
-        )
+    spark = driver_session(
+        "lockgate-stateful-driver", master=config.get("master", "local[2]"), conf=config.get("conf")
     )
-    for key, value in config.get("conf", {}).items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
     executors: list[str] = []
     wanted = int(config.get("min_executors", 0))
     deadline = time.monotonic() + 240
@@ -168,22 +152,16 @@ def main(argv: list[str]) -> int:
             break
         time.sleep(0.5)
     ls = lockgate.session(spark)
-    queries = [(job, build_query(ls, job)) for job in config["jobs"]]
-    failed = False
-    for job, q in queries:
-        try:
-            q.awaitTermination()
-        except Exception:  # noqa: BLE001 - reported below
-            failed = True
-        exc = q.exception()
-        report = {
+
+    def report(job: dict[str, Any], q: Any, exc: BaseException | None) -> dict[str, Any]:
+        return {
             "exception": None if exc is None else str(exc),
-            "progress": [json.loads(p.json) for p in q.recentProgress],
+            "progress": progress_of(q),
             "answer": answer(spark, job) if exc is None else None,
             "executors": executors,
         }
-        with open(job["report"], "w", encoding="utf-8") as f:
-            json.dump(report, f)
+
+    failed = report_when_done([(job, build_query(ls, job)) for job in config["jobs"]], report)
     spark.stop()
     return 1 if failed else 0
 
