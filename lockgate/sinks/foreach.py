@@ -84,6 +84,7 @@ class ForeachSink(Sink):
                     close_fn(error)
 
         data.foreachPartition(run_partition)
+        _complete_observations(data)
 
     def forContinuous(self, schema, spark):  # type: ignore[no-untyped-def]
         return ForeachContinuousSink(self.writer, schema)
@@ -141,3 +142,14 @@ class ForeachContinuousSink(ContinuousSink):
 
     def description(self) -> str:
         return "ForeachSink"
+
+
+def _complete_observations(data: DataFrame) -> None:
+    """Deliver the observations of ``data``'s plan (the batch's input row counts) after
+    the RDD action that ran it. ``foreachPartition`` is an RDD action, which Spark's
+    observation listener never hears of, so the batch's observed metrics stayed pending
+    (``numInputRows`` 0) though the plan's accumulators counted the rows; Spark's
+    ObservationManager.tryComplete reads them from the DataFrame's executed plan, as the
+    listener would have after a Dataset action."""
+    jdf = data._jdf
+    jdf.sparkSession().observationManager().tryComplete(jdf.queryExecution())
