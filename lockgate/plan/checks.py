@@ -48,9 +48,6 @@ def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: boo
     check_several_apply_in_pandas_with_state(plan)  # before the output-mode checks, as Spark
     operators = stateful_operators(plan)
     aggregates = [op for op in operators if isinstance(op, Aggregate)]
-    for op in operators:
-        if isinstance(op, StreamJoin):
-            check_stream_join(op, output_mode)
     limits = [op for op in operators if isinstance(op, StreamingLimit)]
     if limits and output_mode == "update":
         raise AnalysisError("Limits are not supported on streaming DataFrames/Datasets in Update output mode")
@@ -60,6 +57,10 @@ def check_for_streaming(plan: PlanNode, output_mode: str, check_correctness: boo
             "complete. This output mode is not supported for no streaming aggregations on "
             "streaming DataFrames/DataSets."
         )
+    # after the output mode's own check, as Spark's UnsupportedOperationChecker
+    for op in operators:
+        if isinstance(op, StreamJoin):
+            check_stream_join(op, output_mode)
     # Spark checks the first (outermost) aggregation's analysed grouping expressions
     if output_mode == "append" and (
         any(a.event_time_key is None for a in aggregates) or (aggregates and not aggregates[0].event_time_key_is_attribute)

@@ -615,11 +615,19 @@ def _key_type_ok(data_type: Any) -> bool:
 
 
 def check_stream_join(node: StreamJoin, output_mode: str) -> None:
-    """Start-time checks (Spark's UnsupportedOperationChecker rules for joins)."""
-    if output_mode != "append":
-        raise AnalysisError(
-            "Join between two streaming DataFrames/Datasets is not supported in "
-            f"{output_mode.capitalize()} output mode, only in Append output mode"
+    """Start-time checks (Spark's UnsupportedOperationChecker rules for joins). Spark 4
+    runs inner and left semi joins of two streams in Update mode too (their output is
+    append-only either way, and an aggregation after them emits its updates); outer joins
+    only in Append mode."""
+    allowed = ["append", "update"] if node.join_type in ("inner", "left_semi") else ["append"]
+    if output_mode not in allowed:
+        modes = "Append and Update output modes" if len(allowed) == 2 else "Append output mode"
+        raise AnalysisError.spark(
+            "_LEGACY_ERROR_TEMP_3102",
+            {
+                "msg": f"{_SPARK_JOIN_NAMES[node.join_type]} join between two streaming DataFrames/Datasets "
+                f"is not supported in {output_mode.capitalize()} output mode, only in {modes}"
+            },
         )
     if node.several_event_times:
         # Spark raises it in the query's first batch; lockgate before running it.

@@ -1,0 +1,112 @@
+"""Differences from native Spark that the random query fuzzer (tests/random_queries.py)
+found, one test per cause, each reduced to a small query and compared with native."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from differential import BASE, headline, process_all, write_json
+from pyspark.errors import AnalysisException
+from pyspark.sql import functions as F
+
+
+def _iso(sec: int) -> str:
+    return (BASE + timedelta(seconds=sec)).isoformat()
+
+
+def _start(df: Any, mode: str, root: Any, name: str, batches: list[Any]) -> Any:
+    return (
+        df.writeStream.outputMode(mode)
+        .option("checkpointLocation", str(root / name / uuid.uuid4().hex))
+        .foreachBatch(lambda b, i: batches.append((i, sorted(map(repr, b.collect())))))
+        .start()
+    )
+
+
+def _join(reader: Any, root: Any, how: str, then: str) -> Any:
+    left = reader.schema("ts TIMESTAMP, k STRING, v LONG").json(str(root / "l"))
+    right = reader.schema("rts TIMESTAMP, rk STRING").json(str(root / "r"))
+    cond = left.k == right.rk
+    if how == "left_semi":  # Spark needs a watermark and a range for it
+        left, right = left.withWatermark("ts", "5 seconds"), right.withWatermark("rts", "5 seconds")
+        cond = (
+            (left.k == right.rk)
+            & (right.rts >= left.ts)
+            & (right.rts <= left.ts + F.expr("INTERVAL 10 SECONDS"))
+        )
+    joined = left.join(right, cond, how)
+    if then == "agg":
+        return joined.groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("s"))
+    return joined
+
+
+def test_inner_and_semi_stream_joins_run_in_update_mode(spark, ls, tmp_path):
+    """Seed 51: Spark 4 runs an inner or left semi join of two streams in Update mode
+    (alone, or with an aggregation after it emitting its updated groups); lockgate refused
+    every join outside Append mode."""
+    (tmp_path / "l").mkdir()
+    (tmp_path / "r").mkdir()
+    shapes = [("inner", "agg"), ("inner", "none"), ("left_semi", "agg")]
+    runs = []
+    for how, then in shapes:
+        pair = []
+        for name, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
+            batches: list[Any] = []
+            pair.append(
+                (
+                    _start(_join(reader, tmp_path, how, then), "update", tmp_path, name, batches),
+                    batches,
+                )
+            )
+        runs.append(pair)
+    steps = [
+        ("l", [{"ts": _iso(1), "k": "a", "v": 1}, {"ts": _iso(2), "k": "b", "v": 2}]),
+        ("r", [{"rts": _iso(3), "rk": "a"}, {"rts": _iso(4), "rk": "a"}]),
+        ("l", [{"ts": _iso(5), "k": "a", "v": 10}, {"ts": _iso(6), "k": "c", "v": 3}]),
+        ("r", [{"rts": _iso(7), "rk": "b"}]),
+    ]
+    for directory, rows in steps:
+        write_json(tmp_path / directory, rows)
+        process_all((q for pair in runs for q, _ in pair), times=2)
+    for (how, then), ((_, native), (_, mine)) in zip(shapes, runs):
+        assert any(rows for _, rows in native), (how, then)
+        assert mine == native, (how, then)
+
+
+@pytest.mark.parametrize(("how", "mode"), [("left_outer", "update"), ("inner", "complete")])
+def test_stream_join_output_modes_refused_with_sparks_message(spark, ls, tmp_path, how, mode):
+    """Outer joins in Update mode and any join before an aggregation in Complete mode are
+    refused as Spark refuses them: its message names the join type, its condition is
+    _LEGACY_ERROR_TEMP_3102."""
+    (tmp_path / "l").mkdir()
+    (tmp_path / "r").mkdir()
+
+    def build(reader: Any) -> Any:
+        left = (
+            reader.schema("ts TIMESTAMP, k STRING, v LONG")
+            .json(str(tmp_path / "l"))
+            .withWatermark("ts", "5 seconds")
+        )
+        right = (
+            reader.schema("rts TIMESTAMP, rk STRING")
+            .json(str(tmp_path / "r"))
+            .withWatermark("rts", "5 seconds")
+        )
+        cond = (
+            (left.k == right.rk)
+            & (right.rts >= left.ts)
+            & (right.rts <= left.ts + F.expr("INTERVAL 5 SECONDS"))
+        )
+        return left.join(right, cond, how).groupBy("k").count()
+
+    errors = []
+    for name, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
+        with pytest.raises(AnalysisException) as caught:
+            _start(build(reader), mode, tmp_path, name, [])
+        errors.append(caught.value)
+    native, mine = errors
+    assert headline(mine) == headline(native)
+    assert mine.getCondition() == native.getCondition() == "_LEGACY_ERROR_TEMP_3102"
