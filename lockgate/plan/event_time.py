@@ -42,7 +42,7 @@ from pyspark.sql.types import StructType, TimestampType
 from lockgate.errors import AnalysisError
 from lockgate.jvm import scala_list
 from lockgate.jvm import seq as _seq
-from lockgate.plan.nodes import EventTimeWatermark, PlanNode, StreamingRelation, Transform
+from lockgate.plan.nodes import EventTimeWatermark, PlanNode, StreamingRelation, Transform, Union
 from lockgate.plan.pushdown import all_nodes as _nodes
 from lockgate.plan.pushdown import with_marker
 from lockgate.plan.stateful import OutputColumn, StatefulOperator
@@ -97,6 +97,8 @@ def event_time_outputs(node: PlanNode) -> dict[str, int] | None:
         return None if name is None else {name: node.delay_ms}
     if isinstance(node, StatefulOperator):  # each operator states what its output carries
         return node.event_time_outputs(event_time_outputs)
+    if isinstance(node, Union):  # Spark's Union outputs its first child's attributes
+        return event_time_outputs(node.left)
     if not isinstance(node, Transform):
         found: dict[str, int] = {}
         for child in node.children:
@@ -640,6 +642,8 @@ def _event_time_columns_below(plan: PlanNode) -> dict[str, int]:
         return {**_event_time_columns_below(plan.child), name: plan.delay_ms}
     if isinstance(plan, StatefulOperator):
         return plan.event_time_outputs(_event_time_columns_below) or {}
+    if isinstance(plan, Union):
+        return _event_time_columns_below(plan.left)
     found: dict[str, int] = {}
     for child in plan.children:
         found.update(_event_time_columns_below(child))

@@ -110,3 +110,58 @@ def test_stream_join_output_modes_refused_with_sparks_message(spark, ls, tmp_pat
     native, mine = errors
     assert headline(mine) == headline(native)
     assert mine.getCondition() == native.getCondition() == "_LEGACY_ERROR_TEMP_3102"
+
+
+def test_union_event_time_is_the_first_childs(spark, ls, tmp_path):
+    """Seed 44: a union outputs its first child's columns (Spark's ``Union.output``), so
+    a deduplication of ``plain.union(watermarked)`` has no event-time key: native keeps
+    every key and drops no row as late, where lockgate took the watermark of the second
+    child's column and evicted keys. With the watermarked child first, both evict."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+
+    def build(reader: Any, watermarked_first: bool) -> Any:
+        plain = reader.schema("ts TIMESTAMP, k STRING").json(str(a))
+        marked = (
+            reader.schema("ts TIMESTAMP, k STRING").json(str(b)).withWatermark("ts", "0 seconds")
+        )
+        both = marked.unionByName(plain) if watermarked_first else plain.unionByName(marked)
+        return both.dropDuplicates()
+
+    runs = {}
+    for first in (False, True):
+        for name, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
+            batches: list[Any] = []
+            runs[first, name] = (
+                _start(build(reader, first), "append", tmp_path, name, batches),
+                batches,
+            )
+    steps = [
+        (a, [{"ts": _iso(1), "k": "x"}, {"ts": _iso(2), "k": "y"}]),
+        (b, [{"ts": _iso(20), "k": "x"}, {"ts": _iso(3), "k": "z"}]),
+        (a, [{"ts": _iso(1), "k": "x"}, {"ts": _iso(5), "k": "w"}]),
+        (b, [{"ts": _iso(30), "k": "v"}]),
+    ]
+    for directory, rows in steps:
+        write_json(directory, rows)
+        process_all((q for q, _ in runs.values()), times=2)
+
+    def state(query: Any) -> list[Any]:
+        return [
+            (
+                p.batchId,
+                p.numInputRows,
+                [(s.numRowsTotal, s.numRowsDroppedByWatermark) for s in p.stateOperators],
+            )
+            for p in query.recentProgress
+            if "addBatch" in p.durationMs
+        ]
+
+    totals = {}
+    for first in (False, True):
+        (nq, native), (mq, mine) = runs[first, "native"], runs[first, "lockgate"]
+        assert mine == native, first
+        assert state(mq) == state(nq), first
+        totals[first] = state(nq)[-1][2][0][0]
+    assert totals[False] > totals[True], totals  # only the watermarked-first union evicts
