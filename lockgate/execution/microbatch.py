@@ -51,6 +51,7 @@ from lockgate.plan.incremental import (
     row_count,
 )
 from lockgate.plan.nodes import PlanNode, observed_nodes, source_relations, watermark_nodes
+from lockgate.plan.pushdown import scans_per_source
 from lockgate.plan.state_udf import TASKS_CONF, encode_params, property_key
 from lockgate.plan.stateful import StatefulContext, state_task_count, stateful_operators
 from lockgate.plan.template import NotReusable, PlanTemplate
@@ -165,9 +166,9 @@ class _SourceSlot:
     relation_id: int
     source: Source
     scans: int = 1
-    """How many times the plan reads the source (``df.union(df)`` twice): Spark counts
-    its rows once per scan in ``numInputRows`` (its progress sums the rows of every
-    execution-plan leaf that reads the source)."""
+    """How many scans of the source Spark's plan has (``df.union(df)`` two, a self-join
+    whose inputs are one shuffle one, :func:`~lockgate.plan.pushdown.scans_per_source`):
+    its progress sums the rows of every scan in ``numInputRows``."""
 
 
 class MicroBatchExecution(StreamExecution):
@@ -253,6 +254,7 @@ class MicroBatchExecution(StreamExecution):
     def _init_sources(self) -> None:
         relations = source_relations(self.plan)
         self._source_names = _source_names(self.spark, relations)
+        counted = scans_per_source(self.plan, self.spark)
         for index, relation in enumerate(relations):
             directory = str(index) if self._source_names is None else self._source_names[index]
             metadata_path = self.fs.join(self.checkpoint_root, "sources", directory)
@@ -265,8 +267,9 @@ class MicroBatchExecution(StreamExecution):
                 clock=self.clock,
             )
             source = relation.provider.createSource(context)
-            scans = sum(1 for node in self.plan.walk() if node is relation)
+            scans = counted.get(id(relation), 1)
             self._slots.append(_SourceSlot(index, id(relation), source, scans))
+            self.plan_cache.scan_filters.setdefault(id(relation), [[] for _ in range(scans)])
         self.available = [None] * len(self._slots)
         self.committed = [None] * len(self._slots)
         self.latest_reported = [None] * len(self._slots)
@@ -809,7 +812,8 @@ class MicroBatchExecution(StreamExecution):
                 sc.setLocalProperty(params_key, None)  # type: ignore[arg-type]
         for index, obs in execution.observations.source_rows.items():
             value = observation_value(obs)
-            counts[index] = int(value["rows"]) if value else 0
+            counts[index] = int(value["rows"]) if value else 0  # of every scan
+        one_scan = {slot.index for slot in self._slots if slot.index not in execution.observations.source_rows}
         event_stats = self._event_time_stats(execution)
         self.watermark_tracker.update(
             [stats["max"] if stats else None for stats in event_stats]
@@ -826,6 +830,7 @@ class MicroBatchExecution(StreamExecution):
         self._last_batch = {
             "start_offsets": list(self.committed),
             "counts": counts,
+            "one_scan": one_scan,  # counted by numRowsBetween: times the scans
             "event_stats": event_stats,
             "num_output_rows": num_output_rows,
             "observed": self._observed_metrics(execution),
@@ -956,7 +961,8 @@ class MicroBatchExecution(StreamExecution):
                 slot.source.description(),
                 batch["start_offsets"][slot.index],
                 self.available[slot.index],
-                int(batch["counts"].get(slot.index) or 0) * self._counted_scans(slot),
+                int(batch["counts"].get(slot.index) or 0)
+                * (slot.scans if slot.index in batch["one_scan"] else 1),
                 input_secs,
                 process_secs,
                 self.latest_reported[slot.index],
@@ -993,16 +999,6 @@ class MicroBatchExecution(StreamExecution):
         tracker.last_trigger_start_ms = tracker.trigger_start_ms
         parsed = tracker.record(progress)
         self.manager.query_progress(self, parsed)
-
-    def _counted_scans(self, slot: _SourceSlot) -> int:
-        """How many times a batch's rows of ``slot`` count in ``numInputRows``: once per
-        scan of the source, as Spark counts them. Where Spark pushes a filter into a
-        scan of a file source (lockgate counts those rows after the filters Spark would
-        push, ``below_metrics``), the scans of one source may read different rows, which
-        one count cannot tell: it counts once then."""
-        if slot.scans > 1 and self.plan_cache.below_metrics.get(slot.relation_id):
-            return 1
-        return slot.scans
 
     def _idle_progress(self) -> dict[str, Any]:
         tracker = self.progress

@@ -46,6 +46,11 @@ class PlanCache:
         """``id(EventTimeWatermark or StreamingRelation) ->`` ``(sql, Column)`` of the
         filters Spark applies below its event-time statistics or its row count
         (:mod:`lockgate.plan.pushdown`)."""
+        self.scan_filters: dict[int, list[list[tuple[str, Any]]]] = {}
+        """``id(StreamingRelation) ->`` per scan of the source that Spark counts in
+        ``numInputRows``, the ``(sql, Column)`` of the filters the scan applies before
+        counting (:func:`lockgate.plan.pushdown.scan_filters`); a source's row count
+        sums them. One scan without filters when absent."""
 
     def get(self, owner: object, name: str, make: Callable[[], T]) -> T:
         """The value ``make()`` built for ``(owner, name)`` the first time it was asked."""

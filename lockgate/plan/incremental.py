@@ -27,7 +27,7 @@ from lockgate.plan.nodes import (
     Transform,
     Union,
 )
-from lockgate.plan.pushdown import all_of, filters_below_metrics
+from lockgate.plan.pushdown import all_of, counted_scans, filters_below_metrics, scan_filters
 from lockgate.plan.stateful import StatefulContext, StatefulOperator, stateful_operators
 
 if TYPE_CHECKING:
@@ -66,6 +66,16 @@ def reusable(plan: PlanNode) -> bool:
 def row_count() -> Any:
     """``count(1) AS rows``: the observed row count of a source or of the output."""
     return F.count(F.lit(1)).alias("rows")
+
+
+def scans_row_count(scans: list[list[tuple[str, Any]]]) -> Any:
+    """``rows``: the rows of every scan, each counted after its own filters (``(sql,
+    Column)`` per scan, see :attr:`~lockgate.plan.cache.PlanCache.scan_filters`)."""
+    total = None
+    for filters in scans or [[]]:
+        rows = F.count_if(all_of([c for _, c in filters])) if filters else F.count(F.lit(1))
+        total = rows if total is None else total + rows
+    return total.alias("rows")
 
 
 def observation_value(observation: Observation) -> dict[str, Any] | None:
@@ -209,6 +219,16 @@ class IncrementalExecution:
                 if all(sql != k for k, _ in known):
                     known.append((sql, column))
                     added = True
+        for name, found in scan_filters(result, event_times, scans).items():
+            # what a build finds adds to what earlier builds found: once a branch's
+            # filter went below an observation, it is no longer seen above it
+            known_scans = self.cache.scan_filters.setdefault(id(owners[name]), [[]])
+            counted = counted_scans(found, len(known_scans))
+            for known, conditions in zip(known_scans, counted or []):
+                for sql, column in conditions:
+                    if all(sql != k for k, _ in known):
+                        known.append((sql, column))
+                        added = True
         return added
 
     def _observation_name(self, role: ObservationRole) -> str:
@@ -287,7 +307,13 @@ class IncrementalExecution:
             if index is not None and index in self._count_sources:
                 obs = Observation(self._observation_name(("source_rows", index)))
                 df = self._pushed_down(node, df)
-                df = self.cache.observe(node, "row_count", df, obs, lambda: [row_count()])
+                # the frame has passed the filters applied below the row count
+                below = {sql for sql, _ in self.cache.below_metrics.get(id(node), [])}
+                scans = [
+                    [(sql, c) for sql, c in filters if sql not in below]
+                    for filters in self.cache.scan_filters.get(id(node)) or [[]]
+                ]
+                df = self.cache.observe(node, f"row_count/{_texts(scans)}", df, obs, lambda: [scans_row_count(scans)])
                 self.observations.source_rows[index] = obs
             return df
         if isinstance(node, Observed):
@@ -323,3 +349,7 @@ class IncrementalExecution:
             self.state_schemas[op_id] = schema
             return df
         raise TypeError(f"Unknown plan node {type(node).__name__}")
+
+
+def _texts(scans: list[list[tuple[str, Any]]]) -> str:
+    return repr([sorted(sql for sql, _ in filters) for filters in scans])

@@ -26,6 +26,16 @@ The same holds for a file source's row count (``numInputRows``): Spark counts th
 its scan outputs, after the partition filters and, for JSON and CSV, the data filters
 it pushed into the reader; lockgate counts with a ``CollectMetrics`` over the source's
 batch, so those filters are moved below it.
+
+A source the query reads several times (a self-union, a self-join) is scanned once per
+read in Spark's plan, each scan with the filters its own branch pushes into it, and
+``numInputRows`` sums the rows of every scan (``ProgressReporter``'s
+``extractSourceToNumInputRows``: the executed plan's scan nodes of the source). The one
+exception: two inputs of a stream-stream join that Spark plans alike are one shuffle
+(``ReuseExchangeAndSubquery`` makes the second a ``ReusedExchange``), so their source is
+scanned, and counted, once. :func:`scans_per_source` tells how many scans Spark's plan
+has, :func:`scan_filters` what each applies; lockgate's one row-count observation sums
+``count_if`` of each scan's filters.
 """
 
 from __future__ import annotations
@@ -33,8 +43,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from py4j.protocol import Py4JError
+
 from lockgate.jvm import jvm_name, scala_list, seq, unresolved_column
-from lockgate.plan.nodes import EventTimeWatermark, PlanNode, StaticJoin, Transform, Union
+from lockgate.plan.nodes import (
+    EventTimeWatermark,
+    PlanNode,
+    StaticJoin,
+    StreamingRelation,
+    Transform,
+    Union,
+)
 from lockgate.plan.stateful import StatefulOperator
 
 if TYPE_CHECKING:
@@ -93,6 +112,156 @@ def filters_below_metrics(
             either = either | distinct[text]
         found[name] = [(" OR ".join(f"({t})" for t in texts), either)]
     return found
+
+
+def scan_filters(
+    result: DataFrame, event_times: dict[str, str], scans: dict[str, DataFrame]
+) -> dict[str, list[list[tuple[str, Column]]]]:
+    """Per source row-count observation in ``scans``: per occurrence of it in the
+    optimized plan of ``result``, the ``(sql, Column)`` of the conjuncts that Spark's
+    scan of that read of the source applies before it counts its rows
+    (:meth:`_Scan.applies`).
+
+    In Spark each read has its own scan, with its branch's filters pushed down to it,
+    through ``withWatermark`` when they do not read its event-time column. In lockgate's
+    batch the branches share the source's and the watermark's observations (which
+    Spark's optimizer pushes nothing through), so a branch's filters stop above them:
+    they are gathered from the filters above the occurrence, through projections and
+    event-time observations (``event_times``: observation name to event-time
+    column)."""
+    plan = result._jdf.queryExecution().optimizedPlan()
+    found: dict[str, list[list[tuple[str, Column]]]] = {}
+    readers: dict[str, _Scan | None] = {}
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(plan, ())]
+    while stack:
+        node, above = stack.pop()
+        if node.getClass().getSimpleName() == "CollectMetrics" and node.name() in scans:
+            if node.name() not in readers:
+                readers[node.name()] = _Scan.of(scans[node.name()])
+            scan = readers[node.name()]
+            pushed = {} if scan is None else _scan_conjuncts(node, above, event_times, scan, result)
+            found.setdefault(node.name(), []).append(list(pushed.items()))
+        for child in reversed(seq(node.children())):
+            stack.append((child, (node, *above)))
+    return found
+
+
+def _scan_conjuncts(
+    metrics: Any, above: tuple[Any, ...], event_times: dict[str, str], scan: _Scan, result: DataFrame
+) -> dict[str, Column]:
+    """The conjuncts of the filters in ``above`` (the ancestors of the source's
+    observation ``metrics``, nearest first) that Spark would push into its scan."""
+    output = seq(metrics.output())
+    ids = {int(a.exprId().id()) for a in output}
+    names = [a.name().lower() for a in output]
+    blocked: set[str] = set()  # event-time columns of the withWatermarks passed
+    pushed: dict[str, Column] = {}
+    for node in above:
+        kind = node.getClass().getSimpleName()
+        if kind == "CollectMetrics" and node.name() in event_times:
+            blocked.add(event_times[node.name()].lower())
+            continue
+        if kind == "Project":
+            continue  # a conjunct over a column it computes reads no source column
+        if kind != "Filter":
+            break
+        for conjunct in _conjuncts(node.condition()):
+            reads = seq(conjunct.references().toSeq())
+            if (
+                not conjunct.deterministic()
+                or _has_subquery(conjunct)
+                or any(int(a.exprId().id()) not in ids or names.count(a.name().lower()) != 1 for a in reads)
+                or any(a.name().lower() in blocked for a in reads)
+                or not scan.applies(conjunct)
+            ):
+                continue
+            pushed.setdefault(str(conjunct.sql()), unresolved_column(conjunct, result.sparkSession))
+    return pushed
+
+
+def counted_scans(found: list[list[tuple[str, Column]]], scans: int) -> list[list[tuple[str, Column]]] | None:
+    """Of ``found`` (:func:`scan_filters` of one source), the ``scans`` reads Spark
+    counts: all of them, or, when an input of a join reuses another's shuffle
+    (:func:`scans_per_source`), less the later reads whose filters repeat an earlier
+    read's. None when they cannot be told apart."""
+    kept = list(found)
+    for i in range(len(kept) - 1, -1, -1):
+        if len(kept) <= scans:
+            break
+        texts = sorted(sql for sql, _ in kept[i])
+        if any(sorted(sql for sql, _ in other) == texts for other in kept[:i]):
+            del kept[i]
+    return kept if len(kept) == scans else None
+
+
+def scans_per_source(plan: PlanNode, spark: Any) -> dict[int, int]:
+    """``id(StreamingRelation) ->`` how many scans of the source Spark's executed plan
+    has for ``plan``: one per read, less the reads under the right input of a
+    stream-stream join whose two inputs are one shuffle in Spark
+    (:func:`_shares_shuffle`)."""
+    from lockgate.plan.join.planner import StreamJoin  # the planner imports this module
+
+    counts: dict[int, int] = {}
+
+    def sources(node: PlanNode) -> set[int]:
+        return {id(n) for n in node.walk() if isinstance(n, StreamingRelation)}
+
+    def visit(node: PlanNode, counted: bool) -> None:
+        if isinstance(node, StreamingRelation):
+            counts[id(node)] = counts.get(id(node), 0) + int(counted)
+        if (
+            isinstance(node, StreamJoin)
+            and counted
+            and sources(node.left) == sources(node.right)  # one stream joined to itself
+            and _shares_shuffle(node, spark)
+        ):
+            visit(node.left, counted)
+            visit(node.right, False)
+            return
+        for child in node.children:
+            visit(child, counted)
+
+    visit(plan, True)
+    return counts
+
+
+def _shares_shuffle(join: Any, spark: Any) -> bool:
+    """Whether Spark plans the two inputs of the stream-stream join ``join`` as one
+    shuffle: the inputs, as Spark's optimizer leaves them, are the same plan (a
+    self-join of one stream, each side filtered alike) and the keys are hashed from the
+    same columns, so ``ReuseExchangeAndSubquery`` makes the right input's exchange a
+    ``ReusedExchange`` of the left's, which scans nothing."""
+    if join.join_plan is None or [str(c) for c in join.pushdown[0]] != [str(c) for c in join.pushdown[1]]:
+        return False  # filters from above the join reach one side only
+    try:
+        optimized = spark._jsparkSession.sessionState().optimizer().execute(join.join_plan)
+    except Py4JError:  # Spark's optimizer refused the join alone: count both scans
+        return False
+    if optimized.getClass().getSimpleName() != "Join" or not optimized.condition().isDefined():
+        return False
+    left, right = optimized.left(), optimized.right()
+    if not left.sameResult(right):
+        return False
+    left_ids = [int(a.exprId().id()) for a in seq(left.output())]
+    right_ids = [int(a.exprId().id()) for a in seq(right.output())]
+    keys = 0
+    for conjunct in _conjuncts(optimized.condition().get()):
+        if conjunct.getClass().getSimpleName() not in ("EqualTo", "EqualNullSafe"):
+            continue
+        sides = []
+        for operand in (conjunct.left(), conjunct.right()):
+            refs = {int(a.exprId().id()) for a in seq(operand.references().toSeq())}
+            side = "l" if refs and refs <= set(left_ids) else "r" if refs and refs <= set(right_ids) else None
+            sides.append((side, operand))
+        if {s for s, _ in sides} != {"l", "r"}:
+            continue  # not a join key
+        (_, lkey), (_, rkey) = sorted(sides, key=lambda p: p[0])
+        if lkey.getClass().getSimpleName() != "AttributeReference" or rkey.getClass().getSimpleName() != "AttributeReference":
+            return False  # a key expression: not worth comparing, count both scans
+        if left_ids.index(int(lkey.exprId().id())) != right_ids.index(int(rkey.exprId().id())):
+            return False
+        keys += 1
+    return keys > 0
 
 
 def _pushable(

@@ -297,12 +297,10 @@ SELF_JOIN_STEPS = [
 ]
 
 SHAPES = [
-    # numInputRows left out: Spark counts each of the source's two scans, after the
-    # filter it pushes into the JSON reader (isnotnull(n), from the join keys), so 2x the
-    # batch's rows; lockgate counts such a source once when any filter is applied below
-    # its row count, since it cannot tell whether the scans push the same filters
-    # (MicroBatchExecution._counted_scans; the fix belongs in plan/pushdown.py).
-    Shape("self_join", self_join, SELF_JOIN_STEPS, input_rows=False),
+    # numInputRows: Spark counts each of the source's two scans (the sides' filters
+    # differ, so no shuffle is reused), each after the filter it pushes into the JSON
+    # reader (isnotnull(n), from the join keys)
+    Shape("self_join", self_join, SELF_JOIN_STEPS),
     Shape("inner_join", stream_join("inner"), TWO_STREAMS),
     Shape("left_outer_join", stream_join("left_outer"), TWO_STREAMS),
     Shape("left_semi_join", stream_join("left_semi"), TWO_STREAMS),
