@@ -57,10 +57,17 @@ or an applyInPandasWithState), each with its own operator id and state directory
 input watermark passes on to it, and ``eventTimeColumnName`` makes the output's column
 its event time.
 
-Not there yet, refused with :class:`~lockgate.errors.NotSupportedYetError` when the
-query is defined: grouping by a struct or map; at ``start()``, a stateful operator after
-the operator in time mode ``processingTime`` with an ``eventTimeColumnName``
-(:func:`refuse_after_processing_time_transform_with_state`).
+**Keys** as native Spark's: a struct key is handed to the processor as a dict (PySpark's
+worker goes through pandas); the state is keyed by the key's bytes, so -0.0 and 0.0 are
+two keys, at the top level, inside a struct, and as a MapState's user keys
+(``StateStoreConf.signed_zero_keys``); an integer key column holding a null takes the
+pandas worker's float conversion (:func:`_null_integer_groups`); a key holding an array
+or a map is refused when the query is defined (Spark's worker fails on it at the first
+batch, unable to read the key's schema).
+
+Not there yet, refused with :class:`~lockgate.errors.NotSupportedYetError`: at
+``start()``, a stateful operator after the operator in time mode ``processingTime`` with
+an ``eventTimeColumnName`` (:func:`refuse_after_processing_time_transform_with_state`).
 """
 
 from __future__ import annotations
@@ -226,6 +233,15 @@ def _user_form(dtype: DataType, value: Any) -> Any:
 
 def _user_tuple(schema: StructType, values: Any) -> tuple[Any, ...]:
     return tuple(_user_form(f.dataType, v) for f, v in zip(schema.fields, values))
+
+
+def _unsigned(value: Any) -> Any:
+    """A key of the store's form with its -0.0 (``NEGATIVE_ZERO``) as plain floats."""
+    if isinstance(value, tuple):
+        return tuple(_unsigned(v) for v in value)
+    if isinstance(value, float) and type(value) is not float:
+        return float(value)
+    return value
 
 
 def _store_values(schema: StructType, values: tuple[Any, ...]) -> list[Any]:
@@ -537,10 +553,14 @@ def make_transform_with_state(
             )
         output_event_time = event_time_column_name
     for f in key_schema.fields:
-        if isinstance(f.dataType, (StructType, MapType)):
-            raise NotSupportedYetError(
-                f"{method} grouped by a struct or map ({f.name}: {f.dataType.simpleString()})",
-                "Group by the struct's fields instead.",
+        if _holds_collection(f.dataType):
+            # Spark runs the query, and its Python worker fails at the first batch with
+            # rows: it cannot read such a grouping key's schema (KeyError: 'elementType').
+            raise AnalysisError(
+                f"{method} cannot group by a key holding an array or a map ({f.name}: "
+                f"{f.dataType.simpleString()}): Spark's Python worker fails reading such a "
+                "grouping key's schema at the first batch with rows (KeyError: 'elementType' "
+                "or 'keyType'). Group by its scalar values instead, or by to_json() of it."
             )
     variables, deleted, declared_then_deleted = declared_variables(processor, tm)
     event_time = next((c for c in input_schema.names if c in watermarked), None)
@@ -561,6 +581,12 @@ def make_transform_with_state(
         output_delay_ms=max(watermarked.values(), default=0),
         initial_state=initial,
     )
+
+
+def _holds_collection(dtype: DataType) -> bool:
+    if isinstance(dtype, (ArrayType, MapType)):
+        return True
+    return isinstance(dtype, StructType) and any(_holds_collection(f.dataType) for f in dtype.fields)
 
 
 # -- the state step ---------------------------------------------------------------------------
@@ -596,6 +622,8 @@ class TwsTask:
     max_bytes_per_chunk: int = _UNLIMITED
     """... and of about at most this many bytes (the input's average Arrow row size
     times the rows): ``spark.sql.execution.arrow.maxBytesPerBatch``."""
+    key_schema: StructType | None = None
+    """The grouping keys' types: a struct key is handed to the processor as a dict."""
 
 
 def _chunk_limits(spark: Any) -> tuple[int, int]:
@@ -625,17 +653,23 @@ def _chunk_rows(task: TwsTask, table: pa.Table) -> int:
 
 
 def _input_groups(
-    table: pa.Table, key_columns: tuple[str, ...], keys: list[Any], pandas: bool
-) -> list[tuple[Any, list[int]]]:
+    table: pa.Table, key_columns: tuple[str, ...], keys: list[Any], pandas: bool, chunk_rows: int = _UNLIMITED
+) -> list[tuple[Any, Any, list[int]]]:
     """The batch's rows by key, each key's rows in arrival order, as PySpark's worker
-    hands them to ``handleInputRows``: it groups consecutive rows whose keys compare
-    equal in Python, and makes each row's floats anew, so a key holding a NaN never
-    equals the next row's, nor, for ``transformWithStateInPandas``, one with a null
-    floating-point key column (pandas makes it NaN). Such a row is a call of its own,
-    with the key's one state (Spark keys the state by the key's bytes, where every NaN
-    is one, and every null)."""
-    groups: dict[Any, tuple[Any, list[int]]] = {}
+    hands them to ``handleInputRows``: ``(key handed to the processor, state key, row
+    indices)``. The worker groups consecutive rows whose keys compare equal in Python,
+    and makes each row's floats anew, so a key holding a NaN never equals the next
+    row's, nor, for ``transformWithStateInPandas``, one with a null floating-point key
+    column (pandas makes it NaN). Such a row is a call of its own, with the key's one
+    state (Spark keys the state by the key's bytes, where every NaN is one, and every
+    null); -0.0 and 0.0 rows are one call, with the state of the first row's key.
+    An integer key column holding a null takes :func:`_null_integer_groups`."""
     types = [table.schema.field(k).type for k in key_columns]
+    if pandas:
+        ints = [j for j, t in enumerate(types) if pa.types.is_integer(t) and table.column(key_columns[j]).null_count]
+        if ints:
+            return _null_integer_groups(table, key_columns, keys, types, ints, chunk_rows)
+    groups: dict[Any, tuple[Any, list[int]]] = {}
     if any(has_float(t) for t in types):
         nullable = [j for j, t in enumerate(types) if pandas and pa.types.is_floating(t)]
         for i, key in enumerate(keys):
@@ -645,7 +679,54 @@ def _input_groups(
     else:
         for i, key in enumerate(keys):
             groups.setdefault(key, (key, []))[1].append(i)
-    return list(groups.values())
+    return [(key, signed_zero_key(key), indices) for key, indices in groups.values()]
+
+
+def _null_integer_groups(
+    table: pa.Table, key_columns: tuple[str, ...], keys: list[Any], types: list[pa.DataType],
+    ints: list[int], chunk_rows: int,
+) -> list[tuple[Any, Any, list[int]]]:
+    """``transformWithStateInPandas``'s groups when an integer key column holds a null,
+    as native Spark makes them. Spark sorts a partition's rows by key (nulls first) and
+    sends them to the Python worker in Arrow batches of ``maxRecordsPerBatch`` rows,
+    several keys to a batch; pandas makes an integer column with a null in its batch
+    floating point: each null row is a NaN key, a call of its own, and every key of that
+    batch is handed as a float (2.0). The worker sends the key back to key the state,
+    and Spark's conversion of a Python float to an integer field gives null: every row
+    of such a batch uses the null key's one state, in the order Spark sorted them."""
+    try:
+        rows = sorted(range(len(keys)), key=lambda i: tuple(_spark_order(v) for v in keys[i]))
+    except TypeError:  # values Python does not order (a struct's): arrival order
+        rows = list(range(len(keys)))
+    floats = [j for j, t in enumerate(types) if pa.types.is_floating(t)]
+    groups: list[tuple[Any, Any, list[int]]] = []
+    joinable = False  # whether the next row may join the last group (itertools.groupby)
+    for start in range(0, len(rows), chunk_rows):
+        chunk = rows[start : start + chunk_rows]
+        nulled = [j for j in ints if any(keys[i][j] is None for i in chunk)]
+        for i in chunk:
+            key = keys[i]
+            alone = _holds_nan(key) or any(key[j] is None for j in floats) or any(key[j] is None for j in nulled)
+            user, state = list(key), list(key)
+            for j in nulled:
+                user[j] = math.nan if key[j] is None else float(key[j])
+                state[j] = None
+            handed = tuple(user)
+            if joinable and not alone and groups[-1][0] == handed:
+                groups[-1][2].append(i)
+            else:
+                groups.append((handed, signed_zero_key(tuple(state)), [i]))
+                joinable = not alone
+    return groups
+
+
+def _spark_order(value: Any) -> tuple[int, Any]:
+    """A key value's place in Spark's ascending order: nulls first, NaN last."""
+    if value is None:
+        return (0, 0)
+    if isinstance(value, float) and value != value:  # noqa: PLR0124 - NaN test
+        return (2, 0)
+    return (1, value)
 
 
 def _holds_nan(value: Any) -> bool:
@@ -744,6 +825,7 @@ def _build(
         accumulator=ctx.accumulator,
         operator_id=operator_id,
         deleted_variables=node.deleted_variables,
+        key_schema=node.key_schema,
     )
     if node.pandas:
         records, size = ctx.cache.get(node, "chunk_limits", lambda: _chunk_limits(child.sparkSession))
@@ -1222,7 +1304,7 @@ class MapState(_StateVar):
             return {}
         keys, values = value[0] or (), value[1] or ()
         expirations = (value[2] or ()) if self._ttl is not None else [None] * len(keys)
-        return {hashable(_plain(k)): (_plain(v), e) for k, v, e in zip(keys, values, expirations)}
+        return {signed_zero_key(hashable(_plain(k))): (_plain(v), e) for k, v, e in zip(keys, values, expirations)}
 
     def _entries(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
         return {k: v for k, (v, e) in self._stored().items() if not _expired(e, self._now)}
@@ -1231,11 +1313,12 @@ class MapState(_StateVar):
         schema = self._variable.key_schema
         assert schema is not None
         values = tuple(_as_dict(schema.names, key, f"MapState {self._variable.name!r} key").values())
-        return hashable(tuple(_store_values(schema, values)))  # type: ignore[no-any-return]
+        # Spark keys the entries by the user key's bytes, where -0.0 is not 0.0
+        return signed_zero_key(hashable(tuple(_store_values(schema, values))))  # type: ignore[no-any-return]
 
     def _user_key(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
         assert self._variable.key_schema is not None
-        return _user_tuple(self._variable.key_schema, key)
+        return _user_tuple(self._variable.key_schema, _unsigned(key))
 
     def _put(self, entries: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]]) -> None:
         if not entries:
@@ -1332,10 +1415,24 @@ class _Converter:
         ]
 
     def key(self, values: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(self._user_value(v) for v in values)
+        """A key (the store's form: a struct as (field, value) pairs) as PySpark's worker
+        hands it: a struct as a dict, at any depth; -0.0 as the float it is."""
+        schema = self.task.key_schema
+        if schema is None:
+            return tuple(self._user_value(v) for v in values)
+        return tuple(self._key_value(f.dataType, v) for f, v in zip(schema.fields, values))
+
+    def _key_value(self, dtype: DataType, value: Any) -> Any:
+        if isinstance(dtype, StructType) and isinstance(value, tuple):
+            items = dict(value)
+            return {f.name: self._key_value(f.dataType, items.get(f.name)) for f in dtype.fields}
+        return self._user_value(value)
 
     def _user_value(self, value: Any) -> Any:
         import datetime as dt
+
+        if isinstance(value, float) and type(value) is not float:
+            return float(value)  # the store's -0.0 key (NEGATIVE_ZERO)
 
         if isinstance(value, dt.datetime) and value.tzinfo is not None:
             from zoneinfo import ZoneInfo
@@ -1526,9 +1623,10 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
         keys = list(zip(*[column_values(table.column(k)) for k in task.key_columns]))
         data = table.select(list(task.input_columns))
         size = _chunk_rows(task, table)
-        for key, indices in _input_groups(table, task.key_columns, keys, task.pandas):
+        groups = _input_groups(table, task.key_columns, keys, task.pandas, size)
+        for key, state_key, indices in groups:
             # Spark keys the state by the key's bytes, where -0.0 is not 0.0
-            handle.key = signed_zero_key(key)
+            handle.key = state_key
             user_key = convert.key(key)
             if task.pandas:
                 rows = (convert.rows(data.take(chunk)) for chunk in _chunks(indices, size))

@@ -580,6 +580,7 @@ def _read_transform_with_state(
         values_by_name=meta.get("encodingFormat") == "avro" and not timers,
         # a variable added on a restart: its store holds nothing up to this version
         first_version=int((meta.get("stateVariablesSince") or {}).get(store) or 0),
+        signed_zero_keys=True,  # keyed by the key's bytes, as the operator keeps them
     )
     tz = str(spark.conf.get("spark.sql.session.timeZone", "UTC"))
     out_arrow = schema_to_arrow(out, tz)

@@ -173,8 +173,8 @@ class StateStoreConf:
     :func:`column_values` and ``micros=True`` too; ints hash, compare and convert many
     times faster than datetimes."""
     signed_zero_keys: bool = False
-    """Top-level floating-point key columns tell -0.0 from 0.0 (as
-    :data:`NEGATIVE_ZERO`), as Spark's state keys of ``applyInPandasWithState`` and
+    """Key columns tell -0.0 from 0.0 (as :data:`NEGATIVE_ZERO`), at the top level and
+    inside a struct or an array, as Spark's state keys of ``applyInPandasWithState`` and
     ``transformWithState`` do: Spark keys their state by the grouping key's bytes,
     which it does not normalize (every NaN is still one key)."""
 
@@ -518,10 +518,19 @@ NEGATIVE_ZERO = _NegativeZero(-0.0)
 
 
 def signed_zero_key(key: Key) -> Key:
-    """``key`` (a tuple of top-level key values) with each -0.0 as :data:`NEGATIVE_ZERO`."""
-    if not any(type(v) is float and v == 0.0 for v in key):
+    """``key`` (a tuple of key values, in the store's :func:`hashable` form) with each
+    -0.0 as :data:`NEGATIVE_ZERO`, at any depth (a struct's field, an array's element)."""
+    if not any((type(v) is float and v == 0.0) or type(v) is tuple for v in key):
         return key
-    return tuple(NEGATIVE_ZERO if type(v) is float and v == 0.0 and math.copysign(1.0, v) < 0 else v for v in key)
+    return tuple(_signed_zero(v) for v in key)
+
+
+def _signed_zero(value: Any) -> Any:
+    if type(value) is float:
+        return NEGATIVE_ZERO if value == 0.0 and math.copysign(1.0, value) < 0 else value
+    if type(value) is tuple:
+        return signed_zero_key(value)
+    return value
 
 
 def groups_like_state_keys(t: pa.DataType) -> bool:
@@ -611,7 +620,7 @@ def _latest_per_key_with_ops(table: pa.Table, key_names: list[str], signed_zeros
         return table.take(pa.array(sorted(last.values()), type=pa.int64()))
     # Arrow groups by scalar columns only: a struct key (a window) is grouped by its
     # fields, and by its validity, so that a null struct and a struct of nulls differ.
-    flat = [_normalized(a, signed_zeros and a is c) for c in columns for a in _scalar_parts(c)]
+    flat = [_normalized(a, signed_zeros) for c in columns for a in _scalar_parts(c)]
     names = [f"__lockgate_k{i}" for i in range(len(flat))]
     keys = pa.table(flat, names=names)
     ordinal = pa.array(range(table.num_rows), type=pa.int64())
@@ -898,7 +907,7 @@ class StateStore:
         """The keys of a table's rows, in the store's Python form."""
         keys = list(zip(*_rows(table, self._key_names, self._micros)))
         if self.conf.signed_zero_keys:
-            floats = any(pa.types.is_floating(table.schema.field(n).type) for n in self._key_names)
+            floats = any(has_float(table.schema.field(n).type) for n in self._key_names)
             keys = [signed_zero_key(k) for k in keys] if floats else keys
         return keys
 
