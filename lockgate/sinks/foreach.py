@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 
 class ForeachBatchSink(Sink):
+    counts_output_rows = True
+    """Spark's progress has no output row count for ``foreachBatch`` (a V1 sink:
+    ``numOutputRows`` -1 whatever the function does); addBatch returns None."""
+
     def __init__(self, func: Callable[[DataFrame, int], Any]) -> None:
         self.func = func
 
@@ -32,6 +36,10 @@ class ForeachBatchSink(Sink):
             # Spark's FOREACH_BATCH_USER_FUNCTION_ERROR, the function's traceback as reason
             reason = "".join(traceback.format_exception(exc)).strip()
             raise ForeachBatchUserFunctionError(reason) from exc
+        # the function may have run the batch by an RDD action (batch_df.rdd.count(),
+        # batch_df.foreachPartition(...)): its input rows count then, as in Spark. A Dataset
+        # action already completed the observations (Spark does it when the action ends).
+        _complete_observations(data)
 
     def description(self) -> str:
         return "ForeachBatchSink"
@@ -146,10 +154,11 @@ class ForeachContinuousSink(ContinuousSink):
 
 def _complete_observations(data: DataFrame) -> None:
     """Deliver the observations of ``data``'s plan (the batch's input row counts) after
-    the RDD action that ran it. ``foreachPartition`` is an RDD action, which Spark's
-    observation listener never hears of, so the batch's observed metrics stayed pending
-    (``numInputRows`` 0) though the plan's accumulators counted the rows; Spark's
-    ObservationManager.tryComplete reads them from the DataFrame's executed plan, as the
-    listener would have after a Dataset action."""
+    an RDD action ran it. Spark completes a plan's observations when a Dataset action
+    ends, never after an RDD action (``foreachPartition``, ``df.rdd``), so the batch's
+    observed metrics stayed pending (``numInputRows`` 0) though the plan's accumulators
+    counted the rows; Spark's ObservationManager.tryComplete reads them from the
+    DataFrame's executed plan, as the end of a Dataset action does. Observations a
+    Dataset action already completed are no longer registered: this leaves them."""
     jdf = data._jdf
     jdf.sparkSession().observationManager().tryComplete(jdf.queryExecution())

@@ -39,3 +39,34 @@ def test_foreach_writer_batches_count_their_input_rows(spark, ls, tmp_path):
     lockgate = _foreach_progress(ls.readStream, tmp_path / "lockgate")
     assert native == [(0, 3, 3, 2), (1, 3, 3, 2)]
     assert lockgate == native
+
+
+def _foreach_batch_progress(reader: Any, directory: Any, action: str) -> list[tuple[Any, ...]]:
+    directory.mkdir()
+
+    def run(batch_df: Any, batch_id: int) -> None:
+        if action == "rdd":
+            batch_df.rdd.count()
+        elif action == "foreachPartition":
+            batch_df.foreachPartition(lambda rows: [None for _ in rows])
+        else:
+            batch_df.select("value").collect()
+
+    write_text(directory, ["a", "b", "a"])  # before the start: no idle progress first
+    q = reader.format("text").load(str(directory)).writeStream.foreachBatch(run).start()
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    return [(p["batchId"], p["numInputRows"], p["sink"]["numOutputRows"]) for p in q.recentProgress]
+
+
+def test_foreach_batch_counts_rows_an_rdd_action_read_and_no_output_rows(spark, ls, tmp_path):
+    # a batch the function runs by an RDD action counted 0 input rows (its observations
+    # stayed pending), and a Dataset action made numOutputRows the rows it observed where
+    # Spark's foreachBatch (a V1 sink) always says -1
+    for action in ("rdd", "foreachPartition", "derived collect"):
+        native = _foreach_batch_progress(spark.readStream, tmp_path / f"n_{action}", action)
+        lockgate = _foreach_batch_progress(ls.readStream, tmp_path / f"l_{action}", action)
+        assert native == [(0, 3, -1)], action
+        assert lockgate == native, action
