@@ -625,11 +625,15 @@ def build_session_aggregate(
     tasks = ctx.state_tasks(ctx.num_partitions)  # the state step's tasks (state_udf)
     partials = aliased_partials(node.specs, buffers)
     # Shuffled by the keys, so the aggregation below needs no exchange of its own and its
-    # output is in the state's partitioning.
+    # output is in the state's partitioning. The repartition after it is that same
+    # partitioning, which Spark then drops as redundant; it stays where the optimizer
+    # took a constant key out of the aggregation's grouping (Spark's
+    # RemoveLiteralFromGroupExpressions), which then shuffles by the other keys.
     partial = (
         rows.repartition(tasks, *key_cols)
         .groupBy(*key_cols, F.col(_SESSION), F.col(_MAP_PARTITION))
         .agg(*partials)
+        .repartition(tasks, *key_cols)
     )
     # a map key is hashed in its sorted form, as the repartition above sorts it
     pid = state_partition(key_cols, [ctx.schema_of(node, rows, "rows")[a].dataType for a in key_aliases], ctx.num_partitions)

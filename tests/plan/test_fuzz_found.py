@@ -165,3 +165,39 @@ def test_union_event_time_is_the_first_childs(spark, ls, tmp_path):
         assert state(mq) == state(nq), first
         totals[first] = state(nq)[-1][2][0][0]
     assert totals[False] > totals[True], totals  # only the watermarked-first union evicts
+
+
+def test_session_window_grouped_by_a_constant_too(spark, ls, tmp_path):
+    """Seed 102: a session window grouped by a key and a constant column. Spark's
+    optimizer takes the constant out of the partial aggregation's grouping, which then
+    shuffled the rows by the other keys alone, away from the state's partitioning:
+    lockgate failed ("state partitioning is broken") where native emits the sessions."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+
+    def build(reader: Any) -> Any:
+        return (
+            reader.schema("ts TIMESTAMP, k STRING").json(str(inp))
+            .withWatermark("ts", "5 seconds")
+            .select("ts", "k", F.lit(5.0).alias("e2"))
+            .groupBy("k", "e2", F.session_window("ts", "10 seconds"))
+            .count()
+        )
+
+    runs = {}
+    for name, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
+        batches: list[Any] = []
+        runs[name] = (_start(build(reader), "append", tmp_path, name, batches), batches)
+    steps = [
+        [{"ts": _iso(s), "k": k} for s, k in ((1, "a"), (2, "b"), (4, "c"), (6, "a"), (30, "d"))],
+        [{"ts": _iso(s), "k": k} for s, k in ((33, "a"), (35, "b"), (80, "e"))],
+    ]
+    for rows in steps:
+        write_json(inp, rows)
+        process_all((q for q, _ in runs.values()), times=2)
+    (nq, native), (mq, mine) = runs["native"], runs["lockgate"]
+    assert mq.exception() is None
+    assert any(rows for _, rows in native)
+    assert mine == native
+    for q in (nq, mq):
+        q.stop()
