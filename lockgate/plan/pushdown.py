@@ -199,8 +199,6 @@ def scans_per_source(plan: PlanNode, spark: Any) -> dict[int, int]:
     has for ``plan``: one per read, less the reads under the right input of a
     stream-stream join whose two inputs are one shuffle in Spark
     (:func:`_shares_shuffle`)."""
-    from lockgate.plan.join.planner import StreamJoin  # the planner imports this module
-
     counts: dict[int, int] = {}
 
     def sources(node: PlanNode) -> set[int]:
@@ -210,7 +208,8 @@ def scans_per_source(plan: PlanNode, spark: Any) -> dict[int, int]:
         if isinstance(node, StreamingRelation):
             counts[id(node)] = counts.get(id(node), 0) + int(counted)
         if (
-            isinstance(node, StreamJoin)
+            isinstance(node, StatefulOperator)
+            and node.operator_name == "symmetricHashJoin"  # a stream-stream join
             and counted
             and sources(node.left) == sources(node.right)  # one stream joined to itself
             and _shares_shuffle(node, spark)
