@@ -55,6 +55,7 @@ from lockgate.plan.nodes import (
     Union,
 )
 from lockgate.plan.stateful import StatefulOperator
+from lockgate.state.schema import STREAM_JOIN_NAME
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -209,7 +210,7 @@ def scans_per_source(plan: PlanNode, spark: Any) -> dict[int, int]:
             counts[id(node)] = counts.get(id(node), 0) + int(counted)
         if (
             isinstance(node, StatefulOperator)
-            and node.operator_name == "symmetricHashJoin"  # a stream-stream join
+            and node.operator_name == STREAM_JOIN_NAME
             and counted
             and sources(node.left) == sources(node.right)  # one stream joined to itself
             and _shares_shuffle(node, spark)
