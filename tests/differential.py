@@ -46,6 +46,7 @@ import json
 import math
 import os
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -395,6 +396,40 @@ def feed(query, stream: Any, data) -> int:
 
     wait_until(done)
     return offset
+
+
+def batches_over_a_copied_checkpoint(
+    spark: Any,
+    ls: Any,
+    root: Path,
+    schema: str,
+    steps: list[list[str]],
+    build: Callable[[Any], Any],
+    mode: str,
+    native_conf: tuple[str, str] | None = None,
+) -> dict[str, tuple[list[tuple[int, list[str]]], str]]:
+    """Per engine: its batches (id, sorted rows) over ``steps`` (JSON lines of ``schema``
+    written to a directory read by ``build``, each step run with ``availableNow``) and
+    its last checkpoint. Before the last step the checkpoint is copied and the query goes
+    on from the copy, so its state is read back from the files; ``native_conf`` is set
+    for native's runs only."""
+    out: dict[str, tuple[list[tuple[int, list[str]]], str]] = {}
+    for engine, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
+        inp, checkpoint = root / f"in-{engine}", root / f"ck-{engine}"
+        got: list[tuple[int, list[str]]] = []
+        for i, lines in enumerate(steps):
+            if i == len(steps) - 1:
+                moved = root / f"ck-{engine}-moved"
+                shutil.copytree(checkpoint, moved)
+                checkpoint = moved
+            write_text(inp, lines)
+            query = build(reader.schema(schema).json(str(inp)))
+            native = native_conf is not None and engine == "native"
+            with spark_conf(spark, *native_conf) if native else contextlib.nullcontext():
+                got += available_now_batches(query, checkpoint, mode, rows=lambda b: sorted(map(repr, b.collect())))
+        out[engine] = (got, str(checkpoint))
+    assert any(rows for _, rows in out["native"][0])
+    return out
 
 
 def available_now_batches(

@@ -24,8 +24,6 @@ What the runs check:
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from differential import available_now_batches, spark_conf, write_text
+from differential import batches_over_a_copied_checkpoint
 from explicit_state_runs import ROCKSDB
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
@@ -64,23 +62,8 @@ def batches(
 ) -> dict[str, list[tuple[int, list[str]]]]:
     """Each engine's batches (id, sorted rows) over ``steps``; before the last step the
     checkpoint is copied and the query goes on from the copy."""
-    out: dict[str, list[tuple[int, list[str]]]] = {}
-    for engine, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
-        inp, checkpoint = root / f"in-{engine}", root / f"ck-{engine}"
-        got: list[tuple[int, list[str]]] = []
-        for i, lines in enumerate(steps):
-            if i == len(steps) - 1:
-                moved = root / f"ck-{engine}-moved"
-                shutil.copytree(checkpoint, moved)
-                checkpoint = moved
-            write_text(inp, lines)
-            query = build(reader.schema(SCHEMA).json(str(inp)))
-            native = native_conf is not None and engine == "native"
-            with spark_conf(spark, *native_conf) if native else contextlib.nullcontext():
-                got += available_now_batches(query, checkpoint, mode, rows=lambda b: sorted(map(repr, b.collect())))
-        out[engine] = got
-    assert any(rows for _, rows in out["native"])
-    return out
+    runs = batches_over_a_copied_checkpoint(spark, ls, root, SCHEMA, steps, build, mode, native_conf)
+    return {engine: got for engine, (got, _) in runs.items()}
 
 
 def double_key(df: Any) -> Any:

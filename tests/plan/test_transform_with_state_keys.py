@@ -22,8 +22,6 @@ What native Spark does, which these runs pin down:
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from differential import available_now_batches, spark_conf, write_text
+from differential import batches_over_a_copied_checkpoint, write_text
 from explicit_state_runs import ROCKSDB
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
@@ -55,23 +53,7 @@ def line(i: int, a: str | None, b: str | None = None) -> str:
 
 def run_both(spark: Any, ls: Any, root: Path, steps: list[list[str]], build: Callable[[Any], Any]) -> dict[str, Any]:
     """Each engine's batches (id, sorted rows) over ``steps``, and its last checkpoint."""
-    out: dict[str, Any] = {}
-    for engine, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
-        inp, checkpoint = root / f"in-{engine}", root / f"ck-{engine}"
-        got: list[tuple[int, list[str]]] = []
-        for i, lines in enumerate(steps):
-            if i == len(steps) - 1:
-                moved = root / f"ck-{engine}-moved"
-                shutil.copytree(checkpoint, moved)
-                checkpoint = moved
-            write_text(inp, lines)
-            query = build(reader.schema(SCHEMA).json(str(inp)))
-            native = engine == "native"
-            with spark_conf(spark, PROVIDER, ROCKSDB) if native else contextlib.nullcontext():
-                got += available_now_batches(query, checkpoint, "update", rows=lambda b: sorted(map(repr, b.collect())))
-        out[engine] = (got, str(checkpoint))
-    assert any(rows for _, rows in out["native"][0])
-    return out
+    return batches_over_a_copied_checkpoint(spark, ls, root, SCHEMA, steps, build, "update", (PROVIDER, ROCKSDB))
 
 
 def state_rows(df: Any) -> list[str]:
