@@ -123,6 +123,7 @@ from lockgate.state.store import (
     hashable,
     micros_array,
     signed_zero_key,
+    unsigned_zero_key,
 )
 
 if TYPE_CHECKING:
@@ -233,15 +234,6 @@ def _user_form(dtype: DataType, value: Any) -> Any:
 
 def _user_tuple(schema: StructType, values: Any) -> tuple[Any, ...]:
     return tuple(_user_form(f.dataType, v) for f, v in zip(schema.fields, values))
-
-
-def _unsigned(value: Any) -> Any:
-    """A key of the store's form with its -0.0 (``NEGATIVE_ZERO``) as plain floats."""
-    if isinstance(value, tuple):
-        return tuple(_unsigned(v) for v in value)
-    if isinstance(value, float) and type(value) is not float:
-        return float(value)
-    return value
 
 
 def _store_values(schema: StructType, values: tuple[Any, ...]) -> list[Any]:
@@ -1318,7 +1310,7 @@ class MapState(_StateVar):
 
     def _user_key(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
         assert self._variable.key_schema is not None
-        return _user_tuple(self._variable.key_schema, _unsigned(key))
+        return _user_tuple(self._variable.key_schema, unsigned_zero_key(key))
 
     def _put(self, entries: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]]) -> None:
         if not entries:
@@ -1431,8 +1423,8 @@ class _Converter:
     def _user_value(self, value: Any) -> Any:
         import datetime as dt
 
-        if isinstance(value, float) and type(value) is not float:
-            return float(value)  # the store's -0.0 key (NEGATIVE_ZERO)
+        if isinstance(value, float):
+            return unsigned_zero_key(value)  # the store's -0.0 key (NEGATIVE_ZERO)
 
         if isinstance(value, dt.datetime) and value.tzinfo is not None:
             from zoneinfo import ZoneInfo

@@ -533,6 +533,14 @@ def _signed_zero(value: Any) -> Any:
     return value
 
 
+def unsigned_zero_key(value: Any) -> Any:
+    """The inverse of :func:`signed_zero_key`: ``value`` (a key, or one of its values)
+    with each :data:`NEGATIVE_ZERO` as the plain float -0.0, at any depth."""
+    if isinstance(value, tuple):
+        return tuple(unsigned_zero_key(v) for v in value)
+    return float(value) if isinstance(value, _NegativeZero) else value
+
+
 def groups_like_state_keys(t: pa.DataType) -> bool:
     """Whether Arrow's grouping and equality of a key column of type ``t`` agree with the
     state's Python keys (:func:`column_values`): integers, booleans, strings, binary,
