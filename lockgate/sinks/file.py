@@ -159,6 +159,11 @@ class FileStreamSink(Sink):
             )
         self._fs.mkdirs(self._base)
         self.log = FileStreamSinkLog(self._fs, self._fs.join(self._base, METADATA_DIR), interval)
+        # Read the entries since the last compaction now (a handful of small files): a
+        # damaged or missing one fails the restart naming the file, where otherwise the
+        # query would run on and leave output that no reader can list (Spark's readers
+        # and the next compaction read them all).
+        self.log.all_files()
         try:
             self._command: _FileWrite | None = _FileWrite.make(context.spark)
         except Exception as exc:  # noqa: BLE001 - another Spark: DataFrameWriter, counted by observe

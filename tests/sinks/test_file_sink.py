@@ -329,6 +329,27 @@ def test_corrupt_sink_log_names_the_file(spark, tmp_path):
         sink.log.all_files()
 
 
+@pytest.mark.parametrize("damage", ["json_of_another_shape", "deleted"])
+def test_restarted_sink_over_a_damaged_earlier_entry_fails_naming_it(spark, tmp_path, damage):
+    """A damaged entry before the latest (a restart reads only the latest id): the sink of
+    the restarted query fails naming it, instead of committing more batches into a log
+    that Spark's readers and the next compaction cannot read (found by
+    tests/checkpoint/test_corruption_fuzz.py)."""
+    out = tmp_path / "out"
+    sink = make_sink(spark, out)
+    for batch in range(3):
+        sink.addBatch(batch, rows(spark, batch, batch + 1))
+    log_file = out / "_spark_metadata" / "1"
+    if damage == "deleted":
+        log_file.unlink()
+        Path(f"{log_file}.crc").unlink()
+    else:
+        log_file.write_text('v1\n{"a": [1, 2]}')
+    with pytest.raises(CheckpointError) as err:
+        make_sink(spark, out)
+    assert str(log_file) in str(err.value) and "backup" in str(err.value)
+
+
 def test_text_format(spark, tmp_path):
     out = tmp_path / "out"
     sink = make_sink(spark, out, provider=lookup_sink("text"))
