@@ -10,6 +10,12 @@ joins, unions) in an output mode, now and then one Spark refuses. The query is P
 source text (``Scenario.code``), run on both engines with ``exec``, so a failure shows
 the query as PySpark code.
 
+Seeds from ``V2_FROM`` (300) draw from more (older seeds keep their queries): string,
+date, cast, JSON and array functions, rows exploded from arrays, ``selectExpr``, more
+aggregate functions (count_if, bit_or, try_sum, sort_array of collect_list, every...),
+``limit``, the query's rest in SQL over a temporary view (``ls.sql``), stream-static joins
+with the static side aggregated or on the left, and ``availableNow`` runs (a run a step).
+
 :func:`run_scenarios` runs scenarios side by side on native Spark (the oracle) and on
 lockgate, step by step (write the step's files, ``processAllAvailable``), restarting some
 from their checkpoints, and compares each batch's rows (floats with a tolerance, arrays
@@ -46,6 +52,7 @@ from typing import Any
 from differential import _publish, canon, same_rows
 
 BASE = datetime(2024, 1, 1)
+V2_FROM = 300  # seeds from here on draw from more shapes and functions (Generator.v2)
 
 # How the scenarios ended ("ran", "both refuse <condition>", "both fail <condition>"):
 # tells whether the generator makes queries that run.
@@ -245,9 +252,10 @@ NUMERIC = ("long", "int", "decimal", "double")
 class Exprs:
     """Random typed column expressions (PySpark source text) over the columns in scope."""
 
-    def __init__(self, rng: random.Random, columns: dict[str, str]) -> None:
+    def __init__(self, rng: random.Random, columns: dict[str, str], v2: bool = False) -> None:
         self.rng = rng
         self.columns = columns  # name -> kind
+        self.v2 = v2  # seeds from V2_FROM: more functions (older seeds keep their queries)
 
     def col(self, *kinds: str) -> str | None:
         names = [n for n, k in self.columns.items() if k in kinds]
@@ -261,6 +269,8 @@ class Exprs:
             return direct if direct is not None else self.literal(kind)
         d = depth - 1
         options = getattr(self, f"_{kind}")(d)
+        if self.v2:
+            options = options + getattr(self, f"_{kind}_v2")(d)
         return rng.choice([o for o in options if o is not None])
 
     def literal(self, kind: str) -> str:
@@ -385,6 +395,159 @@ class Exprs:
             f"({e('timestamp', d)} + F.expr('INTERVAL 90 SECONDS'))",
         ]
 
+    # -- the functions of seeds from V2_FROM --------------------------------------------
+    def _long_v2(self, d: int) -> list[str | None]:
+        e, rng = self.expr, self.rng
+        s, dt, ts = self.col("string"), self.col("date"), self.col("timestamp")
+        arr, st, b = self.col("array"), self.col("struct"), self.col("bool")
+        return [
+            f"F.datediff({dt}, {self.literal('date')})" if dt else None,
+            f"F.dayofweek({dt})" if dt else None,
+            f"F.weekofyear({dt})" if dt else None,
+            f"F.month({dt})" if dt else None,
+            f"F.instr({s}, 'a')" if s else None,
+            f"F.locate('b', {s})" if s else None,
+            f"F.ascii({s})" if s else None,
+            f'{s}.try_cast("int")' if s else None,
+            f"F.size(F.split({s}, 'a'))" if s else None,
+            f'F.crc32({s}.cast("binary"))' if s else None,
+            f"F.unix_seconds({ts})" if ts else None,
+            f"F.minute({ts})" if ts else None,
+            f'{b}.cast("int")' if b else None,
+            f"F.array_max({arr})" if arr else None,
+            f"F.array_position({arr}, 1)" if arr else None,
+            f"F.aggregate({arr}, F.lit(0), lambda acc, x: acc + F.coalesce(x, F.lit(0)))"
+            if arr
+            else None,
+            f'F.from_json(F.to_json({st}), "a INT, b STRING").getField("a")' if st else None,
+            f'F.get_json_object(F.to_json({st}), "$.a").cast("long")' if st else None,
+            f"F.pmod({e('long', d)}, F.lit({rng.randint(2, 5)}))",
+            f"F.shiftleft({e('long', d)}, 1)",
+            f"F.bit_count({e('long', d)})",
+            f"F.nullif({e('long', d)}, F.lit(0))",
+            "F.expr(\"CASE WHEN k = 'a' THEN 1 WHEN k IS NULL THEN NULL ELSE 2 END\")"
+            if "k" in self.columns
+            else None,
+        ]
+
+    def _double_v2(self, d: int) -> list[str | None]:
+        e = self.expr
+        dec, s = self.col("decimal"), self.col("string")
+        return [
+            f"F.signum({e('double', d)})",
+            f'F.floor({e("double", d)}).cast("double")',
+            f'F.ceil({e("double", d)}).cast("double")',
+            f"F.bround({e('double', d)}, 0)",
+            f"F.pow({e('double', d)}, 2)",
+            f'{dec}.cast("double")' if dec else None,
+            f'{s}.try_cast("double")' if s else None,
+            f"F.coalesce({e('double', d)}, {e('double', d)}, F.lit(0.25))",
+        ]
+
+    def _decimal_v2(self, d: int) -> list[str | None]:
+        e = self.expr
+        return [
+            f'{e("double", d)}.try_cast("decimal(10,2)")',
+            f"F.abs({e('decimal', d)})",
+            f"F.greatest({e('decimal', d)}, F.lit(0))",
+        ]
+
+    def _string_v2(self, d: int) -> list[str | None]:
+        e, rng = self.expr, self.rng
+        ts, dt, arr, st = (
+            self.col("timestamp", "ntz"),
+            self.col("date"),
+            self.col("array"),
+            self.col("struct"),
+        )
+        return [
+            f"F.translate({e('string', d)}, 'ab', 'xy')",
+            f"F.repeat({e('string', d)}, 2)",
+            f"F.rpad({e('string', d)}, 5, '.')",
+            f"F.left({e('string', d)}, F.lit({rng.randint(0, 3)}))",
+            f"F.md5({e('string', d)})",
+            f"F.sha2({e('string', d)}, 256)",
+            f"F.element_at(F.split({e('string', d)}, 'a'), 1)",
+            f"F.format_string('%s-%d', {e('string', d)}, {e('long', d)})",
+            f"F.hex({e('long', d)})",
+            f"F.to_json(F.struct({e('string', d)}, {e('long', d)}))",
+            f"F.to_json({st})" if st else None,
+            f"F.to_json({arr})" if arr else None,
+            f"F.array_join({arr}, ',', 'null')" if arr else None,
+            f"F.date_format({dt}, 'EEE')" if dt else None,
+            f'{ts}.cast("string")' if ts else None,
+            "F.expr(\"CASE WHEN k IN ('a', 'b') THEN upper(k) ELSE coalesce(k, 'none') END\")"
+            if "k" in self.columns
+            else None,
+            f"F.when({e('bool', d)}, {e('string', d)}).when({e('bool', d)}, F.lit('two'))",
+        ]
+
+    def _bool_v2(self, d: int) -> list[str | None]:
+        e, rng = self.expr, self.rng
+        s, arr = self.col("string"), self.col("array")
+        return [
+            f"F.array_contains({arr}, 1)" if arr else None,
+            f"F.exists({arr}, lambda x: x > 1)" if arr else None,
+            f"{s}.rlike('^[a-z]')" if s else None,
+            f"{s}.like('a%')" if s else None,
+            f"{e('long', d)}.between(-3, {rng.randint(0, 9)})",
+            f"F.coalesce({e('bool', d)}, F.lit(False))",
+            f'{e("long", d)}.cast("boolean")',
+            f"{e('string', d)}.eqNullSafe(F.lit('a'))",
+        ]
+
+    def _date_v2(self, d: int) -> list[str | None]:
+        e, rng = self.expr, self.rng
+        s = self.col("string")
+        return [
+            f"F.date_sub({e('date', d)}, {rng.randint(0, 10)})",
+            f"F.add_months({e('date', d)}, {rng.randint(-2, 2)})",
+            f"F.trunc({e('date', d)}, 'month')",
+            f"F.next_day({e('date', d)}, 'Mon')",
+            f'{e("timestamp", d)}.cast("date")',
+            f'{s}.try_cast("date")' if s else None,
+        ]
+
+    def _timestamp_v2(self, d: int) -> list[str | None]:
+        e = self.expr
+        dt = self.col("date")
+        return [
+            f'{dt}.cast("timestamp")' if dt else None,
+            f"F.from_utc_timestamp({e('timestamp', d)}, 'Asia/Tokyo')",
+            f"F.timestamp_seconds({e('long', d)})",
+            f"F.date_trunc('hour', {e('timestamp', d)})",
+        ]
+
+    def sql(self) -> tuple[str, str]:
+        """A SQL expression over ``ts``, ``k`` and the columns in scope (selectExpr,
+        ls.sql) and its kind."""
+        rng = self.rng
+        num = [n for n, k in self.columns.items() if k in ("long", "int")]
+        options = [
+            ("upper(k)", "string"),
+            ("concat_ws('-', k, 'z')", "string"),
+            ("nvl(k, '?')", "string"),
+            ("substr(k, 1, 1)", "string"),
+            ("CASE k WHEN 'a' THEN 'A' ELSE 'other' END", "string"),
+            ("length(k)", "long"),
+            ("date_format(ts, 'HH:mm:ss')", "string"),
+            ("second(ts) % 10", "long"),
+            ("k IS NULL", "bool"),
+            ("CAST(ts AS DATE)", "date"),
+        ]
+        if num:
+            n = rng.choice(num)
+            options += [
+                (f"{n} + 1", "long"),
+                (f"abs({n})", "long"),
+                (f"coalesce({n}, -1)", "long"),
+                (f"CAST({n} AS STRING) || 'x'", "string"),
+                (f"try_multiply({n}, 3)", "long"),
+                (f"if({n} > 0, {n}, 0)", "long"),
+                (f"{n} BETWEEN -2 AND 2", "bool"),
+            ]
+        return rng.choice(options)
+
 
 # -- queries -------------------------------------------------------------------------------
 @dataclass
@@ -396,6 +559,7 @@ class Scenario:
     mode: str
     shape: str
     restart_before: int | None
+    trigger: str = "processAllAvailable"  # or "availableNow": a run of the query a step
 
     @property
     def n_steps(self) -> int:
@@ -405,10 +569,10 @@ class Scenario:
     def multi_source(self) -> bool:
         return len(self.sources) > 1
 
-    def build(self, reader: Any, root: Path, spark: Any) -> Any:
+    def build(self, reader: Any, root: Path, spark: Any, sql: Any = None, view: str = "") -> Any:
         from pyspark.sql import functions as F
 
-        namespace: dict[str, Any] = {"F": F}
+        namespace: dict[str, Any] = {"F": F, "sql": sql, "view": view}
         exec(self.code, namespace)  # noqa: S102 - the generated query, shown on failure
         paths = {s.name: str(root / s.name) for s in self.sources}
         return namespace["query"](reader, paths, spark)
@@ -416,6 +580,7 @@ class Scenario:
     def describe(self) -> str:
         lines = [
             f"seed {self.seed}: shape {self.shape}, {self.fmt} files, output mode {self.mode!r}"
+            + (", trigger availableNow (a run a step)" if self.trigger == "availableNow" else "")
         ]
         if self.restart_before is not None:
             lines.append(
@@ -437,6 +602,9 @@ class Generator:
         self.fmt = "parquet" if self.rng.random() < 0.25 else "json"
         self.n_steps = self.rng.randint(3, 5)
         self.used: set[int] = set()
+        # Seeds from V2_FROM draw from more shapes and functions; older seeds keep theirs.
+        self.v2 = seed >= V2_FROM
+        self.n_keys = 0  # the grouping keys of the last aggregation (a limit orders by them)
 
     def emit(self, line: str) -> None:
         self.lines.append(line)
@@ -464,7 +632,7 @@ class Generator:
     def project(self, var: str, columns: dict[str, str], keep: tuple[str, ...]) -> dict[str, str]:
         """Random derived columns and maybe a filter; ``keep`` columns stay as they are."""
         rng = self.rng
-        exprs = Exprs(rng, columns)
+        exprs = Exprs(rng, columns, self.v2)
         if rng.random() < 0.5:
             cond = exprs.expr("bool")
             # Spark's parquet scan skips whole row groups by a pushed filter's statistics
@@ -474,7 +642,11 @@ class Generator:
             # which Spark does not push into the scan.
             while self.fmt == "parquet" and "F.col(" not in cond:
                 cond = exprs.expr("bool")
-            if rng.random() < 0.5 or self.fmt == "parquet":
+            if self.v2 and self.fmt == "parquet":
+                # a condition that cannot be null (isNull, eqNullSafe...) loses the
+                # coalesce in the optimizer and goes to the scan: under a CASE it stays
+                cond = f'F.coalesce(F.when(F.col("{keep[0]}").isNotNull(), {cond}), F.lit(True))'
+            elif rng.random() < 0.5 or self.fmt == "parquet":
                 cond = f"F.coalesce({cond}, F.lit(True))"
             self.emit(f"    {var} = {var}.where({cond})")
         out = {name: columns[name] for name in keep}
@@ -491,6 +663,33 @@ class Generator:
             selected.append(f'{exprs.expr(kind)}.alias("{name}")')
             out[name] = kind
         self.emit(f"    {var} = {var}.select({', '.join(selected)})")
+        if self.v2:
+            out = self.project_v2(var, out)
+        return out
+
+    def project_v2(self, var: str, out: dict[str, str]) -> dict[str, str]:
+        """Seeds from V2_FROM: maybe rows exploded from an array, maybe a selectExpr."""
+        rng = self.rng
+        arrays = [n for n, k in out.items() if k == "array"]
+        if rng.random() < 0.3:
+            how = rng.choice(["explode", "explode_outer", "posexplode", "posexplode_outer", "lit"])
+            if how == "lit" or not arrays:
+                self.emit(
+                    f'    {var} = {var}.select("*", F.explode(F.array(F.lit(1), F.lit(2))).alias("x"))'
+                )
+                out = {**out, "x": "int"}
+            elif how.startswith("pos"):
+                a = rng.choice(arrays)
+                self.emit(f'    {var} = {var}.select("*", F.{how}("{a}").alias("p", "x"))')
+                out = {**out, "p": "int", "x": "int"}
+            else:
+                a = rng.choice(arrays)
+                self.emit(f'    {var} = {var}.select("*", F.{how}("{a}").alias("x"))')
+                out = {**out, "x": "int"}
+        if "k" in out and rng.random() < 0.3:
+            text, kind = Exprs(rng, out, True).sql()
+            self.emit(f'    {var} = {var}.selectExpr("*", "{text} AS q")')
+            out = {**out, "q": kind}
         return out
 
     def aggregates(
@@ -533,8 +732,45 @@ class Generator:
             options += [f'F.bool_and("{b}")', f'F.bool_or("{b}")']
         if rng.random() < 0.04:
             options.append(f'F.count_distinct("{rng.choice(anyc)}")')  # Spark refuses it
+        if self.v2:
+            options += self.aggregates_v2(columns)
         picked = rng.sample(options, min(len(options), rng.randint(1, 5)))
         return [f'{a}.alias("a{i}")' for i, a in enumerate(picked)]
+
+    def aggregates_v2(self, columns: dict[str, str]) -> list[str]:
+        rng = self.rng
+        numeric = [n for n, k in columns.items() if k in NUMERIC]
+        integral = [n for n, k in columns.items() if k in ("long", "int")]
+        ordered = [
+            n for n, k in columns.items() if k in NUMERIC + ("string", "date", "timestamp", "bool")
+        ]
+        options = ['F.count_if(F.col("k").isNull())', 'F.max(F.length("k"))']
+        if numeric:
+            n = rng.choice(numeric)
+            options += [
+                f'F.count_if(F.col("{n}") > 0)',
+                f'F.try_sum("{n}")',
+                f'F.try_avg("{n}")',
+                f'F.var_pop("{n}")',
+                f'F.sum(F.col("{n}") * 2)',
+                f'F.min(F.abs("{n}"))',
+            ]
+        if integral:
+            i = rng.choice(integral)
+            options += [f'F.bit_or("{i}")', f'F.bit_xor("{i}")', f'F.bit_and("{i}")']
+        if ordered:
+            o = rng.choice(ordered)
+            options += [
+                f'F.sort_array(F.collect_list("{o}"))',
+                f'F.sort_array(F.collect_set("{o}"), False)',
+                f'F.array_agg("{o}")',
+                f'F.max(F.struct("{o}", "ts"))' if "ts" in columns else None,
+                f'F.size(F.collect_set("{o}"))',
+            ]
+        bools = [n for n, k in columns.items() if k == "bool"]
+        if bools:
+            options += [f'F.every("{rng.choice(bools)}")', f'F.some("{rng.choice(bools)}")']
+        return [o for o in options if o is not None]
 
     def mode(self, valid: list[str]) -> str:
         if self.rng.random() < 0.08:
@@ -547,29 +783,30 @@ class Generator:
 
     def scenario(self) -> Scenario:
         rng = self.rng
-        shape = rng.choice(
-            [
-                "stateless",
-                "agg",
-                "agg",
-                "window",
-                "window",
-                "session",
-                "dedup",
-                "dedup_ww",
-                "join",
-                "join",
-                "static",
-                "union",
-                "chain",
-            ]
-        )
+        shapes = [
+            "stateless",
+            "agg",
+            "agg",
+            "window",
+            "window",
+            "session",
+            "dedup",
+            "dedup_ww",
+            "join",
+            "join",
+            "static",
+            "union",
+            "chain",
+        ]
+        if self.v2:
+            shapes += ["limit", "sql", "sql", "static2", "dedup_ww", "window"]
+        shape = rng.choice(shapes)
         self.emit("def query(reader, paths, spark):")
         sources = [self.source("s")]
         cols = self.read("df", sources[0])
         mode = "append"
         if shape in ("window", "session", "dedup_ww", "chain") or (
-            shape in ("agg", "dedup") and rng.random() < 0.4
+            shape in ("agg", "dedup", "sql", "limit", "static2") and rng.random() < 0.4
         ):
             self.watermark("df", "ts")
         if shape == "union":
@@ -613,9 +850,86 @@ class Generator:
             mode = self.static("df", cols)
         elif shape == "chain":
             mode = self.chain("df", cols)
+        elif shape == "limit":
+            mode = self.limit("df", cols)
+        elif shape == "sql":
+            mode = self.sql("df", cols)
+        elif shape == "static2":
+            mode = self.static2("df", cols)
         self.emit("    return df")
         restart = rng.randint(1, self.n_steps - 1) if rng.random() < 0.35 else None
-        return Scenario(self.seed, self.fmt, sources, "\n".join(self.lines), mode, shape, restart)
+        trigger = "availableNow" if self.v2 and rng.random() < 0.2 else "processAllAvailable"
+        return Scenario(
+            self.seed, self.fmt, sources, "\n".join(self.lines), mode, shape, restart, trigger
+        )
+
+    def limit(self, var: str, cols: dict[str, str]) -> str:
+        """A limit: of the stream (Append), or of an aggregation ordered by its keys
+        (Complete: the rows are the same whatever order the groups come in)."""
+        rng = self.rng
+        n = rng.randint(1, 6)
+        if rng.random() < 0.5:
+            self.emit(f"    {var} = {var}.limit({n})")
+            return self.mode(["append"])
+        self.agg(var, cols, rng.choice(["agg", "window"]))
+        self.emit(f"    {var} = {var}.orderBy(*{var}.columns[: {self.n_keys}]).limit({n})")
+        return self.mode(["complete"])
+
+    def sql(self, var: str, cols: dict[str, str]) -> str:
+        """The query's rest in SQL over a temporary view of the stream (``sql`` is
+        ``spark.sql`` natively, ``ls.sql`` on lockgate; ``view`` a name of its own)."""
+        rng = self.rng
+        self.emit(f"    {var}.createOrReplaceTempView(view)")
+        text, _ = Exprs(rng, cols, True).sql()
+        cond, cond_kind = Exprs(rng, cols, True).sql()
+        numeric = [n for n, k in cols.items() if k in ("long", "int", "double", "decimal")]
+        num = rng.choice(numeric) if numeric else "1"
+        kind = rng.choice(["select", "group", "window", "distinct", "having"])
+        if kind == "select":
+            where = f" WHERE {cond}" if cond_kind == "bool" else ""
+            query, valid = f"SELECT ts, k, {text} AS q FROM {{view}}{where}", ["append"]
+        elif kind == "group":
+            query = (
+                f"SELECT k, count(*) AS n, max(ts) AS m, sum({num}) AS s FROM {{view}} GROUP BY k"
+            )
+            valid = ["update", "complete"]
+        elif kind == "having":
+            query = "SELECT k, count(*) AS n FROM {view} GROUP BY k HAVING count(*) > 1"
+            valid = ["update", "complete"]
+        elif kind == "window":
+            query = (
+                "SELECT window(ts, '10 seconds') AS w, k, count(*) AS n, min("
+                f"{num}) AS lo FROM {{view}} GROUP BY window(ts, '10 seconds'), k"
+            )
+            valid = ["append", "update", "complete"]
+        else:
+            query, valid = f"SELECT DISTINCT k, {text} AS q FROM {{view}}", ["append"]
+        self.emit(f'    {var} = sql(f"{query}")')
+        return self.mode(valid)
+
+    def static2(self, var: str, cols: dict[str, str]) -> str:
+        """Seeds from V2_FROM: a stream-static join with the static side aggregated, on
+        the left, or joined by an expression; then maybe an aggregation or a dedup."""
+        rng = self.rng
+        self.emit(
+            '    static = spark.createDataFrame([("a", 1), ("B", 2), ("ü", 3), ("a", 4), (None, 5), ("c", None)], "sk STRING, sn INT")'
+        )
+        if rng.random() < 0.4:
+            self.emit('    static = static.groupBy("sk").agg(F.sum("sn").alias("sn"))')
+        cond = rng.choice([f"{var}.k == static.sk", f"F.upper({var}.k) == F.upper(static.sk)"])
+        how = rng.choice(["inner", "left_outer", "static_inner", "static_right_outer", "left_anti"])
+        if how.startswith("static_"):
+            self.emit(f'    {var} = static.join({var}, {cond}, "{how[7:]}")')
+        else:
+            self.emit(f'    {var} = {var}.join(static, {cond}, "{how}")')
+        if how != "left_anti":
+            cols = {**cols, "sk": "string", "sn": "int"}
+        follow = rng.choice(["none", "agg", "window", "dedup"])
+        if follow in ("agg", "window"):
+            return self.agg(var, cols, follow)
+        if follow == "dedup":
+            self.dedup(var, cols, within=False)
+        return self.mode(["append"])
 
     def keys(self, cols: dict[str, str]) -> list[str]:
         rng = self.rng
@@ -648,6 +962,7 @@ class Generator:
         else:
             valid = ["update", "complete"]
         aggs = self.aggregates(cols, "ts", session=shape == "session")
+        self.n_keys = len(keys)
         self.emit(f"    {var} = {var}.groupBy({', '.join(keys)}).agg({', '.join(aggs)})")
         return self.mode(valid)
 
@@ -755,10 +1070,11 @@ def _condition(exc: BaseException) -> str | None:
 class Engine:
     """One engine's query of a scenario."""
 
-    def __init__(self, run: Run, name: str, reader: Any) -> None:
+    def __init__(self, run: Run, name: str, reader: Any, sql: Any) -> None:
         self.run = run
         self.name = name
         self.reader = reader
+        self.sql = sql
         self.checkpoint = str(run.root / name / "checkpoint")
         self.query: Any = None
         self.batches: list[tuple[int, list[Any]]] = []
@@ -772,10 +1088,13 @@ class Engine:
     def start(self) -> None:
         sc = self.run.scenario
         try:
-            df = sc.build(self.reader, self.run.root / "in", self.run.spark)
+            view = f"fuzz_{self.name}_{self.run.root.name.replace('-', '_')}"
+            df = sc.build(self.reader, self.run.root / "in", self.run.spark, self.sql, view)
+            writer = df.writeStream.outputMode(sc.mode)
+            if sc.trigger == "availableNow":
+                writer = writer.trigger(availableNow=True)
             self.query = (
-                df.writeStream.outputMode(sc.mode)
-                .option("checkpointLocation", self.checkpoint)
+                writer.option("checkpointLocation", self.checkpoint)
                 .foreachBatch(self._collect)
                 .start()
             )
@@ -786,8 +1105,11 @@ class Engine:
         if self.query is None:
             return
         try:
-            self.query.processAllAvailable()
-            self.query.processAllAvailable()
+            if self.run.scenario.trigger == "availableNow":
+                self.query.awaitTermination(120)
+            else:
+                self.query.processAllAvailable()
+                self.query.processAllAvailable()
         except Exception as exc:  # noqa: BLE001
             self.run_error = exc
 
@@ -821,8 +1143,8 @@ class Run:
         self.scenario = scenario
         self.spark = spark
         self.root = root / f"seed{scenario.seed}-{uuid.uuid4().hex[:6]}"
-        self.native = Engine(self, "native", spark.readStream)
-        self.lockgate = Engine(self, "lockgate", ls.readStream)
+        self.native = Engine(self, "native", spark.readStream, spark.sql)
+        self.lockgate = Engine(self, "lockgate", ls.readStream, ls.sql)
         self.error: str | None = None
         self.done = False
 
@@ -943,7 +1265,11 @@ def run_scenarios(spark: Any, ls: Any, root: Path, scenarios: list[Scenario]) ->
             # queries are stopped while the files are written (their next run's first
             # trigger sees them all); some others restart here once.
             paused = [
-                r for r in active if r.scenario.multi_source or r.scenario.restart_before == step
+                r
+                for r in active
+                if r.scenario.multi_source
+                or r.scenario.restart_before == step
+                or r.scenario.trigger == "availableNow"
             ]
             for run in paused:
                 for e in run.engines:

@@ -16,7 +16,10 @@ from random_queries import run_scenarios, scenario, seeds_from_env
 
 GROUP = 6  # scenarios run side by side: a native query mostly waits out its polling delay
 
-FAST_SEEDS = list(range(1, 13))
+# 1-12 of the first generator; 340, 363, 364 of the second (random_queries.V2_FROM: a
+# stream-static join with the static side on the left and a dedup, a dropDuplicatesWithin-
+# Watermark of exploded rows under a window in availableNow runs, ls.sql with HAVING)
+FAST_SEEDS = list(range(1, 13)) + [340, 363, 364]
 # Seeds whose queries still differ from native, each for a cause not fixed yet; the slow
 # test below expects them to (strict: it fails once one matches, so the list stays true).
 KNOWN = {
@@ -27,6 +30,13 @@ KNOWN = {
     # evaluates it, lockgate's join computes it (and keeps it in state), so an ANSI
     # overflow in it fails lockgate's query
     141: "join side keeps a column nothing reads: evaluated, and fails under ANSI",
+    # max(struct("ts", "ts")): a struct with two fields of one name goes through Arrow in
+    # lockgate's state step, which Spark refuses (DUPLICATED_FIELD_NAME_IN_ARROW_STRUCT)
+    353: "a struct with duplicated field names in an aggregation: lockgate's Arrow step fails",
+    # limit(n) over parquet: Spark's vectorized reader counts a whole columnar batch (the
+    # file's rows) in numInputRows, lockgate counts the rows its local limit reads (as
+    # Spark does for JSON); numInputRows is counted in pushdown.py, not mine to change
+    375: "limit over parquet: native numInputRows counts the whole columnar batch",
 }
 SLOW_SEEDS = [s for s in range(13, 200) if s not in KNOWN]
 
