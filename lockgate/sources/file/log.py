@@ -102,7 +102,21 @@ class FileStreamSourceLog(MetadataLog[list[FileEntry]]):
         compacts = [i for i, c in names.items() if c]
         start = max(compacts) if compacts else 0
         entries: list[FileEntry] = []
-        for batch_id in sorted(i for i in names if i >= start):
+        ids = sorted(i for i in names if i >= start)
+        # Entries are numbered from 0 and never deleted after the last compaction (Spark
+        # deletes only the entries a compaction holds): a gap is an entry lost, whose
+        # files would be read again as new. Spark's restore() fails on it too ("... doesn't
+        # exist (latestId: ..., compactInterval: ...)").
+        missing = sorted(set(range(start, ids[-1] + 1)) - set(ids)) if ids else []
+        if missing:
+            path = self.batch_path(missing[0])
+            raise CheckpointError(
+                f"File source log entry {path} doesn't exist (latestId: {ids[-1]}): the "
+                "files it listed would be read again. The checkpoint is corrupt; restore the "
+                "entry from a backup or start the query with a new checkpoint location.",
+                path=path,
+            )
+        for batch_id in ids:
             if names[batch_id]:
                 got = self._read(self.entry_path(batch_id, True))
             else:
