@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from lockgate.errors import (
     AnalysisError,
+    CheckpointError,
     ConcurrentWriteError,
     OptionError,
     SinkError,
@@ -181,6 +182,18 @@ class FileStreamSink(Sink):
         if latest is not None and batchId <= latest:
             logger.info("Skipping already committed batch %d", batchId)
             return None
+        if latest is not None and batchId > latest + 1:
+            # Every batch commits an entry, an empty one too: the entries between were
+            # lost (deleted with the checkpoint's commits kept), and writing this one
+            # would leave a log no reader can list.
+            missing = self.log.batch_path(latest + 1)
+            raise CheckpointError(
+                f"File sink log entry {missing} doesn't exist (latestId: {latest}), but the "
+                f"query is writing batch {batchId}: the sink's {METADATA_DIR} directory lost "
+                "its latest entries. Restore them from a backup, or start the query with a "
+                "new checkpoint location and a new output path.",
+                path=missing,
+            )
         self._delete_stale_staging()
         staging = self._fs.join(self._base, f"{STAGING_PREFIX}{batchId}-{uuid.uuid4().hex}")
         try:

@@ -4,7 +4,8 @@ schema and operator metadata files, checksums, a file sink's ``_spark_metadata``
 run lock) gets a random damage (emptied, cut off, a byte flipped, garbage, JSON of the
 wrong shape, deleted, its checksum deleted or stale), and the query restarts on it and
 runs one more batch. Either it fails with lockgate's error naming the damaged file (or
-its directory), or it runs and its output equals the output of a run on the undamaged
+its directory), or it runs (a leftover temporary file beside a file is one more damage,
+which Spark ignores) and its output equals the output of a run on the undamaged
 checkpoint: no batch's rows lost, changed or written twice. A raw Python error, a wrong
 answer or a hang fails the test.
 
@@ -172,12 +173,15 @@ def _damage(path: Path, kind: str, rng: random.Random) -> str | None:
         entry = json.loads(crc.read_text())
         entry["value"] = (entry["value"] ^ 0x5A5A) if isinstance(entry.get("value"), int) else 1
         crc.write_text(json.dumps(entry))
+    elif kind == "leftover_tmp":
+        # an atomic write cut off before its rename (lockgate's or Spark's temp name)
+        path.with_name(f".{path.name}.{rng.randrange(16**8):08x}.tmp").write_bytes(data[: len(data) // 2])
     else:
         raise AssertionError(kind)
     return kind
 
 
-DAMAGES = ("empty", "cut", "flip", "garbage", "wrong_json", "delete", "delete_crc", "stale_crc")
+DAMAGES = ("empty", "cut", "flip", "garbage", "wrong_json", "delete", "delete_crc", "stale_crc", "leftover_tmp")
 CRC_DAMAGES = ("delete_crc", "stale_crc")
 
 
@@ -307,24 +311,36 @@ def _lockgate_errors(error: BaseException) -> list[BaseException]:
     return found
 
 
-def check_case(spark: Any, ls: Any, built: Built, seed: int, work: Path) -> str | None:
-    """Damage a copy of ``built``'s checkpoint as ``seed`` says and restart it; None when
-    the outcome is allowed, else what went wrong."""
+def _latest(directory: Path) -> Path:
+    return max((p for p in directory.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+
+
+def check_case(
+    spark: Any, ls: Any, built: Built, seed: int, work: Path, pick: tuple[str, str] | None = None
+) -> str | None:
+    """Damage a copy of ``built``'s checkpoint as ``seed`` says (or ``pick``: a file's path
+    under the copy, ``latest`` for a log's newest entry, and a damage) and restart it;
+    None when the outcome is allowed, else what went wrong."""
     rng = random.Random(f"{built.shape.name}:{seed}")
     root = work / f"{built.shape.name}-{seed}"
     shutil.copytree(built.root, root)
     files = _candidates(root)
+    if pick is not None:
+        path = root / pick[0]
+        if path.name == "latest":
+            path = _latest(path.parent)
+        files, kind = {"picked": [path]}, pick[1]
     for _ in range(50):
         # a part of the checkpoint, then a file of it: the few offsets, commits and
         # metadata files are hit as often as the many state files
         path = rng.choice(files[rng.choice(sorted(files))])
-        kind = rng.choice(DAMAGES)
+        kind = kind if pick is not None else rng.choice(DAMAGES)
         if path.name.endswith(".crc") and kind in CRC_DAMAGES + ("delete",):
             continue
         if _damage(path, kind, rng) is not None:
             break
     else:
-        return None
+        return None if pick is None else f"{pick}: the damage does not apply to {path}"
     case = f"shape {built.shape.name}, seed {seed}: {kind} {path.relative_to(root)}"
     try:
         after, error, ended = _run(ls, built.shape, built.inputs, root)
@@ -392,6 +408,30 @@ FOUND = {
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_damaged_checkpoint_fails_naming_the_file_or_recovers(spark, ls, tmp_path, shape):
     _check(spark, ls, tmp_path, [shape], FAST_SEEDS + FOUND.get(shape, []))
+
+
+# Damages the random seeds hit seldom, each run on its own: (shape, file, damage)
+PICKED = [
+    ("agg_append_file_sink", "out/_spark_metadata/latest", "delete"),
+    ("dedup", "ck/sources/0/latest", "delete"),
+    ("dedup", "ck/commits/latest", "delete"),
+    ("dedup", "ck/offsets/latest", "delete"),
+    ("agg_update", "ck/offsets/latest", "leftover_tmp"),
+    ("agg_update", "ck/metadata", "delete"),
+]
+
+
+@pytest.mark.parametrize("shape", sorted({p[0] for p in PICKED}))
+def test_picked_damages(spark, ls, tmp_path, shape):
+    with spark_conf(spark, "spark.sql.streaming.stateStore.minDeltasForSnapshot", "2"):
+        built = build_shape(spark, ls, SHAPES[shape], tmp_path / shape)
+        failures = [
+            problem
+            for i, (name, file, damage) in enumerate(PICKED)
+            if name == shape
+            and (problem := check_case(spark, ls, built, i, tmp_path / "cases", (file, damage))) is not None
+        ]
+    assert not failures, "\n\n".join(failures)
 
 
 @pytest.mark.parametrize("lost", [0, 1, 3])

@@ -350,6 +350,25 @@ def test_restarted_sink_over_a_damaged_earlier_entry_fails_naming_it(spark, tmp_
     assert str(log_file) in str(err.value) and "backup" in str(err.value)
 
 
+def test_batch_after_lost_latest_entries_fails_naming_them(spark, tmp_path):
+    """The latest entry deleted (the checkpoint's commits kept): the next batch would
+    commit past a gap that Spark's readers fail on; it fails naming the missing entry and
+    writes nothing (found by tests/checkpoint/test_corruption_fuzz.py)."""
+    out = tmp_path / "out"
+    sink = make_sink(spark, out)
+    for batch in range(3):
+        sink.addBatch(batch, rows(spark, batch, batch + 1))
+    lost = out / "_spark_metadata" / "2"
+    lost.unlink()
+    Path(f"{lost}.crc").unlink()
+    before = data_files(out)
+    with pytest.raises(CheckpointError) as err:
+        make_sink(spark, out).addBatch(3, rows(spark, 3, 4))
+    assert str(lost) in str(err.value) and "backup" in str(err.value)
+    assert data_files(out) == before
+    assert not (out / "_spark_metadata" / "3").exists()
+
+
 def test_text_format(spark, tmp_path):
     out = tmp_path / "out"
     sink = make_sink(spark, out, provider=lookup_sink("text"))
