@@ -504,7 +504,21 @@ def _conjuncts_at_inputs(
     optimizer = "org.apache.spark.sql.catalyst.optimizer."
     # as Spark's optimizer orders them: its "Operator Optimization" batches (to a fixed
     # point) around "Infer Filters" (once)
-    operator = [jvm_name(jvm, optimizer + r) for r in ("EliminateOuterJoin$.MODULE$", "PushDownPredicates$.MODULE$")]
+    # The expression rules fold what is constant first: a side filtered by a term that
+    # folds to false is one empty relation, with no constraint to infer across the join
+    # (inferred unfolded, it would filter every row of the other side).
+    operator = [
+        jvm_name(jvm, optimizer + r + "$.MODULE$")
+        for r in (
+            "EliminateOuterJoin",
+            "PushDownPredicates",
+            "NullPropagation",
+            "ConstantFolding",
+            "BooleanSimplification",
+            "SimplifyConditionals",
+            "PruneFilters",
+        )
+    ]
     infer = jvm_name(jvm, optimizer + "InferFiltersFromConstraints$.MODULE$")
     plan = _fixed_point(operator, infer.apply(_fixed_point(operator, plan)))
     found: list[list[Any]] = [[] for _ in outputs]
