@@ -75,9 +75,21 @@ def check_state_written_by_lockgate(
         return
     for op in sorted(n for n in fs.list_names(state_root) if n.isdigit()):
         op_dir = fs.join(state_root, op)
-        if fs.exists(fs.join(op_dir, "_metadata", "schema")):
+        schema = fs.join(op_dir, "_metadata", "schema")
+        if fs.exists(schema):
             continue
         if _has_spark_state(fs, op_dir):
+            if recorded_provider == LOCKGATE_PROVIDER:
+                # lockgate wrote this state (Spark's engine never records lockgate's
+                # provider): its schema file was lost, not Spark's state found
+                raise CheckpointError(
+                    f"State schema file {schema} of stateful operator {op} is missing, "
+                    "though the offsets log records that lockgate's state store wrote the "
+                    "state beside it: the checkpoint is incomplete. Restore the file (with "
+                    "its .crc) from a backup, or start the query with a new checkpoint "
+                    "location.",
+                    path=schema,
+                )
             raise _spark_state_error(checkpoint_root, op, recorded_provider)
 
 
@@ -98,8 +110,6 @@ def _has_spark_state(fs: CheckpointFileSystem, op_dir: str) -> bool:
 
 def _spark_state_error(checkpoint_root: str, op: str, recorded: str | None) -> SparkStateCheckpointError:
     provider = recorded or f"default provider ({HDFS_PROVIDER})"
-    if recorded == LOCKGATE_PROVIDER:
-        provider = "an unknown provider (the offsets log names lockgate's, but the files are not lockgate's)"
     return SparkStateCheckpointError(
         f"Checkpoint {checkpoint_root} holds state written by native Spark Structured "
         f"Streaming's state store ({provider}; stateful operator {op}, "

@@ -413,6 +413,8 @@ PICKED = [
     ("dedup", "ck/offsets/latest", "delete"),
     ("agg_update", "ck/offsets/latest", "leftover_tmp"),
     ("agg_update", "ck/metadata", "delete"),
+    # the state schema file deleted: refused as state native Spark wrote
+    ("agg_update", "ck/state/0/_metadata/schema", "delete"),
 ]
 
 
