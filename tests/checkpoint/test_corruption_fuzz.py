@@ -10,7 +10,8 @@ checkpoint: no batch's rows lost, changed or written twice. A raw Python error, 
 answer or a hang fails the test.
 
 Each shape's checkpoint is built once (four batches) and copied for every damage.
-``make test`` runs a fixed list of seeds; the ``slow`` test runs more. To run a range by
+``make test`` runs two seeds per shape and the damages of ``PICKED`` (those that found
+bugs, and ones the seeds hit seldom); the ``slow`` test runs more seeds. To run a range by
 hand: ``LOCKGATE_CORRUPTION_SEEDS=0-300 .venv/bin/python -m pytest
 tests/checkpoint/test_corruption_fuzz.py -k by_hand`` (``LOCKGATE_CORRUPTION_SHAPES``
 picks shapes by name, comma-separated). A failure names the shape, the seed, the file
