@@ -33,6 +33,7 @@ from lockgate.plan.checks import (
     check_unsupported_expressions,
     check_window_functions,
 )
+from lockgate.plan.join.pruning import prune_unread_join_columns
 from lockgate.plan.limit import limits_per_batch
 from lockgate.plan.nodes import source_relations
 from lockgate.plan.row_expressions import compile_plan
@@ -87,6 +88,8 @@ def create_query(
     _check_output_mode(spec, provider, sink_name)
     if spec.output_mode == "complete":
         spec = replace(spec, plan=limits_per_batch(spec.plan))
+    if not continuous:
+        spec = replace(spec, plan=prune_unread_join_columns(spec.plan, spec.template))
     continuous_plan = _check_continuous(spec) if continuous else None
     provider.validate(spec.spark, opts, path)
     check_name(spec.query_name)

@@ -144,6 +144,10 @@ class StreamJoin(StatefulOperator):
     join_plan: Any = field(default=None, repr=False)
     """Spark's analysed ``Join`` of the templates, by which later templates' plans are
     searched for the join's inputs (:func:`~lockgate.plan.pushdown.push_into_stateful`)."""
+    unread: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    """Per side: the indexes of its columns that nothing above the join reads, set when
+    the query starts (:mod:`lockgate.plan.join.pruning`). Spark prunes them below the
+    join; the tagging projection puts a null in their place."""
     pushdown: tuple[tuple[Column, ...], tuple[Column, ...]] = ((), ())
     """Per side: the conjuncts Spark's optimizer pushes below the join (single-side
     terms on a side whose rows cannot come out null-padded, the inferred ``isnotnull``
@@ -802,10 +806,16 @@ def build_stream_join(
             [c.alias(f"__{'lr'[side]}{len(fields) + k}") for k, c in enumerate(node.derived_columns[side])]
             for side, fields in ((LEFT, lf), (RIGHT, rf))
         ]
+        def side_column(side: int, i: int, f: StructField) -> Column:
+            name = f"__{'lr'[side]}{i}"
+            if i in node.unread[side]:
+                return F.lit(None).cast(f.dataType).alias(name)
+            return F.col(f"`{f.name}`").alias(name)
+
         lcols = [
             F.lit(LEFT).alias("__side"),
             *[_key(node, j, LEFT).alias(f"__k{j}") for j in range(nkeys)],
-            *[F.col(f"`{f.name}`").alias(f"__l{i}") for i, f in enumerate(lf)],
+            *[side_column(LEFT, i, f) for i, f in enumerate(lf)],
             *derived[LEFT],
             *rnull,
             *pre[LEFT],
@@ -814,7 +824,7 @@ def build_stream_join(
             F.lit(RIGHT).alias("__side"),
             *[_key(node, j, RIGHT).alias(f"__k{j}") for j in range(nkeys)],
             *lnull,
-            *[F.col(f"`{f.name}`").alias(f"__r{i}") for i, f in enumerate(rf)],
+            *[side_column(RIGHT, i, f) for i, f in enumerate(rf)],
             *derived[RIGHT],
             *pre[RIGHT],
         ]
