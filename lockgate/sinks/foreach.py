@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lockgate.errors import ForeachBatchUserFunctionError
+from lockgate.jvm import jvm_name
 from lockgate.sinks.base import ContinuousDataWriter, ContinuousSink, Sink
 
 if TYPE_CHECKING:
@@ -26,19 +27,22 @@ class ForeachBatchSink(Sink):
     """Spark's progress has no output row count for ``foreachBatch`` (a V1 sink:
     ``numOutputRows`` -1 whatever the function does); addBatch returns None."""
 
+    runs_user_code = True
+
     def __init__(self, func: Callable[[DataFrame, int], Any]) -> None:
         self.func = func
 
     def addBatch(self, batchId: int, data: DataFrame) -> None:
         try:
-            self.func(data, batchId)
+            self.func(_over_the_batch_rdd(data), batchId)
         except Exception as exc:
             # Spark's FOREACH_BATCH_USER_FUNCTION_ERROR, the function's traceback as reason
             reason = "".join(traceback.format_exception(exc)).strip()
             raise ForeachBatchUserFunctionError(reason) from exc
-        # the function may have run the batch by an RDD action (batch_df.rdd.count(),
-        # batch_df.foreachPartition(...)): its input rows count then, as in Spark. A Dataset
-        # action already completed the observations (Spark does it when the action ends).
+        # whatever the function ran (Dataset or RDD actions, on the batch or on frames
+        # derived from it) ran the batch's plan, whose observations count its input rows
+        # and event times: they complete now, as Spark reads its plan's metrics after
+        # the sink
         _complete_observations(data)
 
     def description(self) -> str:
@@ -150,6 +154,26 @@ class ForeachContinuousSink(ContinuousSink):
 
     def description(self) -> str:
         return "ForeachSink"
+
+
+def _over_the_batch_rdd(data: DataFrame) -> DataFrame:
+    """What Spark's ForeachBatchSink hands the function: a DataFrame over the RDD of
+    the batch's executed plan (``LogicalRDD``), not the batch's plan itself. Whatever
+    the function does with it (``where(...)``, ``.rdd``, an action twice) runs that one
+    plan, whose metrics Spark reports: so lockgate's observations of the plan (input
+    rows, event times) count every run of it, and a frame derived from the batch is not
+    planned again, with filters Spark would move below lockgate's row counts."""
+    from pyspark.sql import DataFrame
+
+    jdf = data._jdf
+    jvm = data.sparkSession.sparkContext._jvm
+    logical_rdd = jvm_name(jvm, "org.apache.spark.sql.execution.LogicalRDD$.MODULE$")
+    # (rdd, origin, isStreaming, and a flag whose default the object gives)
+    node = logical_rdd.fromDataset(
+        jdf.queryExecution().toRdd(), jdf, False, getattr(logical_rdd, "fromDataset$default$4")()
+    )
+    batch = jvm_name(jvm, "org.apache.spark.sql.classic.Dataset$.MODULE$").ofRows(jdf.sparkSession(), node)
+    return DataFrame(batch, data.sparkSession)
 
 
 def _complete_observations(data: DataFrame) -> None:
