@@ -154,30 +154,6 @@ class ForeachBatchUserFunctionError(_SparkErrorText, SinkError, _PySparkExceptio
         self.message_text = message
 
 
-class StateStoreCommitValidationError(_SparkErrorText, LockgateError, _PySparkException):
-    """A batch ended with state partitions that did not commit (a ``foreachBatch``
-    function that ran only some of the batch's partitions, ``show()``, ``limit()``, or
-    returned early): Spark's ``STATE_STORE_COMMIT_VALIDATION_FAILED``, raised before the
-    batch is committed, so a restart runs it again."""
-
-    ERROR_CLASS = "STATE_STORE_COMMIT_VALIDATION_FAILED"
-
-    def __init__(self, batch_id: int, expected: int, missing: list[tuple[int, int]]) -> None:
-        parameters = {
-            "batchId": str(batch_id),
-            "expectedCommits": str(expected),
-            "actualCommits": str(expected - len(missing)),
-            "missingCommits": ", ".join(
-                f"(operator={op}, partition={partition}, store=default)" for op, partition in missing
-            ),
-        }
-        message, self._sql_state = spark_error_message(self.ERROR_CLASS, parameters)
-        _PySparkException.__init__(
-            self, message=message, errorClass=self.ERROR_CLASS, messageParameters=parameters
-        )
-        self.message_text = message
-
-
 class StreamingQueryException(LockgateError, _CapturedStreamingQueryException):
     """The exception that stopped a streaming query.
 

@@ -23,12 +23,7 @@ from lockgate.checkpoint import (
     OffsetSeqLog,
     OffsetSeqMetadata,
 )
-from lockgate.errors import (
-    CheckpointError,
-    ConcurrentWriteError,
-    OptionError,
-    StateStoreCommitValidationError,
-)
+from lockgate.errors import CheckpointError, ConcurrentWriteError, OptionError
 from lockgate.execution.conf import pin_confs
 from lockgate.execution.faults import crash_point
 from lockgate.execution.progress import (
@@ -58,12 +53,7 @@ from lockgate.plan.incremental import (
 from lockgate.plan.nodes import PlanNode, observed_nodes, source_relations, watermark_nodes
 from lockgate.plan.pushdown import scans_per_source
 from lockgate.plan.state_udf import TASKS_CONF, encode_params, property_key
-from lockgate.plan.stateful import (
-    StatefulContext,
-    state_task_count,
-    stateful_operators,
-    uncommitted_partitions,
-)
+from lockgate.plan.stateful import StatefulContext, state_task_count, stateful_operators
 from lockgate.plan.template import NotReusable, PlanTemplate
 from lockgate.sources.base import READ_ALL_AVAILABLE, ReadLimit, Source, SourceContext
 from lockgate.state import host as state_host
@@ -731,20 +721,6 @@ class MicroBatchExecution(StreamExecution):
             elif duplicates >= DEDUP_GROUPED_ABOVE * rows:
                 self._dedups_by_row.discard(op_id)
 
-    def _check_state_committed(self, batch_id: int, num_partitions: int) -> None:
-        """Spark's state store commit validation: every partition of every stateful
-        operator committed this batch's version, or the batch fails before its commit
-        (the next batch would find the state version missing)."""
-        metrics: dict[str, int] = dict(self._state_metrics.value or {})
-        counts = [op.state_partitions(num_partitions) for op in self._stateful_ops]
-        missing = [
-            (op_id, partition)
-            for op_id, count in enumerate(counts)
-            for partition in uncommitted_partitions(metrics, op_id, count)
-        ]
-        if missing:
-            raise StateStoreCommitValidationError(batch_id, sum(counts), missing)
-
     def _state_operator_progress(self, stateful: StatefulContext | None) -> list[dict[str, Any]]:
         if stateful is None:
             return []
@@ -834,8 +810,6 @@ class MicroBatchExecution(StreamExecution):
         finally:
             if stateful is not None:
                 sc.setLocalProperty(params_key, None)  # type: ignore[arg-type]
-        if stateful is not None and self.sink.runs_user_code:
-            self._check_state_committed(batch_id, stateful.num_partitions)
         for index, obs in execution.observations.source_rows.items():
             value = observation_value(obs)
             counts[index] = int(value["rows"]) if value else 0  # of every scan

@@ -123,11 +123,6 @@ class Aggregate(StatefulOperator):
     def operator_name(self) -> str:
         return "stateStoreSave"
 
-    @override
-    def state_partitions(self, num_shuffle_partitions: int) -> int:
-        # without grouping keys the partial goes to one task, whose state is partition 0
-        return num_shuffle_partitions if self.key_names else 1
-
     @property
     def evicts_by_watermark(self) -> bool:
         return self.event_time_key is not None

@@ -36,7 +36,6 @@ from lockgate.plan.stateful import (
     OutputColumn,
     StatefulContext,
     StatefulOperator,
-    committed,
     micros,
     state_partition,
 )
@@ -475,7 +474,6 @@ def run_dedup_task(task: DedupTask, partition: int, batches: Any) -> Any:
             f"{op}.commitTimeMs": int(store.metrics.commit_ms),
             f"{op}.memoryUsedBytes": store.memory_bytes(),
             f"{op}.numStateStoreInstances": 1,
-            committed(op, store.partition): 1,
             f"{op}.loadedFromCache": int(store.metrics.loaded_from_cache),
             f"{op}.loadedFromFiles": int(not store.metrics.loaded_from_cache),
             f"{op}.stateFilesReplayed": store.metrics.files_replayed,

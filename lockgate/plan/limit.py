@@ -24,7 +24,6 @@ from lockgate.plan.stateful import (
     OutputColumn,
     StatefulContext,
     StatefulOperator,
-    committed,
     stateful_operators,
 )
 from lockgate.state.arrow_types import schema_to_arrow
@@ -46,10 +45,6 @@ class StreamingLimit(StatefulOperator):
     @override
     def operator_name(self) -> str:
         return "globalLimit"
-
-    @override
-    def state_partitions(self, num_shuffle_partitions: int) -> int:
-        return 1  # Spark's StreamingGlobalLimitExec keeps its count in one partition
 
     @override
     def qualified_outputs(
@@ -107,7 +102,6 @@ def run_limit_task(task: LimitTask, batches: Any) -> Any:
             f"{op}.commitTimeMs": int(store.metrics.commit_ms),
             f"{op}.memoryUsedBytes": store.memory_bytes(),
             f"{op}.numStateStoreInstances": 1,
-            committed(op, store.partition): 1,
             f"{op}.loadedFromCache": int(store.metrics.loaded_from_cache),
             f"{op}.loadedFromFiles": int(not store.metrics.loaded_from_cache),
         }

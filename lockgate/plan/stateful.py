@@ -176,11 +176,6 @@ class StatefulOperator(PlanNode, ABC):
             },
         }
 
-    def state_partitions(self, num_shuffle_partitions: int) -> int:
-        """How many state partitions commit each batch: one per shuffle partition, but
-        for an operator whose state is one partition (a streaming ``limit``)."""
-        return num_shuffle_partitions
-
     # -- start-time checks ------------------------------------------------------------------
     @property
     def counts_for_watermark_correctness(self) -> bool:
@@ -346,22 +341,6 @@ def micros(value: Any) -> int | None:
     return int(value)
 
 
-COMMITTED = "committedPartition"
-"""The metric a state task adds, named with its state partition (``{op}.committedPartition.
-{partition}``), once its stores committed the batch's version: the driver checks that
-every partition did before it commits the batch (:func:`uncommitted_partitions`)."""
-
-
-def committed(operator_id: int, partition: int) -> str:
-    """The accumulator key saying ``operator_id``'s ``partition`` committed its stores."""
-    return f"{operator_id}.{COMMITTED}.{partition}"
-
-
-def uncommitted_partitions(metrics: Mapping[str, int], operator_id: int, num_partitions: int) -> list[int]:
-    """The state partitions of ``operator_id`` whose task did not commit this batch."""
-    return [p for p in range(num_partitions) if not metrics.get(committed(operator_id, p))]
-
-
 def report_store_metrics(
     accumulator: Any,
     operator_id: int,
@@ -392,9 +371,7 @@ def report_store_metrics(
         "snapshotsWritten": int(store.metrics.snapshot_written),
         "taskTimeMs": int((time.perf_counter() - started) * 1000),
     }
-    update = {f"{operator_id}.{name}": value for name, value in metrics.items()}
-    update[committed(operator_id, store.partition)] = 1
-    accumulator.add(update)
+    accumulator.add({f"{operator_id}.{name}": value for name, value in metrics.items()})
 
 
 def _sanitize(name: str) -> str:

@@ -102,7 +102,7 @@ from lockgate.options import Options
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
 from lockgate.plan.state_udf import map_with_state, with_batch_params
-from lockgate.plan.stateful import StatefulContext, StatefulOperator, committed, stateful_operators
+from lockgate.plan.stateful import StatefulContext, StatefulOperator, stateful_operators
 from lockgate.state.arrow_types import schema_to_arrow
 from lockgate.state.schema import (
     TIMERS_STORE,
@@ -1679,9 +1679,7 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
         "snapshotsWritten": int(any(s.metrics.snapshot_written for s in stores.values())),
         **metrics,
     }
-    update = {f"{op}.{name}": value for name, value in values.items()}
-    update[committed(op, first.partition)] = 1
-    task.accumulator.add(update)
+    task.accumulator.add({f"{op}.{name}": value for name, value in values.items()})
 
 
 __all__ = ["TransformWithState", "make_transform_with_state"]

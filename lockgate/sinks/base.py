@@ -46,10 +46,6 @@ class Sink(ABC):
     the engine counts the batch's rows itself, with an observation of the batch
     DataFrame: a per-row aggregate in its plan."""
 
-    runs_user_code: bool = False
-    """True when user code decides what of the batch runs (``foreachBatch``): the engine
-    then checks that every state partition committed before it commits the batch."""
-
     @abstractmethod
     def addBatch(self, batchId: int, data: DataFrame) -> int | None:
         """Write batch ``batchId``; a batch id already written must not be written again.

@@ -27,8 +27,6 @@ class ForeachBatchSink(Sink):
     """Spark's progress has no output row count for ``foreachBatch`` (a V1 sink:
     ``numOutputRows`` -1 whatever the function does); addBatch returns None."""
 
-    runs_user_code = True
-
     def __init__(self, func: Callable[[DataFrame, int], Any]) -> None:
         self.func = func
 

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from lockgate.plan.join.columnar import batch_pairs, compile_condition, key_joinable
 from lockgate.plan.join.condition import LEFT, RIGHT, all_true, compile_expr
 from lockgate.plan.state_udf import with_batch_params
-from lockgate.plan.stateful import committed, micros
+from lockgate.plan.stateful import micros
 from lockgate.state.store import StateStore, arrow_array, column_values, micros_array
 
 
@@ -522,7 +522,6 @@ def _join_partition(task: JoinTask, partition: int, batches: Any) -> list[pa.Rec
             f"{op}.commitTimeMs": int(ls.metrics.commit_ms + rs.metrics.commit_ms),
             f"{op}.memoryUsedBytes": ls.memory_bytes() + rs.memory_bytes(),
             f"{op}.numStateStoreInstances": 4,
-            committed(op, ls.partition): 1,
             f"{op}.loadedFromCache": int(ls.metrics.loaded_from_cache) + int(rs.metrics.loaded_from_cache),
             f"{op}.loadedFromFiles": int(not ls.metrics.loaded_from_cache) + int(not rs.metrics.loaded_from_cache),
             f"{op}.stateFilesReplayed": ls.metrics.files_replayed + rs.metrics.files_replayed,
