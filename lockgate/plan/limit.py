@@ -9,7 +9,7 @@ Update mode.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from functools import partial as bind
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from lockgate.compat import override
 from lockgate.plan.aggregate import Aggregate
-from lockgate.plan.nodes import PlanNode, Transform
+from lockgate.plan.nodes import PlanNode, Transform, with_children
 from lockgate.plan.stateful import (
     OutputColumn,
     StatefulContext,
@@ -153,17 +153,4 @@ def limits_per_batch(plan: PlanNode) -> PlanNode:
     over an aggregation is the top n rows of each batch's whole result."""
     if isinstance(plan, StreamingLimit) and any(isinstance(op, Aggregate) for op in stateful_operators(plan.child)):
         return Transform(limits_per_batch(plan.child), "limit", (plan.limit,))
-    changes: dict[str, Any] = {}
-    for f in fields(plan):
-        if not f.init:
-            continue
-        value = getattr(plan, f.name)
-        if isinstance(value, PlanNode):
-            new = limits_per_batch(value)
-        elif isinstance(value, tuple) and value and all(isinstance(v, PlanNode) for v in value):
-            new = tuple(limits_per_batch(v) for v in value)
-        else:
-            continue
-        if new is not value and new != value:
-            changes[f.name] = new
-    return replace(plan, **changes) if changes else plan
+    return with_children(plan, limits_per_batch)

@@ -8,8 +8,8 @@ DataFrame used twice (``df.union(df)``) is one source, as in Spark.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from lockgate.errors import AnalysisError
@@ -172,6 +172,25 @@ class EventTimeWatermark(PlanNode):
 
     def describe(self) -> str:
         return f"EventTimeWatermark {self.column}, {self.delay_text}"
+
+
+def with_children(plan: _Node, rewrite: Callable[[PlanNode], PlanNode]) -> _Node:
+    """``plan`` with ``rewrite`` applied to each child node (a node field, or a tuple of
+    nodes); ``plan`` itself when no child changed, else a copy."""
+    changes: dict[str, Any] = {}
+    for f in fields(plan):
+        if not f.init:
+            continue
+        value = getattr(plan, f.name)
+        if isinstance(value, PlanNode):
+            new: Any = rewrite(value)
+        elif isinstance(value, tuple) and value and all(isinstance(v, PlanNode) for v in value):
+            new = tuple(rewrite(v) for v in value)
+        else:
+            continue
+        if new is not value and (not isinstance(new, tuple) or any(a is not b for a, b in zip(new, value))):
+            changes[f.name] = new
+    return replace(plan, **changes) if changes else plan
 
 
 def _short(value: Any) -> str:

@@ -520,7 +520,7 @@ def _conjuncts_at_inputs(
         )
     ]
     infer = jvm_name(jvm, optimizer + "InferFiltersFromConstraints$.MODULE$")
-    plan = _fixed_point(operator, infer.apply(_fixed_point(operator, plan)))
+    plan = fixed_point(operator, infer.apply(fixed_point(operator, plan)))
     found: list[list[Any]] = [[] for _ in outputs]
     for node in all_nodes(plan):
         if node.getClass().getSimpleName() != "Filter" or node.child().getClass().getSimpleName() != "Sample":
@@ -534,7 +534,7 @@ def _conjuncts_at_inputs(
     return list(zip(outputs, found))
 
 
-def _fixed_point(rules: list[Any], plan: Any, limit: int = 10) -> Any:
+def fixed_point(rules: list[Any], plan: Any, limit: int = 10) -> Any:
     for _ in range(limit):
         changed = plan
         for rule in rules:

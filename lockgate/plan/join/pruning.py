@@ -13,14 +13,15 @@ next.
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 from pyspark.sql import DataFrame
 
 from lockgate.jvm import jvm_name, seq
 from lockgate.plan.join.planner import StreamJoin
-from lockgate.plan.nodes import PlanNode
+from lockgate.plan.nodes import PlanNode, with_children
+from lockgate.plan.pushdown import fixed_point
 
 _RULES = ("ColumnPruning", "CollapseProject", "RemoveNoopOperators")
 
@@ -48,13 +49,7 @@ def _column_pruned(template: DataFrame) -> list[Any]:
     plan = template._jdf.queryExecution().analyzed()
     plan = jvm_name(jvm, "org.apache.spark.sql.catalyst.analysis.EliminateSubqueryAliases$.MODULE$").apply(plan)
     rules = [jvm_name(jvm, f"org.apache.spark.sql.catalyst.optimizer.{r}$.MODULE$") for r in _RULES]
-    for _ in range(10):
-        changed = plan
-        for rule in rules:
-            changed = rule.apply(changed)
-        if changed.fastEquals(plan):
-            break
-        plan = changed
+    plan = fixed_point(rules, plan)
     joins, stack = [], [plan]
     while stack:
         node = stack.pop()
@@ -109,20 +104,8 @@ def _rewrite(
     read twice) is rewritten once, so it stays one node."""
     if id(plan) in done:
         return done[id(plan)]
-    changes: dict[str, Any] = {}
-    for f in fields(plan):
-        if not f.init:
-            continue
-        value = getattr(plan, f.name)
-        if isinstance(value, PlanNode):
-            new = _rewrite(value, unread, done)
-        elif isinstance(value, tuple) and value and all(isinstance(v, PlanNode) for v in value):
-            new = tuple(_rewrite(v, unread, done) for v in value)
-        else:
-            continue
-        if new is not value:
-            changes[f.name] = new
-    if isinstance(plan, StreamJoin) and id(plan) in unread:
-        changes["unread"] = unread[id(plan)]
-    done[id(plan)] = new_plan = replace(plan, **changes) if changes else plan
+    new_plan = with_children(plan, lambda child: _rewrite(child, unread, done))
+    if isinstance(new_plan, StreamJoin) and id(plan) in unread:
+        new_plan = replace(new_plan, unread=unread[id(plan)])
+    done[id(plan)] = new_plan
     return new_plan
