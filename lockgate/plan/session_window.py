@@ -512,7 +512,9 @@ def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
         emit = [(key, s) for key, value in store.items() for s in _decode(value)]
     elif task.eviction_watermark_ms is not None:
         watermark_us = task.eviction_watermark_ms * 1000
-        for key, value in store.items():
+        kept: list[tuple[Any, Any]] = []
+        gone: list[Any] = []
+        for key, value in store.map.items():
             # a key's sessions do not overlap and are sorted by start, so by end too
             if micros(value[1][0]) > watermark_us:
                 continue
@@ -521,9 +523,15 @@ def run_session_task(task: SessionTask, partition: int, batches: Any) -> Any:
             emit += [(key, s) for s in sessions if s[1] <= watermark_us]
             removed += len(sessions) - len(open_sessions)
             if open_sessions:
-                store.put(key, _encode(open_sessions, n_buffers))
+                kept.append((key, _encode(open_sessions, n_buffers)))
             else:
-                store.remove(key)
+                gone.append(key)
+        # the map changes after the pass, each kind at once (a removal per key cost more
+        # than deciding it)
+        if kept:
+            store.put_many(kept)
+        if gone:
+            store.remove_many(gone)
     remove_ms = (time.perf_counter() - t_remove) * 1000
     store.commit()
     report_store_metrics(
