@@ -42,6 +42,7 @@ from lockgate.execution.triggers import (
 from lockgate.execution.watermark import WatermarkTracker, propagate_watermark
 from lockgate.options import Options, time_string_ms
 from lockgate.plan.cache import PlanCache
+from lockgate.plan.dedup import REPEATED_IN_BATCH
 from lockgate.plan.incremental import (
     IncrementalExecution,
     ObservationRole,
@@ -707,15 +708,18 @@ class MicroBatchExecution(StreamExecution):
         """After a batch with data: which deduplications send their rows as they are
         next batch. Grouping a batch by key in Spark first (``lockgate.plan.dedup``)
         costs two aggregations and a shuffle more, and pays when keys repeat within a
-        batch; over keys that are nearly all new (a guid per event) it only costs. Keys
-        of a batch with at most :data:`DEDUP_BY_ROW_BELOW` of its rows duplicates, or of
-        fewer than :data:`DEDUP_MIN_ROWS` rows, go row by row; at least
-        :data:`DEDUP_GROUPED_ABOVE`, grouped again."""
+        batch; over keys that are nearly all new (a guid per event), or that repeat only
+        keys of earlier batches (which the state step drops either way), it only costs.
+        Keys of a batch with at most :data:`DEDUP_BY_ROW_BELOW` of its rows repeating a
+        key of the same batch, or of fewer than :data:`DEDUP_MIN_ROWS` rows, go row by
+        row; at least :data:`DEDUP_GROUPED_ABOVE`, grouped again."""
+        raw: dict[str, int] = dict(self._state_metrics.value or {}) if self._state_metrics is not None else {}
         for op_id, op in enumerate(progress):
             if op.get("operatorName") not in ("dedupe", "dedupeWithinWatermark"):
                 continue
-            duplicates = int((op.get("customMetrics") or {}).get("numDroppedDuplicateRows") or 0)
-            rows = duplicates + int(op.get("numRowsUpdated") or 0)
+            dropped = int((op.get("customMetrics") or {}).get("numDroppedDuplicateRows") or 0)
+            rows = dropped + int(op.get("numRowsUpdated") or 0)
+            duplicates = int(raw.get(f"{op_id}.{REPEATED_IN_BATCH}", dropped))
             if rows < DEDUP_MIN_ROWS or duplicates <= DEDUP_BY_ROW_BELOW * rows:
                 self._dedups_by_row.add(op_id)
             elif duplicates >= DEDUP_GROUPED_ABOVE * rows:

@@ -212,3 +212,37 @@ def test_grouping_follows_the_batches_duplicates(bench, tmp_path):
     # the choice made after each batch: row by row after new keys or a small batch,
     # grouped after copies
     assert chosen == [True, False, False, True, False, True]
+
+
+def test_grouping_ignores_duplicates_of_earlier_batches(bench, tmp_path):
+    """Only keys repeating within a batch make grouping by key in Spark pay: a batch whose
+    every row repeats a key of an earlier batch (each once) is dropped by the state step
+    either way, so the next batch goes row by row; the rows and counts stay native
+    Spark's."""
+    from lockgate.execution.microbatch import DEDUP_MIN_ROWS
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    pair = bench.add(
+        "again",
+        lambda reader: reader.schema(SCHEMA).json(str(inp)).withWatermark("ts", "60 seconds").dropDuplicates(["k", "ts"]),
+        "append",
+        sink="foreachBatch",
+    )
+    bench.start()
+    n = DEDUP_MIN_ROWS + 200
+
+    def rows(prefix: str, copies: int, count: int) -> list[dict[str, Any]]:
+        return [{"ts": _at(i % 3), "k": f"{prefix}-{i // copies}", "v": float(i)} for i in range(count)]
+
+    chosen = []
+    firsts = rows("a", 1, n)
+    steps = [rows("a", 6, 6 * n), firsts, rows("b", 6, 6 * n), firsts[: n // 2] + firsts[: n // 2]]
+    for step, batch in enumerate(steps):
+        bench.step(f"step {step} ({len(batch)} rows)", {inp: batch})
+        chosen.append(bool(pair.lockgate.query._execution._dedups_by_row))
+    # grouped after copies within the batch; row by row after a batch of earlier keys only;
+    # grouped again after one whose every key comes twice
+    assert chosen == [False, True, False, False]
+    ops = [op for b in pair.native.progress() for op in b[3]]
+    assert sum(op[3] or 0 for op in ops) > 0, "no duplicate dropped"
