@@ -267,22 +267,24 @@ class _Side:
     def remove_expired(self, limit_us: int, keep: bool) -> list[tuple[Any, ...]] | int:
         """Remove the rows whose eviction time is at most ``limit_us``: their values
         when ``keep`` (an outer join emits them), else how many."""
-        removed = []
-        count = 0
+        expired: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         state = self.store.map
         time_of = self.aux.time_of
         assert time_of is not None
-        remove, discard = self.store.remove, self.aux.discard
         for t, skey in self.aux.pop_expired(limit_us):
+            if skey in expired:
+                continue
             value = state.get(skey)
             if value is None or time_of(skey, value) != t:
                 continue  # removed, or replaced by a row with another time
-            remove(skey)
-            discard(skey)
-            if keep:
-                removed.append(value)
-            count += 1
-        return removed if keep else count
+            expired[skey] = value
+        if expired:
+            # one removal of them all: a removal per row cost more than finding the rows
+            self.store.remove_many(list(expired))
+            discard = self.aux.discard
+            for skey in expired:
+                discard(skey)
+        return list(expired.values()) if keep else len(expired)
 
     def remove_where(self, pred: Callable[[tuple[Any, ...], Any], bool]) -> list[tuple[Any, ...]]:
         removed = []
