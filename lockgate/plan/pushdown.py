@@ -407,15 +407,32 @@ def push_into_stateful(top: Transform | StaticJoin, before: DataFrame, after: Da
     return rebuild(top)
 
 
-def push_inferred_into_join(node: StatefulOperator, template: DataFrame) -> StatefulOperator:
-    """``node`` (a stream-stream join just made from the join ``template``) with each
-    side's ``pushdown`` taking what Spark's optimizer filters that side's input by:
+def inferred_for_join(template: DataFrame) -> tuple[list[list[Column]], list[list[Column]]] | None:
+    """Per side of the stream-stream join ``template`` (left, right), what Spark's
+    optimizer filters that side's input by:
     beyond the terms of the join's own condition, what ``InferFiltersFromConstraints``
     carries across its key equality from the other side (``a.k = b.k`` with ``a.k > 5``,
     in the condition or filtered before the join, filters ``b`` by ``b.k > 5``). Terms
-    lockgate already pushes come again; Spark's optimizer drops the repeats."""
-    pushed = _pushed_to_inputs(None, template, _join_sides)
-    return (node.with_input_filters(pushed) if pushed is not None else None) or node
+    lockgate already pushes come again; Spark's optimizer drops the repeats.
+
+    A term carried from the other side's own filters needs that side's input in the
+    batch's plan: in a batch where the other side's sources have no new rows, Spark
+    reads them as an empty ``LocalRelation``, and ``PropagateEmptyRelation`` makes the
+    filters and projections above it one empty relation, with no constraint to infer
+    from. So this gives two lists of per-side conjuncts: those Spark infers also with the
+    other side empty (the join's ``pushdown``), and those it infers only when the other
+    side has rows (``inferred``); None when the template has no join."""
+    pushed = _pushed_pairs(None, template, _join_sides)
+    if pushed is None:
+        return None
+    alone = [_pushed_pairs(None, template, _join_sides, collapse=other) for other in (1, 0)]
+    always: list[list[Column]] = []
+    inferred: list[list[Column]] = []
+    for side, (pairs, without_other) in enumerate(zip(pushed, alone)):
+        kept = {sql for sql, _ in without_other[side]} if without_other is not None else None
+        always.append([c for sql, c in pairs if kept is None or sql in kept])
+        inferred.append([c for sql, c in pairs if kept is not None and sql not in kept])
+    return always, inferred
 
 
 def _join_sides(plan: Any) -> list[Any] | None:
@@ -433,14 +450,29 @@ def _pushed_to_inputs(
     ``inputs_of`` gives its input subtrees): the conjuncts that reach that input in
     ``after`` and not in ``before`` (if given), as Columns over the input's columns;
     None when the stateful node is not found."""
-    pushed_after = _conjuncts_at_inputs(after, inputs_of)
+    pushed = _pushed_pairs(before, after, inputs_of)
+    return None if pushed is None else [[c for _, c in pairs] for pairs in pushed]
+
+
+def _pushed_pairs(
+    before: DataFrame | None,
+    after: DataFrame,
+    inputs_of: Callable[[Any], list[Any] | None],
+    collapse: int | None = None,
+) -> list[list[tuple[str, Column]]] | None:
+    """:func:`_pushed_to_inputs`, each conjunct with its SQL text; with input
+    ``collapse`` read as Spark reads a source without new rows (see
+    :func:`_conjuncts_at_inputs`)."""
+    pushed_after = _conjuncts_at_inputs(after, inputs_of, collapse)
     if pushed_after is None:
         return None
-    pushed_before = _conjuncts_at_inputs(before, inputs_of) if before is not None else [([], [])] * len(pushed_after)
+    pushed_before = (
+        _conjuncts_at_inputs(before, inputs_of, collapse) if before is not None else [([], [])] * len(pushed_after)
+    )
     if pushed_before is None or len(pushed_before) != len(pushed_after):
         return None
     spark = after.sparkSession
-    added: list[list[Column]] = []
+    added: list[list[tuple[str, Column]]] = []
     for (_, known), (output, found) in zip(pushed_before, pushed_after):
         seen = {str(c.sql()) for c in known}
         ids = {int(a.exprId().id()) for a in output}
@@ -451,7 +483,7 @@ def _pushed_to_inputs(
             if str(conjunct.sql()) in seen or not refs or not conjunct.deterministic() or _has_subquery(conjunct):
                 continue
             if all(int(a.exprId().id()) in ids and names.count(a.name().lower()) == 1 for a in refs):
-                columns.append(unresolved_column(conjunct, spark))
+                columns.append((str(conjunct.sql()), unresolved_column(conjunct, spark)))
         added.append(columns)
     return added
 
@@ -466,18 +498,36 @@ def with_marker(spark: Any, subtree: Any, seed: int = _MARKER_SEED) -> Any:
 
 
 def _conjuncts_at_inputs(
-    frame: DataFrame, inputs_of: Callable[[Any], list[Any] | None]
+    frame: DataFrame, inputs_of: Callable[[Any], list[Any] | None], collapse: int | None = None
 ) -> list[tuple[list[Any], list[Any]]] | None:
     """Per input of the stateful node in ``frame``'s analysed plan: its output
     attributes, and the conjuncts of the filter that Spark's pushdown rules leave right
     above it. ``inputs_of`` gives the input subtrees of the stateful node (or ``[node]``
-    when the node is itself the one input), None for other nodes."""
+    when the node is itself the one input), None for other nodes.
+
+    With ``collapse``, that input is taken as Spark plans it in a batch where its
+    sources have no new rows: its leaves are empty relations (``PruneFilters`` makes
+    one of each under ``Filter(false)``), and ``PropagateEmptyRelation`` folds what it
+    can above them into one empty relation. (Spark's would stop at an
+    ``EventTimeWatermark``, which lockgate's templates do not have: the join takes a side
+    with a ``withWatermark`` as never empty, ``planner._empty_sides``.)"""
     jvm = frame.sparkSession.sparkContext._jvm
     # One marker (see with_marker) over each input, each with a seed of its own.
     spark = frame.sparkSession
     outputs: list[list[Any]] = []
+    optimizer = "org.apache.spark.sql.catalyst.optimizer."
+    emptying = [jvm_name(jvm, optimizer + r + "$.MODULE$") for r in ("PruneFilters", "PropagateEmptyRelation")]
+
+    def emptied(plan: Any) -> Any:
+        children = seq(plan.children())
+        if not children:
+            false = jvm_name(jvm, "org.apache.spark.sql.catalyst.expressions.Literal$.MODULE$").FalseLiteral()
+            return jvm.org.apache.spark.sql.catalyst.plans.logical.Filter(false, plan)
+        return plan.withNewChildren(scala_list(jvm, [emptied(c) for c in children]))
 
     def marked(subtree: Any) -> Any:
+        if len(outputs) == collapse:
+            subtree = fixed_point(emptying, emptied(subtree))
         outputs.append(seq(subtree.output()))
         return with_marker(spark, subtree, _MARKER_SEED - len(outputs) + 1)
 
@@ -501,7 +551,6 @@ def _conjuncts_at_inputs(
     # Spark's optimizer drops subquery aliases (``df.alias``) first: they stop no filter
     analysis = "org.apache.spark.sql.catalyst.analysis."
     plan = jvm_name(jvm, analysis + "EliminateSubqueryAliases$.MODULE$").apply(plan)
-    optimizer = "org.apache.spark.sql.catalyst.optimizer."
     # as Spark's optimizer orders them: its "Operator Optimization" batches (to a fixed
     # point) around "Infer Filters" (once)
     # The expression rules fold what is constant first: a side filtered by a term that

@@ -41,8 +41,8 @@ from lockgate.plan.join.condition import (
     state_watermark_ms,
 )
 from lockgate.plan.join.task import JoinTask, run_join_task
-from lockgate.plan.nodes import PlanNode
-from lockgate.plan.pushdown import all_of, push_inferred_into_join
+from lockgate.plan.nodes import EventTimeWatermark, PlanNode, StreamingRelation
+from lockgate.plan.pushdown import all_of, inferred_for_join
 from lockgate.plan.state_udf import map_with_state
 from lockgate.plan.stateful import (
     OutputColumn,
@@ -156,6 +156,12 @@ class StreamJoin(StatefulOperator):
     Spark filters the side's batch by them before the join: below the side's
     ``withWatermark`` too when they do not read its event-time column
     (:mod:`lockgate.plan.pushdown`)."""
+    inferred: tuple[tuple[Column, ...], tuple[Column, ...]] = ((), ())
+    """Per side: conjuncts Spark's ``InferFiltersFromConstraints`` carries across the key
+    equality from the other side's own filters (``b.k > 5`` from ``a.k > 5`` below the
+    join). Spark filters the side by them only in a batch where the other side has new
+    rows: without, the other side is one empty relation in Spark's plan, with no
+    constraints (:func:`~lockgate.plan.pushdown.inferred_for_join`)."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -575,7 +581,11 @@ def make_stream_join(
         pushdown=(tuple(pushdown[LEFT]), tuple(pushdown[RIGHT])),
     )
     # what Spark infers from the key equality and the sides' filters
-    node = push_inferred_into_join(node, template)
+    found = inferred_for_join(template)
+    if found is not None:
+        always, inferred = found
+        node = node.with_input_filters(always) or node
+        node = replace(node, inferred=(tuple(inferred[LEFT]), tuple(inferred[RIGHT])))
     # the projection must give exactly Spark's output columns
     spark = template.sparkSession
     probe = spark.createDataFrame([], _joined_schema(node)).select(*_output_columns(node))
@@ -785,6 +795,33 @@ def _reads_stateful(plan: PlanNode) -> bool:
     return bool(stateful_operators(plan))
 
 
+def _empty_sides(node: StreamJoin, ctx: StatefulContext) -> tuple[bool, bool]:
+    """Per side: whether Spark's plan of this batch reads it as one empty relation, every
+    source under it without new rows (``ctx.shape`` starts with the set of those). Spark
+    infers nothing across the join from such a side (``StreamJoin.inferred``).
+
+    Not a side with a ``withWatermark``: Spark's ``PropagateEmptyRelation`` does not fold
+    an ``EventTimeWatermark``, and it runs before filters are pushed below one, so the
+    filters above it keep their constraints (those below it would not: lockgate's
+    templates have no ``EventTimeWatermark`` to tell them apart, and keeps them all, a
+    known difference). Nor a side reading another stateful operator, whose state can
+    give rows in a batch without input."""
+    shape = ctx.shape
+    empty = shape[0] if isinstance(shape, tuple) and shape and isinstance(shape[0], frozenset) else frozenset()
+
+    def alone(plan: PlanNode) -> bool:
+        nodes = list(plan.walk())
+        relations = [n for n in nodes if isinstance(n, StreamingRelation)]
+        return (
+            bool(relations)
+            and all(id(r) in empty for r in relations)
+            and not any(isinstance(n, EventTimeWatermark) for n in nodes)
+            and not stateful_operators(plan)
+        )
+
+    return alone(node.left), alone(node.right)
+
+
 def build_stream_join(
     node: StreamJoin,
     left: DataFrame,
@@ -832,9 +869,15 @@ def build_stream_join(
         return lcols, rcols, key_cols, F.pmod(F.hash(*key_cols), F.lit(n))
 
     lcols, rcols, key_cols, pid = ctx.cache.get(node, f"tagging/{n}", tagging)
+    empty = _empty_sides(node, ctx)
     for side, conditions in enumerate(node.pushdown):
+        with_inferred = not empty[1 - side]
+        if with_inferred:
+            conditions = conditions + node.inferred[side]
         if conditions:
-            condition = ctx.cache.get(node, f"pushdown/{side}", lambda c=conditions: all_of(list(c)))
+            condition = ctx.cache.get(
+                node, f"pushdown/{side}/{with_inferred}", lambda c=conditions: all_of(list(c))
+            )
             if side == LEFT:
                 left = frame(left, left._jdf.filter(condition._jc))
             else:
