@@ -615,7 +615,7 @@ class MicroBatchExecution(StreamExecution):
             for op in self._stateful_ops
         )
 
-    def _stateful_context(self, shape: Hashable) -> StatefulContext | None:
+    def _stateful_context(self, shape: Hashable, empty_sources: frozenset[int]) -> StatefulContext | None:
         if not self._stateful_ops:
             return None
         conf = self.spark.conf
@@ -637,6 +637,7 @@ class MicroBatchExecution(StreamExecution):
             checkpoint_id=self.id,
             cache=self.plan_cache,
             shape=shape,
+            empty_sources=empty_sources,
             dedups_by_row=frozenset(self._dedups_by_row),
             operator_watermarks=self._operator_watermarks() if self._watermark_nodes else None,
             max_state_tasks=self._max_state_tasks,
@@ -704,7 +705,7 @@ class MicroBatchExecution(StreamExecution):
             elif updated < HOST_BELOW_ROWS:
                 self._hosted_ops.discard(op_id)
 
-    def _choose_dedup_grouping(self, progress: list[dict[str, Any]]) -> None:
+    def _choose_dedup_grouping(self, metrics: dict[int, dict[str, int]]) -> None:
         """After a batch with data: which deduplications send their rows as they are
         next batch. Grouping a batch by key in Spark first (``lockgate.plan.dedup``)
         costs two aggregations and a shuffle more, and pays when keys repeat within a
@@ -712,30 +713,35 @@ class MicroBatchExecution(StreamExecution):
         keys of earlier batches (which the state step drops either way), it only costs.
         Keys of a batch with at most :data:`DEDUP_BY_ROW_BELOW` of its rows repeating a
         key of the same batch, or of fewer than :data:`DEDUP_MIN_ROWS` rows, go row by
-        row; at least :data:`DEDUP_GROUPED_ABOVE`, grouped again."""
-        raw: dict[str, int] = dict(self._state_metrics.value or {}) if self._state_metrics is not None else {}
-        for op_id, op in enumerate(progress):
-            if op.get("operatorName") not in ("dedupe", "dedupeWithinWatermark"):
+        row; at least :data:`DEDUP_GROUPED_ABOVE`, grouped again. ``metrics``: the
+        batch's summed task metrics per operator id."""
+        for op_id, op in enumerate(self._stateful_ops):
+            if op.operator_name not in ("dedupe", "dedupeWithinWatermark"):
                 continue
-            dropped = int((op.get("customMetrics") or {}).get("numDroppedDuplicateRows") or 0)
-            rows = dropped + int(op.get("numRowsUpdated") or 0)
-            duplicates = int(raw.get(f"{op_id}.{REPEATED_IN_BATCH}", dropped))
+            m = metrics.get(op_id, {})
+            rows = m.get("numDroppedDuplicateRows", 0) + m.get("numRowsUpdated", 0)
+            duplicates = m.get(REPEATED_IN_BATCH, 0)
             if rows < DEDUP_MIN_ROWS or duplicates <= DEDUP_BY_ROW_BELOW * rows:
                 self._dedups_by_row.add(op_id)
             elif duplicates >= DEDUP_GROUPED_ABOVE * rows:
                 self._dedups_by_row.discard(op_id)
 
-    def _state_operator_progress(self, stateful: StatefulContext | None) -> list[dict[str, Any]]:
-        if stateful is None:
-            return []
-        values: dict[str, int] = dict(self._state_metrics.value or {})
+    def _operator_metrics(self) -> dict[int, dict[str, int]]:
+        """The batch's state task metrics, summed over its tasks, per operator id."""
         per_operator: dict[int, dict[str, int]] = {}
-        for name, value in values.items():
+        for name, value in dict(self._state_metrics.value or {}).items():
             op_id, _, metric = name.partition(".")
             if op_id.isdigit():
                 per_operator.setdefault(int(op_id), {})[metric] = value
+        return per_operator
+
+    def _state_operator_progress(
+        self, stateful: StatefulContext | None, metrics: dict[int, dict[str, int]]
+    ) -> list[dict[str, Any]]:
+        if stateful is None:
+            return []
         return [
-            op.progress(per_operator.get(op_id, {}), stateful.num_partitions)
+            op.progress(metrics.get(op_id, {}), stateful.num_partitions)
             for op_id, op in enumerate(self._stateful_ops)
         ]
 
@@ -785,7 +791,7 @@ class MicroBatchExecution(StreamExecution):
                 slot.relation_id for slot in self._slots if counts.get(slot.index) == 0
             )
             shape = (empty_sources, frozenset(self._dedups_by_row))
-            stateful = self._stateful_context(shape)
+            stateful = self._stateful_context(shape, empty_sources)
             execution = IncrementalExecution(
                 self.plan,
                 frames,
@@ -822,10 +828,11 @@ class MicroBatchExecution(StreamExecution):
         self.watermark_tracker.update(
             [stats["max"] if stats else None for stats in event_stats]
         )
-        self._last_state_progress = self._state_operator_progress(stateful)
+        metrics = self._operator_metrics() if stateful is not None else {}
+        self._last_state_progress = self._state_operator_progress(stateful, metrics)
         if any(counts.values()):
             self._choose_hosted(self._last_state_progress)
-            self._choose_dedup_grouping(self._last_state_progress)
+            self._choose_dedup_grouping(metrics)
         if output_obs is None:  # the sink counted them (Sink.counts_output_rows)
             num_output_rows = -1 if written is None else int(written)
         else:

@@ -265,6 +265,9 @@ class StatefulContext:
     shape: Hashable = frozenset()
     """Which sources have an empty batch, and ``dedups_by_row``: the key of cached
     schemas and of the batch plans later batches reuse."""
+    empty_sources: frozenset[int] = frozenset()
+    """The ``id`` of each source relation (``StreamingRelation``) without new rows this
+    batch, which Spark reads as an empty relation."""
     dedups_by_row: frozenset[int] = frozenset()
     """The deduplications (operator ids) that send the batch's rows to their state step
     as they are this batch, instead of grouped by key in Spark first: the engine's

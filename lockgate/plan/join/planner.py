@@ -797,7 +797,7 @@ def _reads_stateful(plan: PlanNode) -> bool:
 
 def _empty_sides(node: StreamJoin, ctx: StatefulContext) -> tuple[bool, bool]:
     """Per side: whether Spark's plan of this batch reads it as one empty relation, every
-    source under it without new rows (``ctx.shape`` starts with the set of those). Spark
+    source under it without new rows (``ctx.empty_sources``). Spark
     infers nothing across the join from such a side (``StreamJoin.inferred``).
 
     Not a side with a ``withWatermark``: Spark's ``PropagateEmptyRelation`` does not fold
@@ -806,8 +806,7 @@ def _empty_sides(node: StreamJoin, ctx: StatefulContext) -> tuple[bool, bool]:
     templates have no ``EventTimeWatermark`` to tell them apart, and keeps them all, a
     known difference). Nor a side reading another stateful operator, whose state can
     give rows in a batch without input."""
-    shape = ctx.shape
-    empty = shape[0] if isinstance(shape, tuple) and shape and isinstance(shape[0], frozenset) else frozenset()
+    empty = ctx.empty_sources
 
     def alone(plan: PlanNode) -> bool:
         nodes = list(plan.walk())
