@@ -287,13 +287,13 @@ class _Side:
         return list(expired.values()) if keep else len(expired)
 
     def remove_where(self, pred: Callable[[tuple[Any, ...], Any], bool]) -> list[tuple[Any, ...]]:
-        removed = []
-        for k, v in self.store.items():
-            if pred(k[:-1], v):
-                self.store.remove(k)
-                self.aux.discard(k)
-                removed.append(v)
-        return removed
+        gone = [(k, v) for k, v in self.store.map.items() if pred(k[:-1], v)]
+        if gone:
+            self.store.remove_many([k for k, _ in gone])
+            discard = self.aux.discard
+            for k, _ in gone:
+                discard(k)
+        return [v for _, v in gone]
 
 
 _WINDOW_MICROS: dict[tuple[Any, ...], int | None] = {}
