@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import DoubleType, StructField, StructType
 
 from lockgate.compat import override
 from lockgate.errors import ArithmeticOverflowError
+from lockgate.plan.aggregate_folds import fold_moments
 from lockgate.plan.aggregate_functions import (
     AggSpec,
     buffer_merger,
@@ -238,6 +239,29 @@ class KeyLayout:
 
 
 @dataclass(frozen=True)
+class MomentFold:
+    """A central-moment function's batch values (a list column of the batch) and the
+    buffers (n, avg, m2[, m3[, m4]]) the state step folds them into
+    (:func:`~lockgate.plan.aggregate_folds.fold_moments`)."""
+
+    values: str
+    buffers: tuple[str, ...]
+
+
+def fold_batch(batch: pa.RecordBatch, folds: tuple[MomentFold, ...]) -> pa.RecordBatch:
+    """``batch`` with each fold's values column replaced by its folded buffers."""
+    columns = dict(zip(batch.schema.names, batch.columns))
+    for fold in folds:
+        lists = columns.pop(fold.values)
+        values = lists.flatten().to_numpy(zero_copy_only=False).tolist()
+        lengths = lists.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).tolist()
+        folded = fold_moments(values, lengths, len(fold.buffers) - 1)
+        for name, column in zip(fold.buffers, folded):
+            columns[name] = pa.array(column, type=pa.float64())
+    return pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
+
+
+@dataclass(frozen=True)
 class AggregateTask:
     """What each state task needs; pickled into the task closure (not persisted)."""
 
@@ -253,6 +277,8 @@ class AggregateTask:
     out_schema: pa.Schema
     accumulator: Any
     operator_id: int
+    folds: tuple[MomentFold, ...] = ()
+    """Central moments whose batch buffers the step folds from the batch's values."""
 
 
 def batch_values(column: Any, micros: bool = True) -> list[Any]:
@@ -270,6 +296,8 @@ def run_aggregate_task(task: AggregateTask, partition: int, batches: Any) -> Any
 
     task = with_batch_params(task, task.store.checkpoint_id)
     t_start = time.perf_counter()
+    if task.folds:
+        batches = [fold_batch(b, task.folds) for b in batches if b.num_rows]
     store = StateStore(task.store, partition, task.version - 1)
     n_keys = len(task.store.key_schema)
     key_names = [f.name for f in task.store.key_schema]
@@ -598,20 +626,34 @@ def flatten_columns(
 
 def aggregate_state_layout(
     node: Aggregate, child: DataFrame, ctx: StatefulContext
-) -> tuple[DataFrame, list[KeyLayout], list[str]]:
-    """Partial aggregation, partitioning check column and flat key layout."""
+) -> tuple[DataFrame, list[KeyLayout], list[str], tuple[MomentFold, ...]]:
+    """Partial aggregation, partitioning check column, flat key layout, the buffers' names,
+    and the moments the state step folds (their buffers are not columns of the batch)."""
     key_count = len(node.key_names)
 
-    def partial_columns() -> tuple[list[str], list[Column]]:
+    def partial_columns() -> tuple[list[str], list[Column], tuple[MomentFold, ...]]:
         names = UniqueNames()
         # Keys first, so buffers never take a name a key column needs.
         for key in node.key_names:
             names.take(key)
         agg_names = [f.name for f in node.aggregate_fields]
         buffers = buffer_names(node.specs, agg_names, names)
-        return buffers, aliased_partials(node.specs, buffers)
+        partials = aliased_partials(node.specs, buffers)
+        columns: list[Column] = []
+        folds: list[MomentFold] = []
+        position = 0
+        for spec, out in zip(node.specs, agg_names):
+            width = len(spec.partials)
+            if spec.values is None:
+                columns += partials[position : position + width]
+            else:
+                values = names.take(f"{out}_values")
+                columns.append(spec.values.alias(values))
+                folds.append(MomentFold(values, tuple(buffers[position : position + width])))
+            position += width
+        return buffers, columns, tuple(folds)
 
-    buffers, partials = ctx.cache.get(node, "partials", partial_columns)
+    buffers, partials, folds = ctx.cache.get(node, "partials", partial_columns)
     if all(isinstance(g, (str, Column)) for g in node.grouping):
         grouping = ctx.cache.java_columns(node, "grouping", lambda: list(node.grouping))
         rest = ctx.cache.java_columns(node, "partials", lambda: partials[1:])
@@ -642,14 +684,14 @@ def aggregate_state_layout(
 
     def flat_columns() -> tuple[list[Column], list[KeyLayout]]:
         key_names = UniqueNames()
-        for b in buffers:
+        for b in buffers + [fold.values for fold in folds]:
             key_names.take(b)
         return flatten_columns(partial.schema, key_count, key_names)
 
     selected, layouts = ctx.cache.get(node, "flat", flat_columns)
     flat = frame(partial, partial._jdf.select(ctx.cache.java_columns(node, "flat", lambda: selected)))
     ctx.schema_of(node, flat, "flat")
-    return flat, layouts, buffers
+    return flat, layouts, buffers, folds
 
 
 def aggregate_params(node: Aggregate, ctx: StatefulContext, batch_id: int) -> dict[str, Any]:
@@ -678,12 +720,13 @@ def build_aggregate(
     from functools import partial as bind
 
     child = filtered_input(node, child, ctx)
-    flat, layouts, buffer_cols = aggregate_state_layout(node, child, ctx)
+    flat, layouts, buffer_cols, folds = aggregate_state_layout(node, child, ctx)
     num_partitions = ctx.num_partitions if layouts else 1
     tz = ctx.session_timezone
     flat_key_names = [n for layout in layouts for n in layout.flat]
     key_fields = [flat.schema[n] for n in flat_key_names]
-    value_fields = [flat.schema[n] for n in buffer_cols]
+    folded = {n for fold in folds for n in fold.buffers}
+    value_fields = [StructField(n, DoubleType()) if n in folded else flat.schema[n] for n in buffer_cols]
     key_schema = schema_to_arrow(StructType(key_fields), tz)
     value_schema = schema_to_arrow(StructType(value_fields), tz)
     store = StateStoreConf(
@@ -716,6 +759,7 @@ def build_aggregate(
         out_schema=schema_to_arrow(out_struct, tz),
         accumulator=ctx.accumulator,
         operator_id=operator_id,
+        folds=folds,
     )
     params = aggregate_params(node, ctx, batch_id)
     stateful = map_with_state(
