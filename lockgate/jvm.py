@@ -105,6 +105,36 @@ def map_in_arrow(df: DataFrame, call: Column) -> DataFrame:
     return PySparkDataFrame(df._jdf.mapInArrow(call._jc, False, None), df.sparkSession)
 
 
+def cast_columns(df: DataFrame, schema: Any) -> DataFrame:
+    """``df`` with each column whose type differs from the one ``schema`` (a
+    ``StructType``) has at the same position cast to it; ``df`` itself when none differs.
+
+    Spark casts a struct's fields by position, so this renames nested fields: those of
+    structs with duplicated field names, which cross into Arrow under the unique names
+    of :func:`~lockgate.state.arrow_types.unique_field_names` and come back under
+    Spark's."""
+    from pyspark.sql import functions as F
+
+    from lockgate.errors import NotSupportedYetError
+
+    fields = df.schema.fields
+    if all(f.dataType == t.dataType for f, t in zip(fields, schema.fields)):
+        return df
+    if len({f.name for f in fields}) < len(fields):
+        raise NotSupportedYetError(
+            "A struct with duplicated field names in rows that also have two columns of one name",
+            f"The rows are {df.schema.simpleString()!r}; give the columns distinct names.",
+        )
+    return df.select(
+        *[
+            F.col(quoted(f.name))
+            if f.dataType == t.dataType
+            else F.col(quoted(f.name)).cast(t.dataType).alias(f.name, metadata=f.metadata)
+            for f, t in zip(fields, schema.fields)
+        ]
+    )
+
+
 class ArrowMapOver:
     """:func:`map_in_arrow` of one UDF call over the DataFrames of a run, each batch's
     ``MapInArrow`` node copied from the first one's over the batch's plan, so a batch

@@ -606,9 +606,10 @@ def flatten_columns(
         # end is the event time; it never has null fields). Any other nullable struct
         # stays one column, which the state store groups by its fields and its validity:
         # flattened, a null struct and a struct of nulls would be one group, where Spark
-        # has two.
+        # has two. A struct with duplicated field names stays one column too: its
+        # fields cannot be selected by name.
         if isinstance(key_field.dataType, StructType) and (
-            not key_field.nullable
+            (not key_field.nullable and len(set(key_field.dataType.names)) == len(key_field.dataType.names))
             or "spark.timeWindow" in (key_field.metadata or {})
             or _window_shaped(key_field.dataType)
         ):

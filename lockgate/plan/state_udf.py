@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from lockgate.state import host
+from lockgate.state.arrow_types import unique_column_types
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -219,7 +220,7 @@ def map_with_state(
     and the operator runs in no more tasks than there are cores; it does in the batches
     the driver chooses (``MicroBatchExecution``, by the rows the step updates).
     """
-    from lockgate.jvm import arrow_map_call, map_in_arrow
+    from lockgate.jvm import arrow_map_call, cast_columns, map_in_arrow
 
     ctx.batch_params[operator_id] = params
     shape = repr(ctx.shape)
@@ -230,11 +231,12 @@ def map_with_state(
     may_host = hosted and ctx.state_hosts and tasks <= (ctx.max_state_tasks or 0)
 
     columns = tuple(df.columns)
+    arrow_schema = unique_column_types(return_schema)
 
     def make_call() -> Any:
         host = (ctx.checkpoint_id, operator_id) if may_host else None
         function = partitioned(make_function(), num_partitions, tasks, host)
-        return arrow_map_call(function, return_schema, columns)
+        return arrow_map_call(function, arrow_schema, columns)
 
     call = ctx.cache.get(owner, f"state_udf_call/{shape}/{columns}", make_call)
-    return map_in_arrow(df, call)
+    return cast_columns(map_in_arrow(cast_columns(df, unique_column_types(df.schema)), call), return_schema)

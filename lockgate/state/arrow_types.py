@@ -139,9 +139,11 @@ def _flat_type(text: str) -> pa.DataType:
 
 # -- from Spark's types -------------------------------------------------------------------
 def spark_type_to_arrow(data_type: Any, timezone: str) -> pa.DataType:
-    """The Arrow type PySpark gives a Spark SQL ``data_type`` (timestamps in ``timezone``)."""
+    """The Arrow type PySpark gives a Spark SQL ``data_type`` (timestamps in ``timezone``),
+    its nested fields under :func:`unique_field_names`."""
     from pyspark.sql.pandas.types import to_arrow_type
 
+    data_type = unique_field_names(data_type)
     try:
         return to_arrow_type(data_type, timezone=timezone)
     except TypeError:  # older signature
@@ -151,3 +153,135 @@ def spark_type_to_arrow(data_type: Any, timezone: str) -> pa.DataType:
 def schema_to_arrow(schema: Any, timezone: str) -> pa.Schema:
     """The Arrow schema of a Spark ``StructType``, every field nullable (state columns)."""
     return pa.schema([pa.field(f.name, spark_type_to_arrow(f.dataType, timezone), True) for f in schema.fields])
+
+
+# -- structs with duplicated field names ----------------------------------------------------
+# Spark allows a struct two fields of one name (``struct(col, col)``, two aliases ``x``,
+# a struct of a join's columns), Arrow does not: Spark refuses to send such a struct to
+# Python (DUPLICATED_FIELD_NAME_IN_ARROW_STRUCT) and pyarrow cannot turn it into Python
+# values. Between the JVM and a state step such a struct's repeated names carry a
+# numbered suffix, one both sides derive from the Spark type; Spark casts them on the
+# way in and back on the way out (structs cast by position), and the state schema file
+# shows the names Spark gave them (:func:`spark_names`).
+_DUPLICATE = "#lockgate"
+_DUPLICATE_SUFFIX = re.compile(re.escape(_DUPLICATE) + r"\d+$")
+
+
+def unique_field_names(data_type: Any) -> Any:
+    """``data_type`` (a Spark SQL type) with the repeated names of every struct at any
+    depth made unique: the second ``ts`` of ``struct<ts, ts>`` becomes ``ts#lockgate1``.
+    The same object when no struct repeats a name; the top level of a schema (a
+    DataFrame's columns) is kept as it is."""
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(data_type, ArrayType):
+        element = unique_field_names(data_type.elementType)
+        if element is data_type.elementType:
+            return data_type
+        return ArrayType(element, data_type.containsNull)
+    if isinstance(data_type, MapType):
+        key, value = unique_field_names(data_type.keyType), unique_field_names(data_type.valueType)
+        if key is data_type.keyType and value is data_type.valueType:
+            return data_type
+        return MapType(key, value, data_type.valueContainsNull)
+    if not isinstance(data_type, StructType):
+        return data_type
+    types = [unique_field_names(f.dataType) for f in data_type.fields]
+    names = _unique(data_type.names)
+    if names == data_type.names and all(t is f.dataType for t, f in zip(types, data_type.fields)):
+        return data_type
+    return StructType(
+        [StructField(n, t, f.nullable, f.metadata) for n, t, f in zip(names, types, data_type.fields)]
+    )
+
+
+def unique_column_types(schema: Any) -> Any:
+    """A DataFrame's schema with :func:`unique_field_names` in each column's type (the
+    column names stay: Arrow allows a batch two columns of one name)."""
+    from pyspark.sql.types import StructField, StructType
+
+    fields = [StructField(f.name, unique_field_names(f.dataType), f.nullable, f.metadata) for f in schema.fields]
+    if all(f.dataType is g.dataType for f, g in zip(fields, schema.fields)):
+        return schema
+    return StructType(fields)
+
+
+def _unique(names: list[str]) -> list[str]:
+    if len(set(names)) == len(names):
+        return names
+    taken = set(names)
+    seen: set[str] = set()
+    result = []
+    for name in names:
+        unique, n = name, 0
+        while unique in seen or (unique != name and unique in taken):
+            n += 1
+            unique = f"{name}{_DUPLICATE}{n}"
+        seen.add(unique)
+        result.append(unique)
+    return result
+
+
+def unique_arrow_names(t: pa.DataType) -> pa.DataType:
+    """:func:`unique_field_names` of an Arrow type: the type :func:`spark_type_to_arrow`
+    gives the Spark type that ``t`` is the Arrow type of (a state schema file's type,
+    written under Spark's names, read back as the state files hold it)."""
+    if pa.types.is_struct(t):
+        fields = [t.field(i) for i in range(t.num_fields)]
+        names = _unique([f.name for f in fields])
+        return pa.struct([pa.field(n, unique_arrow_names(f.type), f.nullable, f.metadata) for n, f in zip(names, fields)])
+    if pa.types.is_map(t):
+        key, item = t.key_field, t.item_field
+        return pa.map_(
+            key.with_type(unique_arrow_names(key.type)), item.with_type(unique_arrow_names(item.type)), keys_sorted=t.keys_sorted
+        )
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(unique_arrow_names(t.value_type)), t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(unique_arrow_names(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(unique_arrow_names(t.value_type)))
+    return t
+
+
+def spark_field_names(data_type: Any) -> Any:
+    """``data_type`` (a Spark SQL type of :func:`unique_field_names`) with the names
+    Spark gives its fields at any depth, the suffixes taken off again."""
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(data_type, ArrayType):
+        return ArrayType(spark_field_names(data_type.elementType), data_type.containsNull)
+    if isinstance(data_type, MapType):
+        return MapType(
+            spark_field_names(data_type.keyType), spark_field_names(data_type.valueType), data_type.valueContainsNull
+        )
+    if not isinstance(data_type, StructType):
+        return data_type
+    return StructType(
+        [
+            StructField(_DUPLICATE_SUFFIX.sub("", f.name), spark_field_names(f.dataType), f.nullable, f.metadata)
+            for f in data_type.fields
+        ]
+    )
+
+
+def spark_names(t: pa.DataType) -> pa.DataType:
+    """``t`` (an Arrow type of :func:`spark_type_to_arrow`) with the names Spark gives
+    its nested fields, the suffixes :func:`unique_field_names` added taken off again."""
+    if pa.types.is_struct(t):
+        return pa.struct([spark_names_field(t.field(i)) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(spark_names_field(t.key_field), spark_names_field(t.item_field), keys_sorted=t.keys_sorted)
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(spark_names_field(t.value_field), t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(spark_names_field(t.value_field))
+    if pa.types.is_list(t):
+        return pa.list_(spark_names_field(t.value_field))
+    return t
+
+
+def spark_names_field(field: pa.Field) -> pa.Field:
+    """``field`` under the name Spark gives it, its type under :func:`spark_names`."""
+    name = _DUPLICATE_SUFFIX.sub("", field.name)
+    return pa.field(name, spark_names(field.type), field.nullable, field.metadata)

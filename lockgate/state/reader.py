@@ -26,7 +26,8 @@ import pyarrow as pa
 from lockgate.checkpoint import CommitLog
 from lockgate.checkpoint.fs import resolve_filesystem
 from lockgate.errors import CheckpointError, NotSupportedYetError, StateDataSourceError
-from lockgate.state.arrow_types import schema_to_arrow
+from lockgate.jvm import cast_columns
+from lockgate.state.arrow_types import schema_to_arrow, spark_field_names
 from lockgate.state.schema import (
     SESSION_WINDOW_NAME,
     STREAM_JOIN_NAME,
@@ -350,7 +351,7 @@ def read_state(
         result = result.select(
             *[result[c] if c != "value" else result["value"].cast(renamed).alias("value") for c in result.columns]
         )
-    return result
+    return cast_columns(result, spark_field_names(result.schema))
 
 
 def _check_change_feed_options(
@@ -595,7 +596,8 @@ def _read_transform_with_state(
             _read_variable_partition, conf, batch_id + 1, out_arrow, kind, ttl, flatten,
             snapshot=None if snapshot is None else snapshot[0],
         )
-    return ids.mapInArrow(read, out)
+    result = ids.mapInArrow(read, out)
+    return cast_columns(result, spark_field_names(result.schema))
 
 
 def _with_ttl(value: pa.Array, expiration: pa.Array | None) -> pa.Array:

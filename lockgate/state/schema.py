@@ -21,7 +21,13 @@ import pyarrow as pa
 from lockgate.checkpoint.checksum import ChecksumMismatchError, read_checked, write_checked
 from lockgate.checkpoint.fs import CheckpointFileSystem
 from lockgate.errors import CheckpointError
-from lockgate.state.arrow_types import field_from_json, field_to_json, parse_arrow_type
+from lockgate.state.arrow_types import (
+    field_from_json,
+    field_to_json,
+    parse_arrow_type,
+    spark_names,
+    unique_arrow_names,
+)
 from lockgate.state.operator_metadata import OperatorMetadata, write_operator_metadata
 
 FORMAT_VERSION = 1
@@ -138,10 +144,10 @@ class OperatorStateSchema:
                 "operatorId": self.operator_id,
                 "operatorName": self.operator_name,
                 "numPartitions": self.num_partitions,
-                "keySchema": _fields(self.key_schema),
-                "valueSchema": _fields(self.value_schema),
-                "keyFields": [field_to_json(f) for f in self.key_schema],
-                "valueFields": [field_to_json(f) for f in self.value_schema],
+                "keySchema": _fields(_spark_named(self.key_schema)),
+                "valueSchema": _fields(_spark_named(self.value_schema)),
+                "keyFields": [field_to_json(f) for f in _spark_named(self.key_schema)],
+                "valueFields": [field_to_json(f) for f in _spark_named(self.value_schema)],
             },
             indent=1,
         )
@@ -320,8 +326,8 @@ def _check_or_write_schema(
             raise CheckpointError(
                 f"[{error_class}] Provided {which} schema does not match existing state "
                 f"{which} schema. Please check number and type of fields. Existing "
-                f"{which}_schema={_fields(old_schema)} and new {which}_schema="
-                f"{_fields(new_schema)}. If you want to force running the query without "
+                f"{which}_schema={_fields(_spark_named(old_schema))} and new {which}_schema="
+                f"{_fields(_spark_named(new_schema))}. If you want to force running the query without "
                 "schema validation, please set spark.sql.streaming.stateStore.stateSchemaCheck "
                 "to false. However, please note that running the query with incompatible "
                 f"schema could cause non-deterministic behavior. (The query's {op}{variable}, "
@@ -404,10 +410,21 @@ def spark_type_string(t: pa.DataType) -> str:
 
 def stored_schema(meta: dict, which: str) -> pa.Schema:  # type: ignore[type-arg]
     """The key or value schema of a state schema file: from its tree form, or from the
-    type renderings of files written before it had one."""
+    type renderings of files written before it had one; a struct with duplicated field
+    names as the state files hold it (:func:`_spark_named`)."""
     if f"{which}Fields" in meta:
-        return pa.schema([field_from_json(f) for f in meta[f"{which}Fields"]])
-    return pa.schema([pa.field(n, parse_arrow_type(t)) for n, t in meta.get(f"{which}Schema", [])])
+        fields = [field_from_json(f) for f in meta[f"{which}Fields"]]
+    else:
+        fields = [pa.field(n, parse_arrow_type(t)) for n, t in meta.get(f"{which}Schema", [])]
+    return pa.schema([f.with_type(unique_arrow_names(f.type)) for f in fields])
+
+
+def _spark_named(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with the nested field names Spark gives its columns: a struct with
+    duplicated field names is held under unique names
+    (:func:`~lockgate.state.arrow_types.unique_field_names`), and the schema file shows
+    it as Spark's own state schema does; :func:`stored_schema` reads it back."""
+    return pa.schema([f.with_type(spark_names(f.type)) for f in schema])
 
 
 def schemas_compatible(stored: pa.Schema, new: pa.Schema) -> bool:

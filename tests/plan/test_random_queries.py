@@ -29,9 +29,6 @@ KNOWN = {
     # scan (a JSON reader applies the filter: 0 rows on both, tests/plan/join/
     # test_join_folded_filters.py)
     203: "parquet side under a filter folded to false: native counts its rows, lockgate 0",
-    # max(struct("ts", "ts")): a struct with two fields of one name goes through Arrow in
-    # lockgate's state step, which Spark refuses (DUPLICATED_FIELD_NAME_IN_ARROW_STRUCT)
-    353: "a struct with duplicated field names in an aggregation: lockgate's Arrow step fails",
     # limit(n) over parquet: Spark's vectorized reader counts a whole columnar batch (the
     # file's rows) in numInputRows, lockgate counts the rows its local limit reads (as
     # Spark does for JSON); numInputRows is counted in pushdown.py, not mine to change
