@@ -29,6 +29,7 @@ from lockgate.errors import (
     StreamingQueryException,
 )
 from lockgate.sinks import Sink, SinkProvider, register_sink
+from lockgate.sinks.kafka_jvm import jars
 from lockgate.sources import ReadLimit, Source, SourceProvider, register_source
 from lockgate.testing import ManualClock, MemoryStream
 
@@ -60,6 +61,7 @@ __all__ = [
     "StreamingQueryManager",
     "StreamingSession",
     "SystemClock",
+    "jars",
     "register_sink",
     "register_source",
     "session",

@@ -20,13 +20,14 @@ def spark():
     import lockgate
 
     builder = SparkSession.builder
-    # Spark's Kafka connector for the oracle, when tools/fetch_kafka.sh has fetched it;
-    # other tests do not depend on it.
+    # Spark's Kafka connector for the oracle, when tools/fetch_kafka.sh has fetched it
+    # (other tests do not depend on it),
     from bench.kafka_broker import connector_jars
 
-    kafka_jars = connector_jars()
-    if kafka_jars:
-        builder = builder.config("spark.jars", kafka_jars)
+    # and lockgate's own jar (the exactly-once Kafka sink's JVM writer) when it was built
+    jars = [j for j in (connector_jars() or "").split(",") if j] + lockgate.jars()
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
     session = (
         builder.master("local[2]")
         .appName("lockgate-tests")

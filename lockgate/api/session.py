@@ -156,8 +156,13 @@ def session(spark: SparkSession | None = None) -> StreamingSession:
         if spark is None:
             _check_java()
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            from lockgate.sinks.kafka_jvm import jars
+
+            builder = SparkSession.builder
+            if jars():  # the exactly-once Kafka sink's JVM writer (docs/kafka.md)
+                builder = builder.config("spark.jars", ",".join(jars()))
             spark = (
-                SparkSession.builder.master("local[*]")
+                builder.master("local[*]")
                 .appName("lockgate")
                 .config("spark.sql.shuffle.partitions", str(max(2, (os.cpu_count() or 2))))
                 .config(map=spark_conf())

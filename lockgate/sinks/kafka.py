@@ -35,6 +35,11 @@ anything that goes wrong with it (fenced by another producer of its id, an error
 reported since its last use, a timeout) aborts its transaction and writes the partition
 again with a new producer.
 
+The writes above are librdkafka's. When the session has lockgate's jar and Kafka's Java
+client (``spark.lockgate.kafka.transactionalWriter``, :mod:`lockgate.sinks.kafka_jvm`),
+the same protocol (same transactional ids and markers) runs in the JVM instead: no Python
+stage, no producer host.
+
 ``option("exactlyOnce", "false")`` writes as Spark does: an idempotent producer (kept
 per worker), at least once across failures. When the session has Spark's Kafka
 connector (``spark.lockgate.kafka.io``, :mod:`lockgate.sources.kafka.connector`), those
@@ -52,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from lockgate.compat import override
 from lockgate.errors import AnalysisError, OptionError, SinkError
-from lockgate.sinks import kafka_host
+from lockgate.sinks import kafka_host, kafka_jvm
 from lockgate.sinks.base import (
     ContinuousDataWriter,
     ContinuousSink,
@@ -579,6 +584,9 @@ class KafkaSink(Sink):
         in practice): see ``_written``."""
         # The exactly-once writes (transactions) are lockgate's own; Spark's writer has none.
         self._jvm = not options.exactly_once and connector.use_jvm(context.spark)
+        # lockgate's transactional writer in the JVM (kafka_jvm), when the session has it
+        self.jvm_transactions = options.exactly_once and kafka_jvm.use_jvm_writer(context.spark)
+        self._jvm_writers: dict[tuple[tuple[str, int], ...], kafka_jvm.JvmTransactionalWriter] = {}
         # lockgate's own writers report each partition's rows (the batch then needs no
         # count of its own); Spark's JVM writer returns nothing
         self.counts_output_rows = not self._jvm
@@ -641,6 +649,10 @@ class KafkaSink(Sink):
             return None
         fields = data.schema.fields
         used = validate_schema(data.schema, o.topic)
+        if self.jvm_transactions:
+            summary = self._write_in_jvm(batchId, data, used)
+            self._log_written(batchId, summary)
+            return sum(s.rows for s in summary)
         if sorted(used.values()) == list(range(len(fields))):
             # Every column is one the sink takes: the writer reads them where they are and
             # casts key and value itself, and the batch needs no projection of its own
@@ -663,22 +675,54 @@ class KafkaSink(Sink):
         previous = sc.getLocalProperty(BATCH_ID_PROPERTY)
         sc.setLocalProperty(BATCH_ID_PROPERTY, str(batchId))
         try:
-            summary = self._written(prepared, names, columns).collect()
+            summary = [
+                kafka_jvm.Summary(r["partition"], r["rows"], r["written"])
+                for r in self._written(prepared, names, columns).collect()
+            ]
         except Exception as exc:
-            match = re.findall(r"(SinkError|KafkaException|KafkaError): (.+)", str(exc))
-            if match:
-                raise SinkError(match[-1][1].strip() + " (raised in a Spark task)") from exc
+            _raise_task_error(exc)
             raise
         finally:
             sc.setLocalProperty(BATCH_ID_PROPERTY, previous)  # type: ignore[arg-type]
+        self._log_written(batchId, summary)
+        return sum(s.rows for s in summary)
+
+    def _write_in_jvm(
+        self, batch_id: int, data: DataFrame, columns: dict[str, int]
+    ) -> list[kafka_jvm.Summary]:
+        """The batch written by lockgate's JVM writer, with the run's writer for these
+        input columns (made once: a batch is then one py4j call)."""
+        key = tuple(sorted(columns.items()))
+        writer = self._jvm_writers.get(key)
+        if writer is None:
+            o = self.options
+            writer = self._jvm_writers[key] = kafka_jvm.JvmTransactionalWriter(
+                self._spark,
+                config={
+                    k[len("kafka.") :]: v
+                    for k, v in o.spark_options.items()
+                    if k.lower().startswith("kafka.")
+                },
+                topic=o.topic,
+                id_prefix=self._prefix(),
+                marker_topic=o.marker_topic or o.topic,  # type: ignore[arg-type] # validate()
+                columns=columns,
+            )
+        try:
+            return writer.write(data, batch_id)
+        except Exception as exc:
+            _raise_task_error(exc)
+            raise
+
+    @staticmethod
+    def _log_written(batch_id: int, summary: list[kafka_jvm.Summary]) -> None:
         logger.info(
             "Kafka sink wrote batch %d: %d rows in %d partitions (%d already written)",
-            batchId,
-            sum(s["rows"] for s in summary if s["written"]),
-            sum(1 for s in summary if s["written"]),
-            sum(1 for s in summary if s["rows"] and not s["written"]),
+            batch_id,
+            sum(s.rows for s in summary if s.written),
+            sum(1 for s in summary if s.written),
+            sum(1 for s in summary if s.rows and not s.written),
         )
-        return sum(s["rows"] for s in summary)
 
     def forContinuous(self, schema: StructType, spark: SparkSession) -> ContinuousSink:
         if self.options.exactly_once:
@@ -698,6 +742,15 @@ class KafkaSink(Sink):
 
     def description(self) -> str:
         return "KafkaSink" + ("[exactly-once]" if self.options.exactly_once else "")
+
+
+def _raise_task_error(exc: Exception) -> None:
+    """Raise a writer's error from a Spark task (a Python writer's, or the JVM writer's
+    ``lockgate.kafka.KafkaSinkException``, or Kafka's) as a :class:`SinkError` with its
+    message; return when ``exc`` holds none."""
+    match = re.findall(r"(SinkError|KafkaSinkException|KafkaException|KafkaError): (.+)", str(exc))
+    if match:
+        raise SinkError(match[-1][1].strip() + " (raised in a Spark task)") from exc
 
 
 # -- continuous processing ------------------------------------------------------------------

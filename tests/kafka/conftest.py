@@ -46,6 +46,40 @@ def kafka_io(request, native_kafka):
 
 
 @pytest.fixture
+def python_writer(spark):
+    """The exactly-once sink's librdkafka writer (the Python stage and the producer host)
+    for the test, whether or not the session has lockgate's JVM writer."""
+    from differential import spark_conf
+
+    from lockgate.sinks.kafka_jvm import WRITER_CONF
+
+    with spark_conf(spark, WRITER_CONF, "python"):
+        yield
+
+
+@pytest.fixture
+def jvm_writer(spark):
+    """The exactly-once sink's JVM writer for the test (skipped, or failed under CI, when
+    ``make jvm-jar`` has not built it)."""
+    from differential import spark_conf
+    from kafka_testing import require_jvm_writer
+
+    from lockgate.sinks.kafka_jvm import WRITER_CONF
+
+    require_jvm_writer(spark)
+    with spark_conf(spark, WRITER_CONF, "jvm"):
+        yield
+
+
+@pytest.fixture(params=["jvm", "python"])
+def transactional_writer(request, spark):
+    """Each exactly-once writer in turn (``spark.lockgate.kafka.transactionalWriter``):
+    lockgate's JVM writer and librdkafka in the Python workers."""
+    request.getfixturevalue(f"{request.param}_writer")
+    return request.param
+
+
+@pytest.fixture
 def names():
     """Unique topic names for one test: ``names("in")`` -> ``"in-<random>"``."""
     token = uuid.uuid4().hex[:8]

@@ -103,7 +103,7 @@ def _start(ls: Any, job: dict[str, Any]) -> Any:
 def main(argv: list[str]) -> int:
     with open(argv[1], encoding="utf-8") as f:
         jobs = json.load(f)
-    # jars: Spark's Kafka connector
+    # jars: Spark's Kafka connector and lockgate's JVM writer
     import lockgate
 
     spark = driver_session("lockgate-kafka-crash-driver", jars=jobs[0].get("jars"))
@@ -112,10 +112,15 @@ def main(argv: list[str]) -> int:
     for job in jobs:
         # read when the query starts (its session is a clone): one reader per job
         spark.conf.set("spark.lockgate.kafka.io", job.get("kafka_io", "auto"))
+        spark.conf.set("spark.lockgate.kafka.transactionalWriter", job.get("writer", "auto"))
         queries.append((job, _start(ls, job)))
 
     def report(job: dict[str, Any], q: Any, exc: BaseException | None) -> dict[str, Any]:
-        return {"progress": progress_of(q), "exception": None if exc is None else str(exc)}
+        return {
+            "progress": progress_of(q),
+            "exception": None if exc is None else str(exc),
+            "jvm_writer": bool(q._execution.sink.jvm_transactions),
+        }
 
     failed = report_when_done(queries, report)
     spark.stop()

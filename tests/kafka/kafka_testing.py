@@ -66,6 +66,27 @@ def require_connector(spark: Any) -> None:
         )
 
 
+def require_jvm_writer(spark: Any) -> None:
+    """Skip (fail under CI) when the session cannot load lockgate's JVM writer."""
+    from lockgate.sinks.kafka_jvm import missing
+
+    lacking = missing(spark)
+    if lacking:
+        _skip_or_fail(
+            f"the session cannot load {' and '.join(lacking)} (run make jvm-jar, and "
+            "tools/fetch_kafka.sh for kafka-clients)"
+        )
+
+
+def writer_jars() -> str | None:
+    """Spark's Kafka connector and lockgate's jar (the JVM writer, when built) as a
+    ``spark.jars`` value for a driver subprocess."""
+    import lockgate
+
+    jars = [j for j in (connector_jars() or "").split(",") if j] + lockgate.jars()
+    return ",".join(jars) or None
+
+
 def read_committed_values(broker: Any, topic: str, expected: int) -> list[str]:
     """Every record of ``topic`` a read_committed consumer sees (waits for ``expected``)."""
     from confluent_kafka import Consumer

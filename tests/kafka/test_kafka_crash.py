@@ -13,7 +13,9 @@ exactly-once sink. The first run is killed with SIGKILL in batch 1
 Then two more records arrive in each partition and one driver process restarts every
 case from its checkpoint. Checked: a read-committed consumer sees every input record
 exactly once in the output. The driver has Spark's Kafka connector; the phases alternate
-between its reader in the JVM and librdkafka's (``spark.lockgate.kafka.io``, ``READERS``).
+between its reader in the JVM and librdkafka's (``spark.lockgate.kafka.io``, ``READERS``),
+and between lockgate's exactly-once writers, switching writer at the restart in two
+phases (``WRITERS``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 
 import pytest
 from driver_process import run_script
-from kafka_testing import connector_jars
+from kafka_testing import connector_jars, writer_jars
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +43,16 @@ PROCESS_TIMEOUT_S = 600
 READERS = {"after_wal": "python", "during_sink": "jvm", "after_sink": "python", "after_commit": "jvm"}
 """Each phase's Kafka reader (``spark.lockgate.kafka.io``): both readers are killed in
 and around the sink's writes, without running every phase twice."""
+WRITERS = {
+    "after_wal": ("jvm", "jvm"),
+    "during_sink": ("jvm", "python"),
+    "after_sink": ("python", "jvm"),
+    "after_commit": ("jvm", "jvm"),
+}
+"""Each phase's exactly-once writer (``spark.lockgate.kafka.transactionalWriter``) in the
+killed run and in the restart: both writers are killed in the sink, and a restart on the
+other writer goes on from the first's transactions and markers. Python only when the
+JVM writer is not built."""
 
 
 @dataclass
@@ -62,14 +74,21 @@ class Case:
             "max_offsets": 6,
             "kill_in_sink": crash and self.phase == "during_sink",
             "marker": str(self.root / "killed-in-sink"),
-            "jars": connector_jars(),
+            "jars": writer_jars(),
             "kafka_io": READERS[self.phase] if connector_jars() else "python",
+            "writer": WRITERS[self.phase][0 if crash else 1] if jvm_writer_built() else "python",
             "kill_on_offset": 2,
             # batch 0 (6 records) and batch 1's partitions 0 and 1 (2 records each)
             "kill_after": 10,
         }
 
 
+
+
+def jvm_writer_built() -> bool:
+    import lockgate
+
+    return bool(lockgate.jars() and connector_jars())
 
 
 def _run_driver(jobs: list[dict[str, Any]], workdir: Path, kill_at: str | None) -> tuple[int, str]:
@@ -164,6 +183,8 @@ def test_read_committed_consumer_sees_every_record_once(cases, kafka, phase):
     )
     report = json.loads((case.root / "report.json").read_text())
     assert report["exception"] is None
+    # the restart wrote with the writer the phase names (lockgate's JVM one, or librdkafka)
+    assert report["jvm_writer"] == (jvm_writer_built() and WRITERS[phase][1] == "jvm")
     output = read_committed(kafka, case.topic_out)
     expected = [r["value"].decode() for r in _records(0, 6)]
     assert Counter(output) == Counter(expected), sorted(output)

@@ -37,7 +37,9 @@ def _host_stats(spark: Any) -> dict[str, int]:
     return {"made": row.made}
 
 
-def test_a_partition_keeps_its_producer_whichever_worker_runs_it(ls, spark, kafka, names, tmp_path):
+def test_a_partition_keeps_its_producer_whichever_worker_runs_it(
+    ls, spark, kafka, names, tmp_path, python_writer
+):
     """A stateful query over two shuffle partitions runs each batch's two tasks (a state
     step and the writer each) in whichever Python workers are idle. Kept per worker,
     the partitions' producers fenced each other and were made again most batches; kept

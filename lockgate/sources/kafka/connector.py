@@ -6,7 +6,9 @@ exactly the batch's offset ranges, and the at-least-once sink writes with
 ``df.write.format("kafka")``: no Python stage in the batch's Spark job for them. The
 driver-side planning (latest offsets, ``maxOffsetsPerTrigger``, new partitions, data
 loss between batches) stays lockgate's (:mod:`lockgate.sources.kafka.source`); the
-exactly-once sink (Kafka transactions) and the continuous mode stay on librdkafka.
+continuous mode stays on librdkafka, and the exactly-once sink (Kafka transactions, which
+Spark's writer does not have) writes with lockgate's own JVM writer or librdkafka
+(:mod:`lockgate.sinks.kafka_jvm`, ``spark.lockgate.kafka.transactionalWriter``).
 
 ``spark.lockgate.kafka.io`` chooses: ``auto`` (the default: the connector when it is
 loadable, else librdkafka), ``jvm`` (the connector, or an error naming it at start) or
