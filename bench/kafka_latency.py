@@ -37,7 +37,8 @@ exactly-once transactional sink), and for ``stateless`` ``lockgate-continuous``
 (``trigger(continuous="1 second")``, ``option("exactlyOnce", "false")``: Spark's
 at-least-once continuous writes). ``--engines`` may add ``lockgate-at-least-once``
 (lockgate micro-batch with ``exactlyOnce=false``), which tells the exactly-once sink's
-share of lockgate's figures. See docs/benchmarks.md.
+share of lockgate's figures, and ``lockgate-python-writer`` (exactly once with the
+librdkafka writer instead of lockgate's JVM writer, ``lockgate.jars()``). See docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -66,18 +67,22 @@ from bench.common import (
     ratio,
 )
 from bench.kafka_broker import KafkaBroker, broker_problem, connector_jars, read_classpath
+from lockgate.sinks.kafka_jvm import WRITER_CONF
 
 QUERIES = ("stateless", "dedup", "window")
 ENGINES = ("native", "lockgate", "lockgate-continuous")
-EXTRA_ENGINES = ("lockgate-at-least-once",)
+EXTRA_ENGINES = ("lockgate-at-least-once", "lockgate-python-writer")
 """Run only when named in ``--engines``: lockgate micro-batch with ``exactlyOnce=false``,
-to tell the exactly-once sink's share of lockgate's latency."""
+to tell the exactly-once sink's share of lockgate's latency; and lockgate micro-batch
+exactly once with the librdkafka writer (``spark.lockgate.kafka.transactionalWriter`` =
+``python``), where ``lockgate`` writes with lockgate's JVM writer (when built)."""
 CONTINUOUS_QUERIES = ("stateless",)
 SINK_MODE = {
     "native": "Spark's Kafka sink (at least once)",
     "lockgate": "lockgate's Kafka sink, exactly once (transactions; read with read_committed)",
     "lockgate-continuous": "lockgate's continuous Kafka sink, exactlyOnce=false (at least once)",
     "lockgate-at-least-once": "lockgate's Kafka sink, exactlyOnce=false (at least once)",
+    "lockgate-python-writer": "lockgate's Kafka sink, exactly once, librdkafka's transactions",
 }
 WATERMARK = "10 seconds"
 CONTINUOUS_INTERVAL = "1 second"
@@ -407,6 +412,9 @@ def run_one(
         broker.bootstrap, source, rate=args.rate, seconds=args.seconds, keys=args.keys
     )
     started = time.perf_counter()
+    # the exactly-once writer, read when the query starts: lockgate's JVM writer by default
+    # (when its jar is on the session), librdkafka for lockgate-python-writer
+    spark.conf.set(WRITER_CONF, "python" if engine == "lockgate-python-writer" else "auto")
     q = writer.start()
     producer.start()
     drained = False
@@ -526,6 +534,8 @@ def make_spark(args: argparse.Namespace) -> Any:
         )
     import lockgate
 
+    # and lockgate's jar: the exactly-once sink's JVM writer (make jvm-jar)
+    jars = ",".join([jars, *lockgate.jars()])
     return (
         SparkSession.builder.master(args.master)
         .appName("lockgate-bench-kafka-latency")
