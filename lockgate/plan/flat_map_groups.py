@@ -849,6 +849,7 @@ def build_flat_map(
         operator_id,
         params,
         n,
+        unique_names=False,  # the rows reach the user's function, as in Spark
     )
     schema = OperatorStateSchema(operator_id, node.operator_name, key_schema, value_schema, n)
     return result, schema

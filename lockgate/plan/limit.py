@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
 from lockgate.compat import override
+from lockgate.jvm import cast_columns
 from lockgate.plan.aggregate import Aggregate
 from lockgate.plan.nodes import PlanNode, Transform, with_children
 from lockgate.plan.stateful import (
@@ -26,7 +27,7 @@ from lockgate.plan.stateful import (
     StatefulOperator,
     stateful_operators,
 )
-from lockgate.state.arrow_types import schema_to_arrow
+from lockgate.state.arrow_types import schema_to_arrow, unique_column_types
 from lockgate.state.schema import OperatorStateSchema
 from lockgate.state.store import StateStore, StateStoreConf
 
@@ -139,7 +140,9 @@ def build_limit(
     # drains its input for the same reason).
     local = child if stateful_operators(node.child) else child.limit(node.limit)
     staged = local.repartition(1).withColumn("__lockgate_pid", F.lit(0))
-    result = staged.mapInArrow(bind(run_limit_task, task), child.schema)
+    # a struct with duplicated field names crosses Arrow under unique names (map_with_state)
+    unique = cast_columns(staged, unique_column_types(staged.schema))
+    result = cast_columns(unique.mapInArrow(bind(run_limit_task, task), unique_column_types(child.schema)), child.schema)
     return result, OperatorStateSchema(
         operator_id, node.operator_name, key_schema, value_schema, 1, metadata_partitions=ctx.num_partitions
     )

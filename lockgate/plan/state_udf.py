@@ -208,6 +208,7 @@ def map_with_state(
     params: dict[str, Any],
     num_partitions: int,
     hosted: bool = False,
+    unique_names: bool = True,
 ) -> DataFrame:
     """``df.mapInArrow(function, return_schema)`` with a UDF made once per run.
 
@@ -219,6 +220,13 @@ def map_with_state(
     use nothing of the Python worker but the task's context), when ``ctx.state_hosts``
     and the operator runs in no more tasks than there are cores; it does in the batches
     the driver chooses (``MicroBatchExecution``, by the rows the step updates).
+
+    A struct with duplicated field names, which Arrow refuses, crosses into the step
+    under unique names (:func:`~lockgate.state.arrow_types.unique_field_names`, as the
+    function's state types have them) and comes back under Spark's. ``unique_names``
+    False: not for a step whose rows reach the user's function (``applyInPandasWithState``,
+    ``transformWithState``), where Spark fails such a struct with
+    ``DUPLICATED_FIELD_NAME_IN_ARROW_STRUCT`` and so does this step.
     """
     from lockgate.jvm import arrow_map_call, cast_columns, map_in_arrow
 
@@ -231,7 +239,7 @@ def map_with_state(
     may_host = hosted and ctx.state_hosts and tasks <= (ctx.max_state_tasks or 0)
 
     columns = tuple(df.columns)
-    arrow_schema = unique_column_types(return_schema)
+    arrow_schema = unique_column_types(return_schema) if unique_names else return_schema
 
     def make_call() -> Any:
         host = (ctx.checkpoint_id, operator_id) if may_host else None
@@ -239,4 +247,6 @@ def map_with_state(
         return arrow_map_call(function, arrow_schema, columns)
 
     call = ctx.cache.get(owner, f"state_udf_call/{shape}/{columns}", make_call)
+    if not unique_names:
+        return map_in_arrow(df, call)
     return cast_columns(map_in_arrow(cast_columns(df, unique_column_types(df.schema)), call), return_schema)

@@ -824,7 +824,8 @@ def _build(
         task = dataclasses.replace(task, max_records_per_chunk=records, max_bytes_per_chunk=size)
     params = node.batch_params(ctx, batch_id)
     result = map_with_state(
-        staged, ctx, node, lambda: bind(run_tws_task, task), node.output_schema, operator_id, params, n
+        staged, ctx, node, lambda: bind(run_tws_task, task), node.output_schema, operator_id, params, n,
+        unique_names=False,  # the rows reach the user's function, as in Spark
     )
     # The operator's state schema: one column per state variable (and the timers).
     value_fields = [StructField(v.name, v.value_type(), True) for v in node.variables]

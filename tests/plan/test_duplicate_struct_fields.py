@@ -8,7 +8,11 @@ struct crosses into the state step under unique names and comes back under Spark
 native Spark batch by batch (rows in their order inside arrays, the batch ids, input
 rows, watermark and state metrics) and by the schema of every batch, the output struct's
 field names included; both queries restart from their checkpoints in the middle. The
-state schema file keeps Spark's field names, and the state reader shows them.
+operators: aggregation (values, keys, windows, session windows), dropDuplicates (also of
+arrays and maps of such structs), limit and stream-stream joins. The state schema file
+keeps Spark's field names, and the state reader shows them. ``applyInPandasWithState``
+sends its rows to the user's function through Arrow in Spark too, and fails there on
+both engines.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import pytest
 from differential import SCHEMA, Side, ev, exact_batches
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupStateTimeout
 
 STEPS = [
     [ev(1, "a", 1.0), ev(2, "a", 3.0), ev(3, "b", 2.0)],
@@ -93,6 +98,10 @@ def nested_dedup(reader: Any, inp: Path) -> Any:
     return df.dropDuplicates(["arr"])
 
 
+def limit(reader: Any, inp: Path) -> Any:
+    return _source(reader, inp).select(_twice("k", "x").alias("s"), "v").limit(4)
+
+
 QUERIES = {
     "aggregate_values": (aggregate_values, "update"),
     "aggregate_key": (aggregate_key, "complete"),
@@ -101,6 +110,7 @@ QUERIES = {
     "dedup": (dedup, "append"),
     "dedup_with_watermark": (dedup_with_watermark, "append"),
     "nested_dedup": (nested_dedup, "append"),
+    "limit": (limit, "append"),
 }
 
 
@@ -207,6 +217,36 @@ def test_stream_joins_match_native(join_bench, tmp_path):
     _check(bench, schemas)
     outer = next(p for p in bench.pairs if p.name == "left_outer")
     assert any(r.id2 is None for _, rows in outer.native.batches for r in rows), "no null-padded row"
+
+
+# -- explicit state: the rows reach the user's function -------------------------------------
+def test_apply_in_pandas_with_state_fails_as_native(spark, ls, tmp_path):
+    """Spark sends the user's function its rows through Arrow and fails such a struct
+    there; lockgate does not rename it for the function, and fails alike."""
+    import pandas as pd
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "1.json").write_text("\n".join(json.dumps(r) for r in STEPS[0]) + "\n")
+
+    def count(key: Any, frames: Any, state: Any) -> Any:
+        yield pd.DataFrame({"k": [key[0]], "n": [sum(len(f) for f in frames)]})
+
+    errors = []
+    for name, reader in (("native", spark.readStream), ("lockgate", ls.readStream)):
+        df = _source(reader, inp).select("k", _twice("v", "x").alias("s"))
+        query = (
+            df.groupBy("k")
+            .applyInPandasWithState(count, "k string, n long", "n long", "update", GroupStateTimeout.NoTimeout)
+            .writeStream.outputMode("update")
+            .foreachBatch(lambda batch, _: batch.collect())
+            .option("checkpointLocation", str(tmp_path / name))
+            .start()
+        )
+        with pytest.raises(Exception, match=r"DUPLICATED_FIELD_NAME_IN_ARROW_STRUCT") as failed:
+            query.processAllAvailable()
+        errors.append(failed.value)
+    assert "got [x, x]" in str(errors[1])
 
 
 # -- the state in the checkpoint ------------------------------------------------------------
