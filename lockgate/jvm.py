@@ -105,6 +105,21 @@ def map_in_arrow(df: DataFrame, call: Column) -> DataFrame:
     return PySparkDataFrame(df._jdf.mapInArrow(call._jc, False, None), df.sparkSession)
 
 
+def class_loadable(spark: SparkSession, name: str) -> bool:
+    """Whether the driver's JVM can load class ``name`` (``spark.jars``,
+    ``spark.jars.packages`` or the classpath)."""
+    from py4j.protocol import Py4JError
+
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    try:
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        jvm.java.lang.Class.forName(name, False, loader)
+    except Py4JError:
+        return False
+    return True
+
+
 def cast_columns(df: DataFrame, schema: Any) -> DataFrame:
     """``df`` with each column whose type differs from the one ``schema`` (a
     ``StructType``) has at the same position cast to it; ``df`` itself when none differs.

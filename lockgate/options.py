@@ -46,6 +46,21 @@ def to_option_string(value: Any) -> str:
     return str(value)
 
 
+def choice_setting(spark: Any, conf: str, choices: tuple[str, ...], hint: str) -> str:
+    """Session setting ``conf``, one of ``choices`` (case-insensitive; unset or blank: the
+    first), or an :class:`OptionError` naming the setting, its value and ``hint``."""
+    raw = spark.conf.get(conf, None)
+    value = choices[0] if raw is None or not str(raw).strip() else str(raw).strip().lower()
+    if value not in choices:
+        raise OptionError(
+            f"Invalid value {raw!r} for {conf}: expected one of "
+            + ", ".join(repr(c) for c in choices)
+            + f" ({hint}).",
+            option=conf,
+        )
+    return value
+
+
 def parse_duration_ms(text: str, *, what: str) -> int:
     """Parse ``"10 seconds"``, ``"1 minute 30 seconds"``, ``"500ms"`` or ``"interval 5 s"``.
 

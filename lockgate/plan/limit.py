@@ -140,9 +140,12 @@ def build_limit(
     # drains its input for the same reason).
     local = child if stateful_operators(node.child) else child.limit(node.limit)
     staged = local.repartition(1).withColumn("__lockgate_pid", F.lit(0))
-    # a struct with duplicated field names crosses Arrow under unique names (map_with_state)
-    unique = cast_columns(staged, unique_column_types(staged.schema))
-    result = cast_columns(unique.mapInArrow(bind(run_limit_task, task), unique_column_types(child.schema)), child.schema)
+    arrow_schema = unique_column_types(child.schema)
+    if arrow_schema is child.schema:
+        result = staged.mapInArrow(bind(run_limit_task, task), child.schema)
+    else:  # a struct with duplicated field names crosses Arrow under unique names (map_with_state)
+        unique = cast_columns(staged, unique_column_types(staged.schema))
+        result = cast_columns(unique.mapInArrow(bind(run_limit_task, task), arrow_schema), child.schema)
     return result, OperatorStateSchema(
         operator_id, node.operator_name, key_schema, value_schema, 1, metadata_partitions=ctx.num_partitions
     )

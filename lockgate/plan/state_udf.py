@@ -247,6 +247,8 @@ def map_with_state(
         return arrow_map_call(function, arrow_schema, columns)
 
     call = ctx.cache.get(owner, f"state_udf_call/{shape}/{columns}", make_call)
-    if not unique_names:
-        return map_in_arrow(df, call)
-    return cast_columns(map_in_arrow(cast_columns(df, unique_column_types(df.schema)), call), return_schema)
+    if unique_names:  # (df's schema is fetched already, for its columns)
+        df = cast_columns(df, unique_column_types(df.schema))
+    out = map_in_arrow(df, call)
+    # the step's output has arrow_schema's types: cast back only where it renamed a field
+    return out if arrow_schema is return_schema else cast_columns(out, return_schema)

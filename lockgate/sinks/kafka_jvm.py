@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lockgate.errors import OptionError
+from lockgate.jvm import class_loadable
+from lockgate.options import choice_setting
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -51,34 +53,14 @@ def jars() -> list[str]:
 
 def writer_setting(spark: SparkSession) -> str:
     """``spark.lockgate.kafka.transactionalWriter``, checked."""
-    raw = spark.conf.get(WRITER_CONF, None)
-    value = "auto" if raw is None or not str(raw).strip() else str(raw).strip().lower()
-    if value not in WRITER_CHOICES:
-        raise OptionError(
-            f"Invalid value {raw!r} for {WRITER_CONF}: expected one of "
-            + ", ".join(repr(c) for c in WRITER_CHOICES)
-            + " ('auto': lockgate's JVM writer when the session has it, else librdkafka).",
-            option=WRITER_CONF,
-        )
-    return value
-
-
-def _loadable(spark: SparkSession, name: str) -> bool:
-    from py4j.protocol import Py4JError
-
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    try:
-        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-        jvm.java.lang.Class.forName(name, False, loader)
-    except Py4JError:
-        return False
-    return True
+    return choice_setting(
+        spark, WRITER_CONF, WRITER_CHOICES, "'auto': lockgate's JVM writer when the session has it, else librdkafka"
+    )
 
 
 def missing(spark: SparkSession) -> list[str]:
     """What the JVM writer needs that the driver's JVM cannot load."""
-    return [name for name in (WRITER_CLASS, PRODUCER_CLASS) if not _loadable(spark, name)]
+    return [name for name in (WRITER_CLASS, PRODUCER_CLASS) if not class_loadable(spark, name)]
 
 
 def use_jvm_writer(spark: SparkSession) -> bool:

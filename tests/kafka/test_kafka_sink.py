@@ -167,7 +167,6 @@ def test_the_writer_is_one_udf_for_the_run_and_each_batch_writes_its_own_id(
     """The writer's Python UDF is made once per run (not pickled and registered again
     every batch); the tasks get each batch's id from a local property, and the marker
     records it: after three batches the marker is at batch 2 (offset 3)."""
-    from confluent_kafka import Consumer, TopicPartition
 
     from lockgate.testing import MemoryStream
 
@@ -193,12 +192,7 @@ def test_the_writer_is_one_udf_for_the_run_and_each_batch_writes_its_own_id(
     q.stop()
     assert len(calls[0]) == 1 and calls[1][0] is calls[0][0] and calls[2][0] is calls[0][0]
     assert sorted(read_committed_values(kafka, out, 5)) == ["a", "b", "c", "d", "e"]
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"{prefix}-0"})
-    try:
-        [marker] = consumer.committed([TopicPartition(out, 0)], timeout=30)
-    finally:
-        consumer.close()
-    assert marker.offset == 3
+    assert _marker(kafka, f"{prefix}-0", out) == 3
 
 
 def test_a_writer_run_outside_its_batch_refuses(spark, kafka, names):

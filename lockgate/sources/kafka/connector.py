@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lockgate.errors import OptionError
+from lockgate.jvm import class_loadable
+from lockgate.options import choice_setting
 from lockgate.sources.kafka.offsets import OffsetRange, TopicPartition
 
 if TYPE_CHECKING:
@@ -33,7 +35,6 @@ logger = logging.getLogger(__name__)
 
 IO_CONF = "spark.lockgate.kafka.io"
 IO_CHOICES = ("auto", "jvm", "python")
-IO_DEFAULT = "auto"
 PROVIDER_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 V1_SOURCES_CONF = "spark.sql.sources.useV1SourceList"
 GROUP_ID_WARNING_LOGGER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
@@ -41,31 +42,15 @@ GROUP_ID_WARNING_LOGGER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 
 def io_setting(spark: SparkSession) -> str:
     """``spark.lockgate.kafka.io``, checked: ``auto``, ``jvm`` or ``python``."""
-    raw = spark.conf.get(IO_CONF, None)
-    value = IO_DEFAULT if raw is None or not str(raw).strip() else str(raw).strip().lower()
-    if value not in IO_CHOICES:
-        raise OptionError(
-            f"Invalid value {raw!r} for {IO_CONF}: expected one of "
-            + ", ".join(repr(c) for c in IO_CHOICES)
-            + " ('auto': Spark's Kafka connector when the session has it, else librdkafka).",
-            option=IO_CONF,
-        )
-    return value
+    return choice_setting(
+        spark, IO_CONF, IO_CHOICES, "'auto': Spark's Kafka connector when the session has it, else librdkafka"
+    )
 
 
 def connector_loadable(spark: SparkSession) -> bool:
     """Whether the driver's JVM can load Spark's Kafka connector (``spark.jars``,
     ``spark.jars.packages`` or the classpath)."""
-    from py4j.protocol import Py4JError
-
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    try:
-        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-        jvm.java.lang.Class.forName(PROVIDER_CLASS, False, loader)
-    except Py4JError:
-        return False
-    return True
+    return class_loadable(spark, PROVIDER_CLASS)
 
 
 def use_jvm(spark: SparkSession) -> bool:
