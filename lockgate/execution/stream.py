@@ -210,8 +210,12 @@ class StreamExecution:
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the user
             if self.stop_event.is_set() and not isinstance(exc, StreamingQueryException):
                 logger.info("Query %s was stopped", self.pretty_id_string)
+                self.update_status("Stopped")
             else:
                 self._record_failure(exc)
+                # Spark's runStream: the status keeps the failure's own message
+                cause = exc.__cause__ if isinstance(exc, StreamingQueryException) else exc
+                self.update_status(f"Terminated with exception: {_cause_message(cause or exc)}")
         finally:
             if self._registered:
                 query_running(self.id, False)
@@ -239,7 +243,9 @@ class StreamExecution:
             self.stop_sources()
         finally:
             self._transition(None, QueryState.TERMINATED)
-            self.update_status("Stopped", isTriggerActive=False, isDataAvailable=False)
+            # a failed run's status keeps its "Terminated with exception" message, as Spark's
+            message = "Stopped" if self.stream_death_cause is None else None
+            self.update_status(message, isTriggerActive=False, isDataAvailable=False)
             if self.delete_checkpoint_on_stop and (
                 self.stream_death_cause is None or self._force_delete_temp_checkpoint()
             ):

@@ -1,0 +1,75 @@
+"""Behaviours PySpark's own ``test_streaming`` and ``test_streaming_listener`` exercise
+where their assertions are too weak to see a difference, each run on native Spark and
+on lockgate and compared."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from differential import unique, write_text
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import functions as F
+
+# one function for both engines: its traceback (file and line) is in the status message
+_bad_udf = F.udf(lambda x: 1 / 0)
+
+
+def _fail_in_udf(sdf: Any) -> Any:
+    return sdf.select(_bad_udf("value")).writeStream.format("memory").queryName(unique("bad"))
+
+
+def _fail_in_foreach_batch(sdf: Any) -> Any:
+    def run(batch_df: Any, batch_id: int) -> None:
+        raise ValueError(f"bad batch {batch_id}")
+
+    return sdf.writeStream.foreachBatch(run)
+
+
+@pytest.mark.parametrize("failing", [_fail_in_udf, _fail_in_foreach_batch])
+def test_a_failed_querys_status_says_why_as_native(spark, ls, tmp_path, failing):
+    # test_stream_exception's query: lockgate's status said "Stopped" once the query
+    # had failed; Spark's says "Terminated with exception: <the failure's message>"
+    def statuses(reader: Any, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        directory = tmp_path / name
+        directory.mkdir()
+        write_text(directory, ["hello", "this"])
+        q = failing(reader.format("text").load(str(directory))).start()
+        with pytest.raises(StreamingQueryException):
+            q.processAllAvailable()
+        failed = q.status
+        q.stop()
+        return failed, q.status
+
+    native = statuses(spark.readStream, "native")
+    lockgate = statuses(ls.readStream, "lockgate")
+    assert native[0]["message"].startswith("Terminated with exception: ")
+    assert native[0] == native[1]
+    assert lockgate[0] == lockgate[1]
+    assert _outline(lockgate[0]) == _outline(native[0])
+
+
+def _outline(status: dict[str, Any]) -> dict[str, Any]:
+    """The status with its message's error class and the Python exception it ends
+    with: the traceback in between names each engine's own frames (and native's
+    foreachBatch reason is py4j's "An exception was raised by the Python Proxy")."""
+    message = status["message"]
+    prefix, _, rest = message.partition(": ")
+    error_class = rest[: rest.index("]") + 1]
+    raised = [line for line in message.splitlines() if line.startswith(("ValueError", "Zero"))]
+    return {**status, "message": (prefix, error_class, raised[-1].split(" SQLSTATE")[0])}
+
+
+def test_a_stopped_querys_status_is_stopped_as_native(spark, ls, tmp_path):
+    def status(reader: Any, name: str) -> dict[str, Any]:
+        directory = tmp_path / name
+        directory.mkdir()
+        write_text(directory, ["hello"])
+        q = reader.format("text").load(str(directory)).writeStream.format("noop").start()
+        q.processAllAvailable()
+        q.stop()
+        return q.status
+
+    native = status(spark.readStream, "native")
+    assert native == {"message": "Stopped", "isDataAvailable": False, "isTriggerActive": False}
+    assert status(ls.readStream, "lockgate") == native
