@@ -194,6 +194,21 @@ class FileStreamSink(Sink):
                 "new checkpoint location and a new output path.",
                 path=missing,
             )
+        if latest is None and batchId > 0:
+            # No entry at all, yet the checkpoint committed batches before this one: the
+            # directory was deleted or emptied (or the path is new to the checkpoint).
+            # Spark's sink writes the entry anyway, and its readers then fail on the
+            # missing entry 0 (every committed batch's output gone from their view).
+            raise CheckpointError(
+                f"File sink log {self.log.path} has no entries, but the query is writing "
+                f"batch {batchId}: the sink's {METADATA_DIR} directory was deleted or "
+                "emptied (or the output path is not the one this checkpoint wrote to), and "
+                "the entries of batches 0 to "
+                f"{batchId - 1} are lost, so no reader could list the output. Restore the "
+                f"{METADATA_DIR} directory from a backup, or start the query with a new "
+                "checkpoint location and a new output path.",
+                path=self.log.path,
+            )
         self._delete_stale_staging()
         staging = self._fs.join(self._base, f"{STAGING_PREFIX}{batchId}-{uuid.uuid4().hex}")
         try:
