@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Observation
 
+from lockgate import interrupt
 from lockgate.checkpoint import (
     CommitLog,
     CommitMetadata,
@@ -808,6 +809,10 @@ class MicroBatchExecution(StreamExecution):
             )
             result, output_obs = self._plan_batch(execution, frames, shape)
         self.last_execution = execution
+        # A stop that came while the batch was planned ends it here, before its Spark job
+        # starts, as Spark's interrupt ends the batch it lands in: stop() cancels only the
+        # jobs already running, and the batch would otherwise run and commit after it.
+        interrupt.check()
         params_key = property_key(self.id)
         if stateful is not None:
             known_rows = sum(c for c in counts.values() if c)
