@@ -7,6 +7,8 @@ written against ``pyspark.sql.streaming`` catches lockgate's errors unchanged.
 
 from __future__ import annotations
 
+import traceback
+
 from pyspark.errors import AnalysisException as _PySparkAnalysisException
 from pyspark.errors import PySparkException as _PySparkException
 from pyspark.errors import SparkRuntimeException as _PySparkSparkRuntimeException
@@ -251,6 +253,29 @@ class StreamingQueryException(LockgateError, _CapturedStreamingQueryException):
     @property
     def _cause(self) -> BaseException | None:
         return self.cause if hasattr(self.cause, "_desc") else None
+
+
+def exception_string(exc: BaseException) -> str:
+    """``exc`` as Spark's ``Utils.exceptionString`` writes a failure into
+    ``QueryTerminatedEvent.exception``: the class and message, the frames, then each cause.
+    A captured JVM exception brings the JVM's own string (PySpark keeps it as
+    ``_stackTrace``); a Python one gets its Python frames in the same shape."""
+    trace = getattr(exc, "_stackTrace", None)
+    if isinstance(trace, str) and trace:
+        return trace
+    lines: list[str] = []
+    current: BaseException | None = exc
+    seen: set[int] = set()
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        head = f"{type(current).__module__}.{type(current).__qualname__}: {current}"
+        lines.append(head if not lines else f"Caused by: {head}")
+        lines.extend(
+            f"\tat {frame.name}({frame.filename}:{frame.lineno})"
+            for frame in traceback.extract_tb(current.__traceback__)
+        )
+        current = current.__cause__ or current.__context__
+    return "\n".join(lines) + "\n"
 
 
 def error_class_of(exc: BaseException | None) -> str | None:

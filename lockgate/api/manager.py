@@ -15,7 +15,7 @@ from pyspark.sql.streaming.listener import (
 )
 
 from lockgate.api.listener import ListenerBus
-from lockgate.errors import AnalysisError, StreamingQueryException, error_class_of
+from lockgate.errors import AnalysisError, StreamingQueryException, error_class_of, exception_string
 from lockgate.execution.jvm_events import JvmListenerBus
 from lockgate.execution.progress import format_timestamp
 
@@ -215,7 +215,9 @@ class StreamingQueryManager:
         payload: dict[str, Any] = {
             "id": execution.id,
             "runId": execution.run_id,
-            "exception": str(cause) if cause is not None else None,
+            # Spark's: the cause's exception string (Utils.exceptionString), not the
+            # StreamingQueryException's message
+            "exception": exception_string(cause.cause or cause) if cause is not None else None,
             # Spark's: the cause's error class, None for a cause without one
             "errorClassOnException": error_class_of(cause.cause) if cause is not None else None,
         }

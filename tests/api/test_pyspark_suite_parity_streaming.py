@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from differential import unique, write_text
+from differential import unique, wait_until, write_text
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQueryListener
 
 # one function for both engines: its traceback (file and line) is in the status message
 _bad_udf = F.udf(lambda x: 1 / 0)
@@ -73,3 +74,52 @@ def test_a_stopped_querys_status_is_stopped_as_native(spark, ls, tmp_path):
     native = status(spark.readStream, "native")
     assert native == {"message": "Stopped", "isDataAvailable": False, "isTriggerActive": False}
     assert status(ls.readStream, "lockgate") == native
+
+
+class _Terminations(StreamingQueryListener):
+    def __init__(self) -> None:
+        self.events: dict[str, Any] = {}
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        self.events[str(event.id)] = event
+
+
+def test_a_failed_querys_terminated_event_carries_the_cause_as_native(spark, ls, tmp_path):
+    # test_listener_events' failing query: lockgate's QueryTerminatedEvent.exception was the
+    # StreamingQueryException's message ("[STREAM_FAILED] Query [id = ...] terminated with
+    # exception: ..."); Spark's is the cause's exception string (Utils.exceptionString),
+    # class and message first, then its stack
+    listener = _Terminations()
+    spark.streams.addListener(listener)
+
+    def terminated(reader: Any, name: str) -> Any:
+        directory = tmp_path / name
+        directory.mkdir()
+        write_text(directory, ["hello"])
+        q = _fail_in_udf(reader.format("text").load(str(directory))).start()
+        with pytest.raises(StreamingQueryException):
+            q.processAllAvailable()
+        q.stop()
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+        wait_until(lambda: q.id in listener.events)
+        return listener.events[q.id]
+
+    try:
+        native = terminated(spark.readStream, "native")
+        lockgate = terminated(ls.readStream, "lockgate")
+    finally:
+        spark.streams.removeListener(listener)
+    assert native.errorClassOnException == "PYTHON_EXCEPTION"
+    assert lockgate.errorClassOnException == native.errorClassOnException
+    first = native.exception.splitlines()[0]
+    assert first.startswith("org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION]")
+    assert lockgate.exception.splitlines()[0] == first
+    assert "ZeroDivisionError: division by zero" in lockgate.exception
+    assert "STREAM_FAILED" not in native.exception
+    assert "STREAM_FAILED" not in lockgate.exception
