@@ -1548,6 +1548,23 @@ def _checked(task: TwsTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
         yield batch
 
 
+def _rows_total(stores: dict[str, Any], variables: tuple[StateVariable, ...]) -> int:
+    """Spark's ``numRowsTotal``: the rows of its store's column families, one per grouping
+    key of a value or list state (a list is one merged value) and one per entry of a map
+    state (keyed by the grouping and user keys; lockgate holds a key's entries in one
+    row); timers, in Spark's internal column families, are not counted."""
+    maps = {v.name for v in variables if v.kind == "map"}
+    total = 0
+    for name, store in stores.items():
+        if name == TIMERS:
+            continue
+        if name in maps:
+            total += sum(len(value[0] or ()) for _, value in store.items())
+        else:
+            total += len(store)
+    return total
+
+
 def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
     """The state step of one partition (runs on an executor): the processor over the
     batch's keys, then its due timers; every store committed at the end."""
@@ -1665,7 +1682,7 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
     op = task.operator_id
     first = stores[TIMERS]
     values = {
-        "numRowsTotal": sum(len(s) for name, s in stores.items() if name != TIMERS),
+        "numRowsTotal": _rows_total(stores, task.variables),
         "numRowsUpdated": updated,
         "numRowsRemoved": removed,
         "numRowsDroppedByWatermark": dropped,

@@ -3,14 +3,23 @@ found, one test per cause, each reduced to a small query and compared with nativ
 
 from __future__ import annotations
 
+import sys
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import pandas as pd
 import pytest
 from differential import BASE, headline, process_all, write_json
+from explicit_state_runs import Run, ev
+from pyspark import cloudpickle
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StatefulProcessor
+
+# Spark's Python workers do not import the test modules: the processors travel by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def _iso(sec: int) -> str:
@@ -201,3 +210,55 @@ def test_session_window_grouped_by_a_constant_too(spark, ls, tmp_path):
     assert mine == native
     for q in (nq, mq):
         q.stop()
+
+
+class _CountsPerValue(StatefulProcessor):
+    """A ValueState count per key and a MapState of counts per value (0 removed)."""
+
+    def init(self, handle: Any) -> None:
+        self.count = handle.getValueState("count", "n long")
+        self.per = handle.getMapState("per", "v long", "c long")
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
+    ) -> Iterator[pd.DataFrame]:
+        n = self.count.get()[0] if self.count.exists() else 0
+        for pdf in rows:
+            n += len(pdf)
+            for v in pdf["v"]:
+                old = self.per.getValue((int(v),))
+                self.per.updateValue((int(v),), ((old[0] if old else 0) + 1,))
+        self.per.removeKey((0,))
+        self.count.update((n,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+    def close(self) -> None:
+        pass
+
+
+def test_transform_with_state_rows_total_counts_map_entries(spark, ls, tmp_path):
+    """Seed 835: Spark's numRowsTotal of a transformWithState counts a MapState's entries
+    (its store keys each by the grouping and the user key); lockgate, which holds a key's
+    entries in one row, counted one row per grouping key."""
+    run = Run(
+        spark,
+        ls,
+        tmp_path,
+        lambda df: df.groupBy("k").transformWithStateInPandas(
+            _CountsPerValue(), "k string, n long", "Update", "None"
+        ),
+        "update",
+        "ts timestamp, k string, v long",
+    )
+    run.start()
+    try:
+        run.step([ev(1, "a", 1), ev(2, "a", 2), ev(3, "b", 1), ev(4, "b", 1)])
+        run.step([ev(5, "a", 0), ev(6, "a", 3), ev(7, "c", 5), ev(8, None, 7)])
+    finally:
+        run.stop()
+    totals = {
+        engine: [(p.batchId, [op.numRowsTotal for op in p.stateOperators]) for p in progress]
+        for engine, progress in run.progress.items()
+    }
+    assert totals["native"] == [(0, [2 + 3]), (1, [4 + 6])]
+    assert totals["lockgate"] == totals["native"]
