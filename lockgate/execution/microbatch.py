@@ -241,6 +241,9 @@ class MicroBatchExecution(StreamExecution):
         if self._stateful_ops:
             self._state_metrics = self.spark.sparkContext.accumulator({}, DictSumParam())
         self._last_state_progress: list[dict[str, Any]] = []
+        # whether this run's last batch had its sink's row count (Spark's sinkCommitProgress,
+        # a V2 write's): an idle progress then says 0 output rows, else -1
+        self._sink_counted_rows = False
         self._max_state_tasks = _max_state_tasks(self.spark) if self._stateful_ops else None
         self._state_hosts = _state_hosts(self.spark) if self._stateful_ops else "false"
         self._hosted_ops: set[int] = set()
@@ -1012,6 +1015,7 @@ class MicroBatchExecution(StreamExecution):
             output_rows=batch["num_output_rows"],
             observed=batch["observed"],
         )
+        self._sink_counted_rows = batch["num_output_rows"] >= 0
         tracker.last_trigger_start_ms = tracker.trigger_start_ms
         parsed = tracker.record(progress)
         self.manager.query_progress(self, parsed)
@@ -1046,7 +1050,7 @@ class MicroBatchExecution(StreamExecution):
                 for slot in self._slots
             ],
             sink_description=self.sink.description(),
-            output_rows=-1,
+            output_rows=0 if self._sink_counted_rows else -1,
         )
 
     def last_progress(self) -> Any:

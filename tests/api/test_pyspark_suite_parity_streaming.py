@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from differential import unique, wait_until, write_text
+from differential import spark_conf, unique, wait_until, write_text
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
@@ -123,3 +123,33 @@ def test_a_failed_querys_terminated_event_carries_the_cause_as_native(spark, ls,
     assert "ZeroDivisionError: division by zero" in lockgate.exception
     assert "STREAM_FAILED" not in native.exception
     assert "STREAM_FAILED" not in lockgate.exception
+
+
+def _idle_progress(reader: Any, directory: Any, sink: str) -> list[tuple[Any, ...]]:
+    directory.mkdir()
+    write_text(directory, ["a", "b"])
+    sdf = reader.format("text").load(str(directory))
+    if sink == "foreachBatch":
+        q = sdf.writeStream.foreachBatch(lambda df, i: None).start()
+    else:
+        q = sdf.writeStream.format(sink).queryName(unique("idle")).start()
+    try:
+        q.processAllAvailable()
+        wait_until(lambda: len(q.recentProgress) >= 2, message="no idle progress")
+    finally:
+        q.stop()
+    return [
+        (p["batchId"], p["numInputRows"], p["sink"]["numOutputRows"]) for p in q.recentProgress[:2]
+    ]
+
+
+@pytest.mark.parametrize("sink", ["noop", "memory", "foreachBatch"])
+def test_an_idle_progress_counts_output_rows_as_native(spark, ls, tmp_path, sink):
+    # test_streaming's progress checks on an idle query: an idle progress's sink said -1
+    # output rows after every sink; Spark says 0 after a sink that counts its rows (a V2
+    # write: noop, memory) and -1 after one that does not (foreachBatch)
+    with spark_conf(spark, "spark.sql.streaming.noDataProgressEventInterval", "100ms"):
+        native = _idle_progress(spark.readStream, tmp_path / "native", sink)
+        lockgate = _idle_progress(ls.readStream, tmp_path / "lockgate", sink)
+    assert native[1][:2] == (1, 0)
+    assert lockgate == native
