@@ -78,6 +78,7 @@ import itertools
 import math
 import pickle
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial as bind
@@ -1036,6 +1037,7 @@ class _Handle:
         self.metrics = metrics
         self.key: Any = None
         self.handling_timers = False
+        self.map_entries = _MapEntries(task)
 
     def _variable(self, name: str, kind: str) -> Any:
         variable = next((v for v in self.task.variables if v.name == name), None)
@@ -1096,6 +1098,7 @@ class _Handle:
             return
         for key in list(store.map):
             store.remove(key)
+        self.map_entries.recount(stateName)
         self.metrics["numDeletedStateVars"] += 1
 
 
@@ -1204,6 +1207,8 @@ class _StateVar:
         return self._now + (self._ttl or 0)
 
     def clear(self) -> None:
+        if self._variable.kind == "map":
+            self._handle.map_entries.change(self._variable.name, self._raw(), None)
         self._store.remove(self._key())
 
 
@@ -1314,6 +1319,7 @@ class MapState(_StateVar):
         return _user_tuple(self._variable.key_schema, unsigned_zero_key(key))
 
     def _put(self, entries: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]]) -> None:
+        self._handle.map_entries.change(self._variable.name, self._raw(), entries)
         if not entries:
             self._store.remove(self._key())
             return
@@ -1548,21 +1554,64 @@ def _checked(task: TwsTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
         yield batch
 
 
-def _rows_total(stores: dict[str, Any], variables: tuple[StateVariable, ...]) -> int:
-    """Spark's ``numRowsTotal``: the rows of its store's column families, one per grouping
-    key of a value or list state (a list is one merged value) and one per entry of a map
-    state (keyed by the grouping and user keys; lockgate holds a key's entries in one
-    row); timers, in Spark's internal column families, are not counted."""
-    maps = {v.name for v in variables if v.kind == "map"}
-    total = 0
-    for name, store in stores.items():
-        if name == TIMERS:
-            continue
-        if name in maps:
-            total += sum(len(value[0] or ()) for _, value in store.items())
-        else:
-            total += len(store)
-    return total
+_MAP_ENTRIES: OrderedDict[tuple[Any, ...], tuple[int, int]] = OrderedDict()
+"""A worker's count of a map state's entries per (store, partition): ``(version, count)``
+after the version's commit, so the next batch's count follows its changes."""
+_MAP_ENTRIES_LIMIT = 1024
+
+
+class _MapEntries:
+    """Spark's ``numRowsTotal`` of a transformWithState: the rows of its store's column
+    families, one per grouping key of a value or list state (a list is one merged value)
+    and one per entry of a map state, keyed there by the grouping and the user key;
+    timers, in Spark's internal column families, are not counted.
+
+    lockgate holds a grouping key's map entries in one row, so their number is not the
+    store's length: it is counted from the store once per worker and partition, then
+    followed batch by batch through the changes the task makes (an update, a removal, a
+    cleared key, the TTL cleanup), so that a batch costs what it changed, not the size of
+    the state. A version the worker did not count last (another worker ran the batch
+    before) is counted again."""
+
+    def __init__(self, task: TwsTask) -> None:
+        self.task = task
+        self.delta: dict[str, int] = {}
+        self.recounted: set[str] = set()
+
+    def change(self, name: str, before: Any, after: Any) -> None:
+        """A grouping key's entries went from the stored row ``before`` (None: none) to
+        the entries ``after`` (None: none)."""
+        old = len(before[0] or ()) if before is not None else 0
+        new = len(after) if after else 0
+        self.delta[name] = self.delta.get(name, 0) + new - old
+
+    def removed(self, name: str, entries: int) -> None:
+        self.delta[name] = self.delta.get(name, 0) - entries
+
+    def recount(self, name: str) -> None:
+        self.recounted.add(name)
+
+    def rows_total(self, stores: dict[str, Any], partition: int) -> int:
+        maps = {v.name for v in self.task.variables if v.kind == "map"}
+        total = 0
+        for name, store in stores.items():
+            if name == TIMERS:
+                continue
+            if name not in maps:
+                total += len(store)
+                continue
+            conf = store.conf
+            key = (conf.checkpoint_id, conf.root, conf.operator_id, partition, name)
+            counted = _MAP_ENTRIES.pop(key, None)
+            if counted is not None and counted[0] == self.task.version - 1 and name not in self.recounted:
+                entries = counted[1] + self.delta.get(name, 0)
+            else:
+                entries = sum(len(value[0] or ()) for _, value in store.items())
+            _MAP_ENTRIES[key] = (self.task.version, entries)
+            while len(_MAP_ENTRIES) > _MAP_ENTRIES_LIMIT:
+                _MAP_ENTRIES.popitem(last=False)
+            total += entries
+        return total
 
 
 def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
@@ -1669,9 +1718,10 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
     # Spark's doTtlCleanup, before the commit: what expired by the batch timestamp goes.
     for variable in task.variables:
         if variable.ttl_ms is not None and task.batch_timestamp_ms is not None:
-            metrics["numValuesRemovedDueToTTLExpiry"] += _clean_expired(
-                stores[variable.name], variable, task.batch_timestamp_ms
-            )
+            expired = _clean_expired(stores[variable.name], variable, task.batch_timestamp_ms)
+            metrics["numValuesRemovedDueToTTLExpiry"] += expired
+            if variable.kind == "map":
+                handle.map_entries.removed(variable.name, expired)
     remove_ms = (time.perf_counter() - t1) * 1000
     updated = sum(len(s.updated) for s in stores.values())
     removed = sum(len(s.removed) for s in stores.values())
@@ -1682,7 +1732,7 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
     op = task.operator_id
     first = stores[TIMERS]
     values = {
-        "numRowsTotal": _rows_total(stores, task.variables),
+        "numRowsTotal": handle.map_entries.rows_total(stores, partition),
         "numRowsUpdated": updated,
         "numRowsRemoved": removed,
         "numRowsDroppedByWatermark": dropped,
