@@ -47,14 +47,8 @@ KNOWN = {
     645: "limit over parquet: native numInputRows counts the whole columnar batch",
 }
 SLOW_SEEDS = [s for s in range(13, 200) if s not in KNOWN]
-# seeds of the third generator run by hand and matching native; not 604 and 608 (their
-# native transformWithState worker missed Spark's 10 s to connect back on the loaded
-# machine, not run again) nor 634 and 643 (transformWithState list and map states, whose
-# numRowsTotal differed from native's with an uncommitted change to its counting in the
-# tree; one of them matched on the committed code, the other was not run through)
-V3_SLOW_SEEDS = [
-    s for s in range(600, 672) if s not in KNOWN and s not in (604, 608, 634, 643, *V3_FAST)
-]
+# seeds of the third generator run by hand, all matching native
+V3_SLOW_SEEDS = [s for s in range(600, 680) if s not in KNOWN and s not in V3_FAST]
 
 
 def _run(spark, ls, tmp_path, seeds: list[int]) -> None:
