@@ -182,32 +182,21 @@ class FileStreamSink(Sink):
         if latest is not None and batchId <= latest:
             logger.info("Skipping already committed batch %d", batchId)
             return None
-        if latest is not None and batchId > latest + 1:
-            # Every batch commits an entry, an empty one too: the entries between were
-            # lost (deleted with the checkpoint's commits kept), and writing this one
-            # would leave a log no reader can list.
-            missing = self.log.batch_path(latest + 1)
+        expected = 0 if latest is None else latest + 1
+        if batchId > expected:
+            # Every batch commits an entry, an empty one too: the entries from ``expected``
+            # on were lost (deleted with the checkpoint's commits kept, the whole directory
+            # too), and writing this one would leave a log no reader can list (Spark's sink
+            # writes it anyway; its readers then fail on the missing entry).
+            missing = self.log.batch_path(expected)
             raise CheckpointError(
                 f"File sink log entry {missing} doesn't exist (latestId: {latest}), but the "
                 f"query is writing batch {batchId}: the sink's {METADATA_DIR} directory lost "
-                "its latest entries. Restore them from a backup, or start the query with a "
-                "new checkpoint location and a new output path.",
+                f"the entries of batches {expected} to {batchId - 1} (deleted or emptied, or "
+                "the output path is not the one this checkpoint wrote to), so no reader "
+                "could list the output. Restore them from a backup, or start the query "
+                "with a new checkpoint location and a new output path.",
                 path=missing,
-            )
-        if latest is None and batchId > 0:
-            # No entry at all, yet the checkpoint committed batches before this one: the
-            # directory was deleted or emptied (or the path is new to the checkpoint).
-            # Spark's sink writes the entry anyway, and its readers then fail on the
-            # missing entry 0 (every committed batch's output gone from their view).
-            raise CheckpointError(
-                f"File sink log {self.log.path} has no entries, but the query is writing "
-                f"batch {batchId}: the sink's {METADATA_DIR} directory was deleted or "
-                "emptied (or the output path is not the one this checkpoint wrote to), and "
-                "the entries of batches 0 to "
-                f"{batchId - 1} are lost, so no reader could list the output. Restore the "
-                f"{METADATA_DIR} directory from a backup, or start the query with a new "
-                "checkpoint location and a new output path.",
-                path=self.log.path,
             )
         self._delete_stale_staging()
         staging = self._fs.join(self._base, f"{STAGING_PREFIX}{batchId}-{uuid.uuid4().hex}")
