@@ -210,7 +210,6 @@ class StreamExecution:
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the user
             if self.stop_event.is_set() and not isinstance(exc, StreamingQueryException):
                 logger.info("Query %s was stopped", self.pretty_id_string)
-                self.update_status("Stopped")
             else:
                 self._record_failure(exc)
                 # Spark's runStream: the status keeps the failure's own message
