@@ -143,3 +143,11 @@ def ev(sec: int, k: str, v: int) -> dict[str, Any]:
     return {"ts": (BASE + timedelta(seconds=sec)).isoformat(), "k": k, "v": v}
 
 
+
+
+def rows_total_per_batch(run: Run) -> dict[str, list[tuple[int, list[int]]]]:
+    """Each engine's ``(batchId, [numRowsTotal of each state operator])`` per batch."""
+    return {
+        engine: [(p.batchId, [op.numRowsTotal for op in p.stateOperators]) for p in progress]
+        for engine, progress in run.progress.items()
+    }

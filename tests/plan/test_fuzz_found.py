@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from differential import BASE, headline, process_all, write_json
-from explicit_state_runs import Run, ev
+from explicit_state_runs import Run, ev, rows_total_per_batch
 from pyspark import cloudpickle
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
@@ -256,9 +256,6 @@ def test_transform_with_state_rows_total_counts_map_entries(spark, ls, tmp_path)
         run.step([ev(5, "a", 0), ev(6, "a", 3), ev(7, "c", 5), ev(8, None, 7)])
     finally:
         run.stop()
-    totals = {
-        engine: [(p.batchId, [op.numRowsTotal for op in p.stateOperators]) for p in progress]
-        for engine, progress in run.progress.items()
-    }
+    totals = rows_total_per_batch(run)
     assert totals["native"] == [(0, [2 + 3]), (1, [4 + 6])]
     assert totals["lockgate"] == totals["native"]

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
-from explicit_state_runs import Run, ev
+from explicit_state_runs import Run, ev, rows_total_per_batch
 from pyspark import cloudpickle
 from pyspark.sql.streaming import StatefulProcessor
 
@@ -77,9 +77,6 @@ def test_map_state_rows_total_follows_every_batch_as_native(spark, ls, tmp_path)
                 run.start()
     finally:
         run.stop()
-    totals = {
-        engine: [(p.batchId, [op.numRowsTotal for op in p.stateOperators]) for p in progress]
-        for engine, progress in run.progress.items()
-    }
+    totals = rows_total_per_batch(run)
     assert len(totals["native"]) == len(STEPS)
     assert totals["lockgate"] == totals["native"]
