@@ -5,6 +5,7 @@
     .venv/bin/python -m bench.run --smoke              # tiny sizes, 1 batch each (the test)
     .venv/bin/python -m bench.run --rows-per-batch 1000,10000,100000,1000000   # 1a, 2-5 at each size
     .venv/bin/python -m bench.run --busy-core          # the same with the other core kept busy
+    .venv/bin/python -m bench.run --shapes [s1,s4]     # shapes the workloads do not have (bench/shapes.py)
     .venv/bin/python -m bench.run --soak 1000          # workload 2 on lockgate, memory drift
     .venv/bin/python -m bench.run --nexmark [ARGS]     # Nexmark (bench/nexmark.py; ARGS are its flags)
     .venv/bin/python -m bench.run --explicit-state [ARGS]  # explicit state (bench/explicit_state.py; ARGS are its flags)
@@ -42,6 +43,7 @@ from typing import Any
 from bench.common import loadavg
 from bench.cpu import busy_core
 from bench.report import markdown, print_workload
+from bench.shapes import select_shapes
 from bench.suite import Bench
 from bench.workloads import FULL, SMOKE, Sizes, select
 
@@ -61,6 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows-per-batch", metavar="N,N,...",
                         help="run the stateless and stateful workloads (1a, 2, 3, 4, 5 or those of --workloads) "
                         "at each of these rows per batch, one table per size")
+    parser.add_argument("--shapes", nargs="?", const="all", metavar="s1,s2,...",
+                        help="run the shapes of bench/shapes.py (all, or those listed) instead of the workloads")
     parser.add_argument("--busy-core", action="store_true",
                         help="keep one core busy for the whole run (a spinning process, stopped at the end)")
     parser.add_argument("--nexmark", action="store_true",
@@ -146,7 +150,9 @@ def main(argv: list[str] | None = None, spark: Any = None, log: Callable[[str], 
     sizes = SMOKE if smoke else FULL
     recovery_after = args.recovery_after or sizes.recovery_after_7
     per_size = parse_sizes(args.rows_per_batch)
-    if per_size:
+    if args.shapes is not None:
+        keys = select_shapes(args.shapes)
+    elif per_size:
         keys = [k for k in select(args.workloads or ",".join(SIZED)) if k in SIZED]
     else:
         keys = select(args.workloads) if (args.workloads or not args.soak) else []

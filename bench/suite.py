@@ -25,6 +25,7 @@ from bench.common import (
 from bench.cpu import CpuProbe
 from bench.memory import MemoryProbe
 from bench.recovery import RecoveryRuns
+from bench.shapes import SHAPES
 from bench.soak import SoakRuns
 from bench.standard import StandardRuns
 from bench.state_scaling import StateScalingRuns
@@ -196,7 +197,7 @@ class Bench(StandardRuns, StateScalingRuns, RecoveryRuns, SoakRuns):
 
     # -- workloads -------------------------------------------------------------------------------
     def run(self, key: str) -> dict[str, Any]:
-        wl = WORKLOADS[key]
+        wl = WORKLOADS[key] if key in WORKLOADS else SHAPES[key]
         base = {
             "key": key,
             "title": wl.title,

@@ -48,6 +48,8 @@ class Sizes:
     rows_9: int = 100_000
     rows_10: int = 100_000
     keys_10: int = 10
+    rows_shapes: int = 100_000
+    """Rows per batch of every shape of ``bench/shapes.py``."""
 
 
 FULL = Sizes()
@@ -70,6 +72,7 @@ SMOKE = Sizes(
     rows_9=1_000,
     rows_10=1_000,
     keys_10=10,
+    rows_shapes=1_000,
 )
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from bench import run
 from bench.cpu import tree_ticks
+from bench.shapes import SHAPES
 from bench.workloads import SMOKE, WORKLOADS
 
 
@@ -161,3 +162,23 @@ def test_dedup_state_step_bench_runs():
     lines: list[str] = []
     assert dedup_task.main(batches=6, log=lines.append) == [0] + [1250] * 5
     assert lines and "ms" in lines[0]
+
+
+def test_shapes_smoke(spark, tmp_path):
+    """``--shapes`` runs every shape of bench/shapes.py on both engines: each must run on
+    lockgate (a shape lockgate refused would be a gap, not a benchmark figure)."""
+    lines: list[str] = []
+    results = run.main(["--smoke", "--shapes", "--results-dir", str(tmp_path)], spark=spark, log=lines.append)
+
+    with open(results["json_path"]) as f:
+        data = json.load(f)
+    assert set(data["workloads"]) == set(SHAPES)
+    for key, res in data["workloads"].items():
+        assert res["status"] == "ok", (key, res.get("error"), res.get("lockgate_error"), res.get("traceback"))
+        assert not res["query_failures"], (key, res["query_failures"])
+        expected = data["config"]["sizes"]["rows_shapes"]
+        for engine in ("native", "lockgate"):
+            st = res["engines"][engine]
+            assert [b["numInputRows"] for b in st["batches"]] == [expected] * st["measured_batches"], (key, engine)
+            assert st["measured_batches"] >= 1 and _positive(st["median_ms"]), (key, engine, st)
+        assert _positive(res["ratio_median"]) and _positive(res["ratio_cpu"]), key
