@@ -454,7 +454,11 @@ class MicroBatchExecution(StreamExecution):
                 )
             if committed_id == latest_batch_id:
                 self.committed = list(self.available)
-                self.watermark_tracker.set_watermark(commit_metadata.nextBatchWatermarkMs)
+                # the later of the two logs' watermarks, as Spark's populateStartOffsets
+                # (a commit written by another engine, or edited, may hold an earlier one)
+                self.watermark_tracker.set_watermark(
+                    max(offset_seq.metadata.batchWatermarkMs, commit_metadata.nextBatchWatermarkMs)
+                )
                 self.current_batch_id = latest_batch_id + 1
                 self._constructed = False
             elif committed_id != latest_batch_id - 1:
