@@ -73,16 +73,17 @@ def print_medians(label: str, ran: list[Any], operators: int | None = 1) -> None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload", help="e.g. 1a, 2, 5")
+    parser.add_argument("workload", help="e.g. 1a, 2, 5, or a shape of bench/shapes.py (s1-s8)")
     parser.add_argument("engine", choices=("lockgate", "native"))
     parser.add_argument("batches", type=int, nargs="?", default=15)
     args = parser.parse_args()
 
     import lockgate
+    from bench.shapes import SHAPES
     from bench.workloads import FULL, WORKLOADS, Context
 
     spark = local_spark()
-    workload = WORKLOADS[args.workload]
+    workload = {**WORKLOADS, **SHAPES}[args.workload]
     ctx = Context(sizes=FULL, rows_per_batch=workload.rows_per_batch(FULL))
     ls = lockgate.session(spark)
     readers = (lambda: spark.readStream) if args.engine == "native" else (lambda: ls.readStream)

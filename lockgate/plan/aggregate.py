@@ -253,8 +253,8 @@ def fold_batch(batch: pa.RecordBatch, folds: tuple[MomentFold, ...]) -> pa.Recor
     columns = dict(zip(batch.schema.names, batch.columns))
     for fold in folds:
         lists = columns.pop(fold.values)
-        values = lists.flatten().to_numpy(zero_copy_only=False).tolist()
-        lengths = lists.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).tolist()
+        values = lists.flatten().to_numpy(zero_copy_only=False)
+        lengths = lists.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
         folded = fold_moments(values, lengths, len(fold.buffers) - 1)
         for name, column in zip(fold.buffers, folded):
             columns[name] = pa.array(column, type=pa.float64())

@@ -24,6 +24,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from pyspark.sql import functions as F
 
 if TYPE_CHECKING:
@@ -145,33 +146,83 @@ def moment_values(x: Column) -> Column:
     return F.collect_list(x.cast("double"))
 
 
-def fold_moments(values: list[float], lengths: list[int], order: int) -> list[list[float]]:
+_LOCKSTEP_MIN_GROUPS = 64
+"""Below this many groups still folding, :func:`fold_moments` finishes them one by one:
+a numpy step over a handful of groups costs more than the Python loop over their values."""
+
+
+def fold_moments(values: Any, lengths: Any, order: int) -> list[np.ndarray]:
     """CentralMomentAgg's buffers (n, avg, m2[, m3[, m4]]) of each group's values, the
     groups ``lengths`` long one after the other in ``values``: :func:`_moments_step`'s
-    double operations in its grouping, in Python, whose floats are IEEE doubles as the
-    JVM's, so the bits are those of :func:`moment_partials`. A loop here costs a tenth
-    of Spark's interpreted higher-order function over the same values."""
-    columns: list[list[float]] = [[] for _ in range(order + 1)]
-    at = 0
-    for length in lengths:
-        n = avg = m2 = m3 = m4 = 0.0
-        for v in values[at : at + length]:
-            n1 = n + 1.0
-            delta = v - avg
+    double operations in its grouping, so the bits are those of :func:`moment_partials`.
+
+    A group's values must be folded in order, one after the other, but the groups are
+    independent: step ``i`` folds the ``i``-th value of every group longer than ``i`` at
+    once, in numpy, whose float64 operations are IEEE doubles one operation at a time as
+    the JVM's (no fused multiply-add). The few groups still folding when most are done
+    finish in a Python loop over their remaining values.
+
+    Every value is the JVM's bit for bit but a NaN's sign: an operation of two NaNs keeps
+    one of them, which one is the hardware's and the loop's operand order (the JIT's in
+    the JVM), and Spark treats every NaN as the same value."""
+    vals = np.asarray(values, dtype=np.float64)
+    lens = np.asarray(lengths, dtype=np.int64)
+    groups = len(lens)
+    starts = np.zeros(groups, dtype=np.int64)
+    if groups > 1:
+        np.cumsum(lens[:-1], out=starts[1:])
+    buffers = [np.zeros(groups, dtype=np.float64) for _ in range(order + 1)]
+    n, avg, m2 = buffers[0], buffers[1], buffers[2]
+    m3 = buffers[3] if order >= 3 else None
+    m4 = buffers[4] if order >= 4 else None
+    active = np.flatnonzero(lens > 0)
+    i = 0
+    with np.errstate(all="ignore"):  # inf and nan are results here, as in the JVM
+        while len(active) >= _LOCKSTEP_MIN_GROUPS:
+            v = vals[starts[active] + i]
+            g_avg, g_m2 = avg[active], m2[active]
+            n1 = n[active] + 1.0
+            delta = v - g_avg
             delta_n = delta / n1
-            new_m2 = m2 + delta * (delta - delta_n)
-            if order >= 3:
-                new_m3 = (m3 - (3.0 * delta_n) * new_m2) + delta * (delta * delta - delta_n * delta_n)
-                if order >= 4:
-                    m4 = ((m4 - (4.0 * delta_n) * new_m3) - (6.0 * (delta_n * delta_n)) * new_m2) + delta * (
-                        delta * (delta * delta) - delta_n * (delta_n * delta_n)
+            new_m2 = g_m2 + delta * (delta - delta_n)
+            if m3 is not None:
+                new_m3 = (m3[active] - (3.0 * delta_n) * new_m2) + delta * (delta * delta - delta_n * delta_n)
+                if m4 is not None:
+                    m4[active] = ((m4[active] - (4.0 * delta_n) * new_m3) - (6.0 * (delta_n * delta_n)) * new_m2) + (
+                        delta * (delta * (delta * delta) - delta_n * (delta_n * delta_n))
                     )
-                m3 = new_m3
-            n, avg, m2 = n1, avg + delta_n, new_m2
-        at += length
-        for column, value in zip(columns, (n, avg, m2, m3, m4)):
-            column.append(value)
-    return columns
+                m3[active] = new_m3
+            n[active] = n1
+            avg[active] = g_avg + delta_n
+            m2[active] = new_m2
+            i += 1
+            active = active[lens[active] > i]
+    for g in active.tolist():
+        _fold_rest(vals[starts[g] + i : starts[g] + lens[g]].tolist(), buffers, g, order)
+    return buffers
+
+
+def _fold_rest(values: list[float], buffers: list[np.ndarray], g: int, order: int) -> None:
+    """Group ``g``'s remaining ``values`` folded into its buffers, row by row in Python
+    (floats are IEEE doubles): :func:`fold_moments` for the groups left when most are done."""
+    n, avg, m2 = float(buffers[0][g]), float(buffers[1][g]), float(buffers[2][g])
+    m3 = float(buffers[3][g]) if order >= 3 else 0.0
+    m4 = float(buffers[4][g]) if order >= 4 else 0.0
+    for v in values:
+        n1 = n + 1.0
+        delta = v - avg
+        delta_n = delta / n1
+        new_m2 = m2 + delta * (delta - delta_n)
+        if order >= 3:
+            new_m3 = (m3 - (3.0 * delta_n) * new_m2) + delta * (delta * delta - delta_n * delta_n)
+            if order >= 4:
+                m4 = ((m4 - (4.0 * delta_n) * new_m3) - (6.0 * (delta_n * delta_n)) * new_m2) + delta * (
+                    delta * (delta * delta) - delta_n * (delta_n * delta_n)
+                )
+            m3 = new_m3
+        n, avg, m2 = n1, avg + delta_n, new_m2
+    for column, value in zip(buffers, (n, avg, m2, m3, m4)):
+        column[g] = value
 
 
 def co_moment_partials(x: Column, y: Column, pearson: bool) -> tuple[Column, ...]:
