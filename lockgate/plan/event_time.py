@@ -218,7 +218,7 @@ def event_time_by_optimizer(
     def mark(plan: Any) -> Any:
         if plan.fastEquals(target):
             found.append(plan)
-            return with_marker(spark, plan)
+            return with_marker(spark, plan, keep_empty=True)  # a side filtered by false too
         children = _seq(plan.children())
         if not children:
             return plan

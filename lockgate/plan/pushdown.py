@@ -44,6 +44,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from py4j.protocol import Py4JError
+from pyspark.sql import functions as F
 
 from lockgate.jvm import jvm_name, scala_list, seq, unresolved_column
 from lockgate.plan.nodes import (
@@ -488,13 +489,23 @@ def _pushed_pairs(
     return added
 
 
-def with_marker(spark: Any, subtree: Any, seed: int = _MARKER_SEED) -> Any:
+def with_marker(spark: Any, subtree: Any, seed: int = _MARKER_SEED, *, keep_empty: bool = False) -> Any:
     """``subtree`` (an analysed plan) under a marker: a ``Sample`` of all rows with
     ``seed``, taken from a plan Spark builds (its constructor differs between Spark
     versions). Spark's optimizer moves no filter and no projection through it, and its
-    output and constraints are its child's."""
+    output and constraints are its child's.
+
+    A subtree that Spark's optimizer folds to an empty relation (under a filter that
+    folds to false, ``limit(0)``) takes the marker and everything above it with it
+    (``PropagateEmptyRelation``); with ``keep_empty`` an observation (a
+    ``CollectMetrics``, which that rule leaves in place) stands between them, so the
+    steps above are optimized as over rows."""
+    jvm = spark.sparkContext._jvm
+    if keep_empty:
+        observed = spark.range(0).observe("lockgate_marker", F.count(F.lit(1)))
+        subtree = observed._jdf.queryExecution().analyzed().withNewChildren(scala_list(jvm, [subtree]))
     sample = spark.range(0).sample(fraction=1.0, seed=seed)._jdf.queryExecution().analyzed()
-    return sample.withNewChildren(scala_list(spark.sparkContext._jvm, [subtree]))
+    return sample.withNewChildren(scala_list(jvm, [subtree]))
 
 
 def _conjuncts_at_inputs(
