@@ -45,6 +45,8 @@ KNOWN = {
     443: "left semi join over an explode: native buffers the rows before the explode",
     # as 375
     645: "limit over parquet: native numInputRows counts the whole columnar batch",
+    # as 443: the left side's rows doubled by explode(array(1, 2)) before the semi join
+    919: "left semi join over an explode: native buffers the rows before the explode",
 }
 SLOW_SEEDS = [s for s in range(13, 200) if s not in KNOWN]
 # seeds of the third generator run by hand, all matching native
