@@ -1038,6 +1038,19 @@ class _Handle:
         self.key: Any = None
         self.handling_timers = False
         self.map_entries = _MapEntries(task)
+        self.rows_updated = 0
+        """Spark's ``numUpdatedStateRows`` of the task (:meth:`count_updated`)."""
+
+    def count_updated(self, rows: int, *, restart: bool = False) -> None:
+        """Count ``rows`` state rows written, as Spark's state variables count them in
+        ``numUpdatedStateRows`` (the progress's ``numRowsUpdated``): one per
+        ``ValueState.update`` and ``MapState.updateValue``, one per element a
+        ``ListState`` puts or appends; removals and timers count none. ``restart``:
+        Spark's ``ListState.put`` (without TTL) resets the task's count before counting
+        its elements, so the writes before it in the same partition are not counted."""
+        if restart:
+            self.rows_updated = 0
+        self.rows_updated += rows
 
     def _variable(self, name: str, kind: str) -> Any:
         variable = next((v for v in self.task.variables if v.name == name), None)
@@ -1236,6 +1249,11 @@ class ValueState(_StateVar):
         value = _store_values(schema, tuple(_as_dict(schema.names, newValue, f"ValueState {self._variable.name!r}").values()))
         if self._ttl is not None:
             value.append(self._expiry())
+            # with TTL, Spark writes (and counts) only a value or expiration that changed
+            if not _same_stored(self._raw(), value):
+                self._handle.count_updated(1)
+        else:
+            self._handle.count_updated(1)
         self._write(value)
 
 
@@ -1280,6 +1298,7 @@ class ListState(_StateVar):
 
     def put(self, newState: list[tuple[Any, ...]]) -> None:
         rows = self._rows(list(newState))
+        self._handle.count_updated(len(rows), restart=self._ttl is None)
         self._put(rows, [self._expiry()] * len(rows))
 
     def appendValue(self, newState: tuple[Any, ...]) -> None:
@@ -1288,6 +1307,7 @@ class ListState(_StateVar):
     def appendList(self, newState: list[tuple[Any, ...]]) -> None:
         items, expirations = self._stored()  # expired elements too: the cleanup counts them
         rows = self._rows(list(newState))
+        self._handle.count_updated(len(rows))
         self._put([*items, *rows], [*expirations, *([self._expiry()] * len(rows))])
 
 
@@ -1348,7 +1368,12 @@ class MapState(_StateVar):
         schema = self._variable.schema
         stored = tuple(_store_values(schema, tuple(_as_dict(schema.names, value, f"MapState {self._variable.name!r} value").values())))
         entries = self._stored()
-        entries[self._frozen(key)] = (stored, self._expiry() if self._ttl is not None else None)
+        frozen = self._frozen(key)
+        entry = (stored, self._expiry() if self._ttl is not None else None)
+        # with TTL, Spark writes (and counts) only an entry or expiration that changed
+        if self._ttl is None or not _same_stored(entries.get(frozen), entry):
+            self._handle.count_updated(1)
+        entries[frozen] = entry
         self._put(entries)
 
     def iterator(self) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
@@ -1366,6 +1391,12 @@ class MapState(_StateVar):
         entries = self._stored()
         if entries.pop(self._frozen(key), None) is not None:
             self._put(entries)
+
+
+def _same_stored(before: Any, after: Any) -> bool:
+    """Whether a stored value (a value state's columns, a map entry's value and
+    expiration) equals the one about to be written."""
+    return before is not None and hashable(before) == hashable(after)
 
 
 def _clean_expired(store: Any, variable: StateVariable, now: int) -> int:
@@ -1723,7 +1754,6 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
             if variable.kind == "map":
                 handle.map_entries.removed(variable.name, expired)
     remove_ms = (time.perf_counter() - t1) * 1000
-    updated = sum(len(s.updated) for s in stores.values())
     removed = sum(len(s.removed) for s in stores.values())
     commit_ms = 0.0
     for store in stores.values():
@@ -1733,7 +1763,7 @@ def run_tws_task(task: TwsTask, partition: int, batches: Any) -> Any:
     first = stores[TIMERS]
     values = {
         "numRowsTotal": handle.map_entries.rows_total(stores, partition),
-        "numRowsUpdated": updated,
+        "numRowsUpdated": handle.rows_updated,
         "numRowsRemoved": removed,
         "numRowsDroppedByWatermark": dropped,
         "allUpdatesTimeMs": int((t1 - started) * 1000),
