@@ -98,7 +98,7 @@ from pyspark.sql.types import (
 
 from lockgate.checkpoint.fs import resolve_filesystem
 from lockgate.compat import override
-from lockgate.errors import AnalysisError, NotSupportedYetError, OptionError
+from lockgate.errors import AnalysisError, LockgateError, NotSupportedYetError, OptionError
 from lockgate.options import Options
 from lockgate.plan.cache import frame
 from lockgate.plan.nodes import PlanNode
@@ -1019,11 +1019,124 @@ def _struct(value: Any) -> Any:
     return value if value is None or isinstance(value, dict) else dict(value)
 
 
-def _as_dict(names: list[str], value: Any, what: str) -> dict[str, Any]:
+class StateValueTypeError(LockgateError, TypeError):
+    """A state variable written with a value its schema does not take (checked when it
+    is written, before anything of the batch is committed)."""
+
+
+def _as_dict(schema: StructType, value: Any, what: str) -> dict[str, Any]:
+    """``value``, a tuple (or list, or ``Row``) of ``schema``'s fields, by field name;
+    :class:`StateValueTypeError` when its arity or a field's type does not fit.
+
+    Spark's own handle does not check: a value or map state's write of a wrong type is
+    stored as null, a list state's fails in Arrow; either way the state is not what the
+    processor meant, so lockgate fails the batch instead, naming the variable."""
+    names = schema.names
+    expected = f"a tuple of {len(names)} value{'s' if len(names) != 1 else ''} of {schema.simpleString()}"
+    if isinstance(value, dict) or not isinstance(value, (tuple, list)):
+        raise StateValueTypeError(
+            f"{what} takes {expected}, got {value!r} ({type(value).__name__}). Pass the "
+            f"values as a tuple, e.g. ({names[0] if names else ''},) for one field."
+        )
     values = tuple(value)
     if len(values) != len(names):
-        raise ValueError(f"{what} expects a tuple of {len(names)} values ({', '.join(names)}), got {value!r}")
+        raise StateValueTypeError(
+            f"{what} takes {expected}, got {len(values)} value{'s' if len(values) != 1 else ''}: "
+            f"{value!r}. Give one value per field of the schema, in its order ({', '.join(names)})."
+        )
+    for f, v in zip(schema.fields, values):
+        problem = _type_problem(f.dataType, v, f.name)
+        if problem is not None:
+            raise StateValueTypeError(
+                f"{what} takes {expected}, got {value!r}: {problem}. Convert the value to "
+                "the declared type, or declare the state variable with the type it holds "
+                "(a schema change the checkpoint refuses: use a new state variable name)."
+            )
     return dict(zip(names, values))
+
+
+_INTEGRAL_BITS = {"tinyint": 8, "smallint": 16, "int": 32, "bigint": 64}
+
+
+def _type_problem(dtype: DataType, value: Any, path: str) -> str | None:
+    """What in ``value`` (at ``path``) the type ``dtype`` does not take (None: all fits),
+    as PySpark's ``createDataFrame(verifySchema=True)`` checks, also taking NumPy scalars
+    (a pandas processor's values) and ints where floats are declared."""
+    import datetime as dt
+    import decimal
+
+    import numpy as np
+    from pyspark.sql.types import (
+        BinaryType,
+        BooleanType,
+        DateType,
+        DecimalType,
+        DoubleType,
+        FloatType,
+        IntegralType,
+        StringType,
+        TimestampNTZType,
+    )
+
+    if value is None:
+        return None
+    name = dtype.simpleString()
+    got = f"{path}={value!r} ({type(value).__name__}) does not fit {name}"
+    is_bool = isinstance(value, (bool, np.bool_))
+    if isinstance(dtype, IntegralType):
+        if is_bool or not isinstance(value, (int, np.integer)):
+            return got
+        bits = _INTEGRAL_BITS.get(name, 64)
+        if not -(2 ** (bits - 1)) <= int(value) < 2 ** (bits - 1):
+            return f"{path}={value!r} is out of the range of {name}"
+        return None
+    if isinstance(dtype, (FloatType, DoubleType)):
+        fits = not is_bool and isinstance(value, (int, float, np.integer, np.floating))
+    elif isinstance(dtype, BooleanType):
+        fits = is_bool
+    elif isinstance(dtype, StringType):
+        fits = isinstance(value, str)
+    elif isinstance(dtype, BinaryType):
+        fits = isinstance(value, (bytes, bytearray, memoryview))
+    elif isinstance(dtype, DecimalType):
+        fits = not is_bool and isinstance(value, (decimal.Decimal, int, np.integer))
+    elif isinstance(dtype, (TimestampType, TimestampNTZType)):
+        fits = isinstance(value, (dt.datetime, np.datetime64))
+    elif isinstance(dtype, DateType):
+        fits = isinstance(value, (dt.date, np.datetime64))
+    elif isinstance(dtype, ArrayType):
+        if isinstance(value, (str, bytes, dict)) or not isinstance(value, (list, tuple, np.ndarray)):
+            return got
+        for i, item in enumerate(value):
+            problem = _type_problem(dtype.elementType, item, f"{path}[{i}]")
+            if problem is not None:
+                return problem
+        return None
+    elif isinstance(dtype, MapType):
+        if not isinstance(value, dict):
+            return got
+        for k, v in value.items():
+            problem = _type_problem(dtype.keyType, k, f"{path} key") or _type_problem(
+                dtype.valueType, v, f"{path}[{k!r}]"
+            )
+            if problem is not None:
+                return problem
+        return None
+    elif isinstance(dtype, StructType):
+        if isinstance(value, dict):
+            items = [(f, value.get(f.name)) for f in dtype.fields]
+        elif isinstance(value, (tuple, list)) and len(value) == len(dtype.fields):
+            items = list(zip(dtype.fields, value))
+        else:
+            return got
+        for f, v in items:
+            problem = _type_problem(f.dataType, v, f"{path}.{f.name}")
+            if problem is not None:
+                return problem
+        return None
+    else:
+        return None  # intervals, variants ...: left to Arrow
+    return None if fits else got
 
 
 class _Handle:
@@ -1246,7 +1359,7 @@ class ValueState(_StateVar):
 
     def update(self, newValue: tuple[Any, ...]) -> None:
         schema = self._variable.schema
-        value = _store_values(schema, tuple(_as_dict(schema.names, newValue, f"ValueState {self._variable.name!r}").values()))
+        value = _store_values(schema, tuple(_as_dict(schema, newValue, f"ValueState {self._variable.name!r}").values()))
         if self._ttl is not None:
             value.append(self._expiry())
             # with TTL, Spark writes (and counts) only a value or expiration that changed
@@ -1284,7 +1397,7 @@ class ListState(_StateVar):
         schema = self._variable.schema
         what = f"ListState {self._variable.name!r}"
         return [
-            dict(zip(schema.names, _store_values(schema, tuple(_as_dict(schema.names, v, what).values()))))
+            dict(zip(schema.names, _store_values(schema, tuple(_as_dict(schema, v, what).values()))))
             for v in items
         ]
 
@@ -1330,7 +1443,7 @@ class MapState(_StateVar):
     def _frozen(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
         schema = self._variable.key_schema
         assert schema is not None
-        values = tuple(_as_dict(schema.names, key, f"MapState {self._variable.name!r} key").values())
+        values = tuple(_as_dict(schema, key, f"MapState {self._variable.name!r} key").values())
         # Spark keys the entries by the user key's bytes, where -0.0 is not 0.0
         return signed_zero_key(hashable(tuple(_store_values(schema, values))))  # type: ignore[no-any-return]
 
@@ -1366,7 +1479,7 @@ class MapState(_StateVar):
 
     def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
         schema = self._variable.schema
-        stored = tuple(_store_values(schema, tuple(_as_dict(schema.names, value, f"MapState {self._variable.name!r} value").values())))
+        stored = tuple(_store_values(schema, tuple(_as_dict(schema, value, f"MapState {self._variable.name!r} value").values())))
         entries = self._stored()
         frozen = self._frozen(key)
         entry = (stored, self._expiry() if self._ttl is not None else None)
