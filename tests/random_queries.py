@@ -1410,7 +1410,9 @@ class Engine:
         for attempt in range(8):
             try:
                 if self.run.scenario.trigger == "availableNow":
-                    self.query.awaitTermination(120)
+                    # a run still going would be compared mid-run: a batch short, not a difference
+                    if not self.query.awaitTermination(600):
+                        raise TimeoutError(f"{self.name}'s availableNow run did not finish in 600 s")
                 else:
                     self.query.processAllAvailable()
                     self.query.processAllAvailable()
