@@ -73,6 +73,8 @@ an ``eventTimeColumnName`` (:func:`refuse_after_processing_time_transform_with_s
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
 import heapq
 import itertools
 import math
@@ -84,15 +86,25 @@ from dataclasses import dataclass, field
 from functools import partial as bind
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
+    BinaryType,
+    BooleanType,
     DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegralType,
     LongType,
     MapType,
+    StringType,
     StructField,
     StructType,
+    TimestampNTZType,
     TimestampType,
 )
 
@@ -1031,28 +1043,65 @@ def _as_dict(schema: StructType, value: Any, what: str) -> dict[str, Any]:
     Spark's own handle does not check: a value or map state's write of a wrong type is
     stored as null, a list state's fails in Arrow; either way the state is not what the
     processor meant, so lockgate fails the batch instead, naming the variable."""
-    names = schema.names
-    expected = f"a tuple of {len(names)} value{'s' if len(names) != 1 else ''} of {schema.simpleString()}"
-    if isinstance(value, dict) or not isinstance(value, (tuple, list)):
+    names, checks = _write_checks(schema)
+    if type(value) is not tuple and (isinstance(value, dict) or not isinstance(value, (tuple, list))):
         raise StateValueTypeError(
-            f"{what} takes {expected}, got {value!r} ({type(value).__name__}). Pass the "
-            f"values as a tuple, e.g. ({names[0] if names else ''},) for one field."
+            f"{what} takes {_expected(schema)}, got {value!r} ({type(value).__name__}). Pass "
+            f"the values as a tuple, e.g. ({names[0] if names else ''},) for one field."
         )
     values = tuple(value)
     if len(values) != len(names):
         raise StateValueTypeError(
-            f"{what} takes {expected}, got {len(values)} value{'s' if len(values) != 1 else ''}: "
+            f"{what} takes {_expected(schema)}, got {len(values)} value{'s' if len(values) != 1 else ''}: "
             f"{value!r}. Give one value per field of the schema, in its order ({', '.join(names)})."
         )
-    for f, v in zip(schema.fields, values):
+    for (f, fast, bounds), v in zip(checks, values):
+        if v is None or (type(v) in fast and (bounds is None or bounds[0] <= v < bounds[1])):
+            continue
         problem = _type_problem(f.dataType, v, f.name)
         if problem is not None:
             raise StateValueTypeError(
-                f"{what} takes {expected}, got {value!r}: {problem}. Convert the value to "
-                "the declared type, or declare the state variable with the type it holds "
+                f"{what} takes {_expected(schema)}, got {value!r}: {problem}. Convert the value "
+                "to the declared type, or declare the state variable with the type it holds "
                 "(a schema change the checkpoint refuses: use a new state variable name)."
             )
     return dict(zip(names, values))
+
+
+def _expected(schema: StructType) -> str:
+    n = len(schema.fields)
+    return f"a tuple of {n} value{'s' if n != 1 else ''} of {schema.simpleString()}"
+
+
+_CHECKS: dict[int, tuple[StructType, list[str], list[tuple[StructField, frozenset[type], tuple[int, int] | None]]]] = {}
+
+
+def _write_checks(schema: StructType) -> tuple[list[str], list[tuple[StructField, frozenset[type], Any]]]:
+    """``schema``'s field names, and per field the Python types that fit it without a
+    closer look (with an integral type's range): built once per schema, as every state
+    write checks its value."""
+    cached = _CHECKS.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1], cached[2]
+    checks = []
+    for f in schema.fields:
+        t = f.dataType
+        bounds = None
+        if isinstance(t, IntegralType):
+            fast: frozenset[type] = frozenset({int})
+            bits = _INTEGRAL_BITS.get(t.simpleString(), 64)
+            bounds = (-(2 ** (bits - 1)), 2 ** (bits - 1))
+        elif isinstance(t, (FloatType, DoubleType)):
+            fast = frozenset({float, int})
+        elif isinstance(t, StringType):
+            fast = frozenset({str})
+        elif isinstance(t, BooleanType):
+            fast = frozenset({bool})
+        else:
+            fast = frozenset()
+        checks.append((f, fast, bounds))
+    _CHECKS[id(schema)] = (schema, list(schema.names), checks)
+    return list(schema.names), checks
 
 
 _INTEGRAL_BITS = {"tinyint": 8, "smallint": 16, "int": 32, "bigint": 64}
@@ -1061,34 +1110,17 @@ _INTEGRAL_BITS = {"tinyint": 8, "smallint": 16, "int": 32, "bigint": 64}
 def _type_problem(dtype: DataType, value: Any, path: str) -> str | None:
     """What in ``value`` (at ``path``) the type ``dtype`` does not take (None: all fits),
     as PySpark's ``createDataFrame(verifySchema=True)`` checks, also taking NumPy scalars
-    (a pandas processor's values) and ints where floats are declared."""
-    import datetime as dt
-    import decimal
-
-    import numpy as np
-    from pyspark.sql.types import (
-        BinaryType,
-        BooleanType,
-        DateType,
-        DecimalType,
-        DoubleType,
-        FloatType,
-        IntegralType,
-        StringType,
-        TimestampNTZType,
-    )
-
+    (a pandas processor's values) and ints where floats are declared. Runs on every state
+    write: the message is built only when the value does not fit."""
     if value is None:
         return None
-    name = dtype.simpleString()
-    got = f"{path}={value!r} ({type(value).__name__}) does not fit {name}"
     is_bool = isinstance(value, (bool, np.bool_))
     if isinstance(dtype, IntegralType):
         if is_bool or not isinstance(value, (int, np.integer)):
-            return got
-        bits = _INTEGRAL_BITS.get(name, 64)
+            return _misfit(dtype, value, path)
+        bits = _INTEGRAL_BITS.get(dtype.simpleString(), 64)
         if not -(2 ** (bits - 1)) <= int(value) < 2 ** (bits - 1):
-            return f"{path}={value!r} is out of the range of {name}"
+            return f"{path}={value!r} is out of the range of {dtype.simpleString()}"
         return None
     if isinstance(dtype, (FloatType, DoubleType)):
         fits = not is_bool and isinstance(value, (int, float, np.integer, np.floating))
@@ -1101,12 +1133,12 @@ def _type_problem(dtype: DataType, value: Any, path: str) -> str | None:
     elif isinstance(dtype, DecimalType):
         fits = not is_bool and isinstance(value, (decimal.Decimal, int, np.integer))
     elif isinstance(dtype, (TimestampType, TimestampNTZType)):
-        fits = isinstance(value, (dt.datetime, np.datetime64))
+        fits = isinstance(value, (datetime.datetime, np.datetime64))
     elif isinstance(dtype, DateType):
-        fits = isinstance(value, (dt.date, np.datetime64))
+        fits = isinstance(value, (datetime.date, np.datetime64))
     elif isinstance(dtype, ArrayType):
         if isinstance(value, (str, bytes, dict)) or not isinstance(value, (list, tuple, np.ndarray)):
-            return got
+            return _misfit(dtype, value, path)
         for i, item in enumerate(value):
             problem = _type_problem(dtype.elementType, item, f"{path}[{i}]")
             if problem is not None:
@@ -1114,7 +1146,7 @@ def _type_problem(dtype: DataType, value: Any, path: str) -> str | None:
         return None
     elif isinstance(dtype, MapType):
         if not isinstance(value, dict):
-            return got
+            return _misfit(dtype, value, path)
         for k, v in value.items():
             problem = _type_problem(dtype.keyType, k, f"{path} key") or _type_problem(
                 dtype.valueType, v, f"{path}[{k!r}]"
@@ -1128,7 +1160,7 @@ def _type_problem(dtype: DataType, value: Any, path: str) -> str | None:
         elif isinstance(value, (tuple, list)) and len(value) == len(dtype.fields):
             items = list(zip(dtype.fields, value))
         else:
-            return got
+            return _misfit(dtype, value, path)
         for f, v in items:
             problem = _type_problem(f.dataType, v, f"{path}.{f.name}")
             if problem is not None:
@@ -1136,7 +1168,11 @@ def _type_problem(dtype: DataType, value: Any, path: str) -> str | None:
         return None
     else:
         return None  # intervals, variants ...: left to Arrow
-    return None if fits else got
+    return None if fits else _misfit(dtype, value, path)
+
+
+def _misfit(dtype: DataType, value: Any, path: str) -> str:
+    return f"{path}={value!r} ({type(value).__name__}) does not fit {dtype.simpleString()}"
 
 
 class _Handle:
