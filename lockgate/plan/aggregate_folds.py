@@ -172,57 +172,44 @@ def fold_moments(values: Any, lengths: Any, order: int) -> list[np.ndarray]:
     if groups > 1:
         np.cumsum(lens[:-1], out=starts[1:])
     buffers = [np.zeros(groups, dtype=np.float64) for _ in range(order + 1)]
-    n, avg, m2 = buffers[0], buffers[1], buffers[2]
-    m3 = buffers[3] if order >= 3 else None
-    m4 = buffers[4] if order >= 4 else None
     active = np.flatnonzero(lens > 0)
     i = 0
     with np.errstate(all="ignore"):  # inf and nan are results here, as in the JVM
         while len(active) >= _LOCKSTEP_MIN_GROUPS:
-            v = vals[starts[active] + i]
-            g_avg, g_m2 = avg[active], m2[active]
-            n1 = n[active] + 1.0
-            delta = v - g_avg
-            delta_n = delta / n1
-            new_m2 = g_m2 + delta * (delta - delta_n)
-            if m3 is not None:
-                new_m3 = (m3[active] - (3.0 * delta_n) * new_m2) + delta * (delta * delta - delta_n * delta_n)
-                if m4 is not None:
-                    m4[active] = ((m4[active] - (4.0 * delta_n) * new_m3) - (6.0 * (delta_n * delta_n)) * new_m2) + (
-                        delta * (delta * (delta * delta) - delta_n * (delta_n * delta_n))
-                    )
-                m3[active] = new_m3
-            n[active] = n1
-            avg[active] = g_avg + delta_n
-            m2[active] = new_m2
+            stepped = _moment_step(vals[starts[active] + i], [b[active] for b in buffers])
+            for column, new in zip(buffers, stepped):
+                column[active] = new
             i += 1
             active = active[lens[active] > i]
     for g in active.tolist():
-        _fold_rest(vals[starts[g] + i : starts[g] + lens[g]].tolist(), buffers, g, order)
+        # the few groups left: row by row in Python, whose floats are IEEE doubles too
+        acc = [float(b[g]) for b in buffers]
+        for v in vals[starts[g] + i : starts[g] + lens[g]].tolist():
+            acc = _moment_step(v, acc)
+        for column, value in zip(buffers, acc):
+            column[g] = value
     return buffers
 
 
-def _fold_rest(values: list[float], buffers: list[np.ndarray], g: int, order: int) -> None:
-    """Group ``g``'s remaining ``values`` folded into its buffers, row by row in Python
-    (floats are IEEE doubles): :func:`fold_moments` for the groups left when most are done."""
-    n, avg, m2 = float(buffers[0][g]), float(buffers[1][g]), float(buffers[2][g])
-    m3 = float(buffers[3][g]) if order >= 3 else 0.0
-    m4 = float(buffers[4][g]) if order >= 4 else 0.0
-    for v in values:
-        n1 = n + 1.0
-        delta = v - avg
-        delta_n = delta / n1
-        new_m2 = m2 + delta * (delta - delta_n)
-        if order >= 3:
-            new_m3 = (m3 - (3.0 * delta_n) * new_m2) + delta * (delta * delta - delta_n * delta_n)
-            if order >= 4:
-                m4 = ((m4 - (4.0 * delta_n) * new_m3) - (6.0 * (delta_n * delta_n)) * new_m2) + delta * (
-                    delta * (delta * delta) - delta_n * (delta_n * delta_n)
-                )
-            m3 = new_m3
-        n, avg, m2 = n1, avg + delta_n, new_m2
-    for column, value in zip(buffers, (n, avg, m2, m3, m4)):
-        column[g] = value
+def _moment_step(v: Any, acc: list[Any]) -> list[Any]:
+    """CentralMomentAgg's update of ``acc`` = [n, avg, m2[, m3[, m4]]] by ``v``:
+    :func:`_moments_step`'s double operations in its grouping, on Python floats or on
+    numpy arrays (one group per element) alike."""
+    n, avg, m2 = acc[0], acc[1], acc[2]
+    n1 = n + 1.0
+    delta = v - avg
+    delta_n = delta / n1
+    new_m2 = m2 + delta * (delta - delta_n)
+    out = [n1, avg + delta_n, new_m2]
+    if len(acc) >= 4:
+        new_m3 = (acc[3] - (3.0 * delta_n) * new_m2) + delta * (delta * delta - delta_n * delta_n)
+        out.append(new_m3)
+        if len(acc) >= 5:
+            out.append(
+                ((acc[4] - (4.0 * delta_n) * new_m3) - (6.0 * (delta_n * delta_n)) * new_m2)
+                + delta * (delta * (delta * delta) - delta_n * (delta_n * delta_n))
+            )
+    return out
 
 
 def co_moment_partials(x: Column, y: Column, pearson: bool) -> tuple[Column, ...]:
