@@ -43,8 +43,8 @@ jvm-jar: $(STAMP)
 PYTEST_WORKERS ?= 0
 
 # make test leaves out the tests marked slow (kill -9 runs of other engines and state
-# kinds, the standalone cluster, the browser, the first-hour walkthrough: about 20 min
-# more on a 2-core machine); make test-all runs every test.
+# kinds, the standalone cluster, the browser, the first-hour walkthrough, and the wider
+# differential matrices of tests/conftest.py's EXTENDED); make test-all runs every test.
 test: check-java $(STAMP) kafka-jars jvm-jar
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow"
