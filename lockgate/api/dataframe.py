@@ -40,7 +40,8 @@ from lockgate.plan.nodes import (
     Transform,
     Union,
 )
-from lockgate.plan.pushdown import push_into_stateful
+from lockgate.plan.pushdown import never_true, push_into_stateful, removes_every_row
+from lockgate.plan.stateful import stateful_operators
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -273,6 +274,8 @@ class StreamingDataFrame:
         template = getattr(base._template, method)(*args, **kwargs)
         node: PlanNode = Transform(base._plan, method, tuple(args), tuple(sorted(kwargs.items())))
         if method in ("where", "filter"):
+            if stateful_operators(base._plan) and removes_every_row(base._template, args):
+                node = Transform(base._plan, method, (never_true(),))
             # Spark's optimizer moves a filter's conditions on grouping keys below an
             # aggregation, and single-side ones into a join's sides, through projections
             node = push_into_stateful(node, base._template, template) or node

@@ -40,10 +40,12 @@ has, :func:`scan_filters` what each applies; lockgate's one row-count observatio
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from py4j.protocol import Py4JError
+from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
 from lockgate.jvm import jvm_name, scala_list, seq, unresolved_column
@@ -406,6 +408,34 @@ def push_into_stateful(top: Transform | StaticJoin, before: DataFrame, after: Da
         return node
 
     return rebuild(top)
+
+
+def never_true() -> Column:
+    """A condition no row meets that Spark's optimizer cannot fold (a partition id is
+    never negative, and ``spark_partition_id()`` is not deterministic)."""
+    return F.spark_partition_id() < 0
+
+
+def removes_every_row(template: DataFrame, args: tuple[Any, ...]) -> bool:
+    """Whether Spark's optimizer folds ``where(*args)`` over rows of ``template``'s
+    columns to an empty relation (a condition that folds to false or null: ``lit(False)``,
+    ``"1 = 0"``, ``c.isNull() & c.isNotNull()``).
+
+    Over a streaming aggregation, deduplication or join, Spark still runs the stateful
+    operator below such a filter: it reads the batch, keeps and evicts state and reports
+    its metrics; only its output is dropped. lockgate's batch is one batch DataFrame, in
+    which ``PruneFilters`` would drop the state step with the filter, so such a filter is
+    applied as a condition the optimizer cannot fold (:func:`never_true`). The probe is
+    the filter over an RDD of no rows, which the optimizer does not know to be empty."""
+    spark = template.sparkSession
+    alias = re.search(r"__lg_[0-9a-f]{12}", " ".join(str(a) for a in args))
+    try:
+        rows = spark.createDataFrame(spark.sparkContext.emptyRDD(), template.schema)
+        probe = rows.alias(alias.group(0)) if alias else rows  # columns bound as sdf.k
+        plan = probe.where(*args)._jdf.queryExecution().optimizedPlan()
+    except (AnalysisException, TypeError, ValueError):
+        return False
+    return plan.nodeName() == "LocalRelation"
 
 
 def inferred_for_join(template: DataFrame) -> tuple[list[list[Column]], list[list[Column]]] | None:
